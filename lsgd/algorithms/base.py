@@ -1,0 +1,92 @@
+"""The surface every algorithm implements; the trainer calls only these hooks.
+
+Hook order in one step (trainer.py)::
+
+    loss.backward()
+    algorithm.after_backward(step)      # gradient reduction (DDP buckets, warm-up all-reduce)
+    optimizer.step(); scheduler.step()
+    algorithm.after_step(step + 1)      # model synchronization (averaging, outer steps)
+
+``step`` passed to :meth:`Algorithm.after_step` is the number of completed local steps (1-based).
+All communication goes through the :class:`lsgd.comm.Communicator` given at construction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from lsgd.comm import Communicator
+
+
+def model_tensors(model: nn.Module, buffers: bool) -> list[torch.Tensor]:
+    """Parameters (and floating/integer buffers if ``buffers``) of ``model`` in a fixed order."""
+    tensors = [p.data for p in model.parameters()]
+    if buffers:
+        tensors += [b for b in model.buffers()]
+    return tensors
+
+
+class Algorithm:
+    """Base class: a method is a subclass in its own module of ``lsgd.algorithms``.
+
+    Args:
+        cfg: the resolved ``algo`` config group (a plain dict; ``cfg["name"]`` is the method).
+        comm: the accounting communicator of this worker.
+    """
+
+    name = "base"
+
+    def __init__(self, cfg: dict, comm: Communicator):
+        self.cfg = dict(cfg)
+        self.comm = comm
+        self.model: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
+        """Attach to the model and optimizer; returns the module the trainer calls for training
+        forward passes (DDP returns its wrapper)."""
+        self.model, self.optimizer = model, optimizer
+        return model
+
+    def after_backward(self, step: int) -> None:
+        """Called after ``loss.backward()`` of local step ``step`` (0-based)."""
+
+    def after_step(self, step: int) -> None:
+        """Called after the optimizer step; ``step`` = completed local steps (1-based)."""
+
+    @property
+    def models_in_sync(self) -> bool:
+        """True when every worker holds the same parameters and buffers right now."""
+        return False
+
+    @contextlib.contextmanager
+    def eval_context(self) -> Iterator[None]:
+        """Within the block every worker holds the averaged model (for evaluation only).
+
+        When the replicas differ (between local SGD rounds), parameters and buffers are
+        temporarily replaced by their average over workers (an uncounted all-reduce: it is
+        measurement, not training) and restored afterwards.
+        """
+        if self.comm.world_size == 1 or self.models_in_sync:
+            yield
+            return
+        tensors = model_tensors(self.model, buffers=True)
+        saved = [t.clone() for t in tensors]
+        self.comm.average_(tensors, count=False)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for t, s in zip(tensors, saved):
+                    t.copy_(s)
+
+    def state_dict(self) -> dict:
+        """Everything needed to resume exactly (counters, slow momentum, copies of models)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""

@@ -1,0 +1,118 @@
+"""``lsgd``: the command line.
+
+    lsgd train [HYDRA_OVERRIDES...]        one job (or a sweep with -m), e.g. algo=local_sgd algo.local_steps=8
+    lsgd plot RUN_OR_SWEEP_DIRS... [--out DIR]
+    lsgd report RUN_OR_SWEEP_DIRS... [--out DIR]
+
+``lsgd train`` is a Hydra application (config groups under the packaged conf/, ``--help`` lists
+them, ``--cfg job`` prints the composed config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+from datetime import datetime
+
+USAGE = """usage: lsgd <command> [args]
+
+commands:
+  train    train one job or a sweep (-m) with Hydra overrides, e.g.
+             lsgd train algo=local_sgd algo.local_steps=8 model=cnn dataset=fashion_mnist
+             lsgd train -m experiment=fmnist_demo algo=ddp,local_sgd,slowmo
+  plot     figures (PNG + SVG) from run or sweep folders: lsgd plot results/fmnist_demo
+  report   Markdown report with tables and figures: lsgd report results/fmnist_demo
+
+`lsgd train --help` shows the config groups and their options.
+"""
+
+
+def run_id() -> str:
+    """A run folder name that cannot collide: time to the microsecond plus 16 random bits
+    (``20261122-101502-123456-a3f9``). Under SLURM the job id (shared by all tasks of the job)
+    is used, so every task of a multi-node job agrees on one folder."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if job and "SLURM_PROCID" in os.environ:
+        array = os.environ.get("SLURM_ARRAY_JOB_ID")
+        return f"slurm-{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else f"slurm-{job}"
+    return f"{datetime.now():%Y%m%d-%H%M%S-%f}-{secrets.token_hex(2)}"
+
+
+def _register_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("lsgd_run_id"):
+        OmegaConf.register_new_resolver("lsgd_run_id", run_id)
+
+
+def _config_path() -> str:
+    return "pkg://lsgd.conf"
+
+
+def train(argv: list[str]) -> int:
+    """Run the Hydra application with ``argv`` as its command line."""
+    import hydra
+
+    from lsgd.launch import detect_launch_env
+
+    _register_resolvers()
+    env = detect_launch_env(os.environ)
+    if env is not None and env.rank != 0 and "-m" not in argv and "--multirun" not in argv:
+        # a non-zero rank of an external torchrun/srun launch: no output folder of its own
+        argv = argv + ["hydra.output_subdir=null", "hydra.run.dir=."]
+
+    @hydra.main(version_base="1.3", config_path=_config_path(), config_name="config")
+    def _train(cfg):
+        from lsgd.launch import run
+
+        return run(cfg)
+
+    saved = sys.argv
+    sys.argv = ["lsgd train"] + list(argv)
+    try:
+        _train()
+    finally:
+        sys.argv = saved
+    return 0
+
+
+def _analysis(cmd: str, argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog=f"lsgd {cmd}")
+    parser.add_argument("paths", nargs="+", help="run folders, sweep folders or experiment folders")
+    parser.add_argument("--out", default=None, help="output folder (default: <first path>/report for report, <first path>/plots for plot)")
+    args = parser.parse_args(argv)
+    from pathlib import Path
+
+    out = Path(args.out) if args.out else Path(args.paths[0]) / ("report" if cmd == "report" else "plots")
+    if cmd == "plot":
+        from lsgd.analysis.plots import plot_runs
+
+        files = plot_runs(args.paths, out)
+        for f in files:
+            print(f)
+    else:
+        from lsgd.analysis.report import write_report
+
+        path = write_report(args.paths, out)
+        print(f"report written to {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "train":
+        return train(rest)
+    if cmd in ("plot", "report"):
+        return _analysis(cmd, rest)
+    print(f"lsgd: unknown command {cmd!r}; allowed: train, plot, report\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""Process-group setup: join an existing launch (torchrun, SLURM srun) or start local workers.
+
+``run(cfg)`` is what ``lsgd train`` executes once per Hydra job, in the main process:
+
+1. resolve the config to a plain dict and validate it (errors before any worker starts),
+2. if the environment already describes a distributed launch (:func:`detect_launch_env`), this
+   process *is* one worker: join the group and train (no spawning);
+3. otherwise start ``launcher.nproc_per_node`` workers on this machine with torch.distributed's
+   elastic launcher (torchrun's machinery: ``elastic_launch`` with a standalone c10d rendezvous on a
+   free local port, no restarts). A worker that raises makes the agent stop all the others; the
+   launcher raises ``ChildFailedError`` carrying the failing rank's traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import yaml
+
+from lsgd.errors import ConfigError
+
+log = logging.getLogger("lsgd")
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """Where this process sits in an externally started job.
+
+    Attributes: rank, world_size, local_rank, local_world_size, master_addr, master_port and
+    ``source`` ('torchrun' or 'slurm').
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    source: str
+
+    def export(self, env: dict) -> None:
+        """Write the torch.distributed ``env://`` variables into ``env`` (e.g. os.environ)."""
+        env.update(
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK=str(self.local_rank),
+            LOCAL_WORLD_SIZE=str(self.local_world_size),
+            MASTER_ADDR=self.master_addr,
+            MASTER_PORT=str(self.master_port),
+        )
+
+
+def first_host(nodelist: str) -> str:
+    """First host name of a SLURM node list (``SLURM_JOB_NODELIST`` syntax).
+
+    Examples: ``"node[01-04,07]" -> "node01"``, ``"gpu3,gpu5" -> "gpu3"``,
+    ``"rack[2-3]-n[10-12]" -> "rack2-n10"``.
+
+    Raises:
+        ValueError: an empty node list.
+    """
+    nodelist = nodelist.strip()
+    if not nodelist:
+        raise ValueError("empty SLURM node list")
+    # the first comma-separated entry that is not inside brackets
+    depth, end = 0, len(nodelist)
+    for i, ch in enumerate(nodelist):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            end = i
+            break
+    entry = nodelist[:end]
+    # replace every bracket group by its first element (ranges keep their zero padding)
+    return re.sub(r"\[([^\]]*)\]", lambda m: m.group(1).split(",")[0].split("-")[0], entry)
+
+
+def slurm_master_port(job_id: str) -> int:
+    """A port shared by all tasks of SLURM job ``job_id``: 15000 + job_id mod 20000."""
+    digits = re.sub(r"\D", "", job_id) or "0"
+    return 15000 + int(digits) % 20000
+
+
+def detect_launch_env(env: Mapping[str, str]) -> LaunchEnv | None:
+    """Detect an external distributed launch from environment variables.
+
+    * torchrun / torch.distributed.run: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+      ``MASTER_PORT`` all set.
+    * SLURM ``srun`` (one task per worker, as Hydra's submitit launcher starts them):
+      ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID`` and ``SLURM_STEP_ID`` set (the batch
+      script itself has no step id); master = first host of ``SLURM_JOB_NODELIST`` (or
+      ``MASTER_ADDR``), port from ``MASTER_PORT`` or derived from ``SLURM_JOB_ID``.
+
+    Returns None when neither applies (then ``lsgd train`` spawns its own workers).
+
+    Raises:
+        ValueError: inconsistent values (rank outside [0, world_size)).
+    """
+    if all(k in env for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")):
+        out = LaunchEnv(
+            rank=int(env["RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            local_rank=int(env["LOCAL_RANK"]),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
+            master_addr=env["MASTER_ADDR"],
+            master_port=int(env["MASTER_PORT"]),
+            source="torchrun",
+        )
+    elif all(k in env for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_ID")):
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "localhost"
+        tasks_per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or env["SLURM_NTASKS"]
+        out = LaunchEnv(
+            rank=int(env["SLURM_PROCID"]),
+            world_size=int(env["SLURM_NTASKS"]),
+            local_rank=int(env["SLURM_LOCALID"]),
+            local_world_size=int(re.match(r"\d+", tasks_per_node).group(0)),
+            master_addr=env.get("MASTER_ADDR") or first_host(nodelist),
+            master_port=int(env.get("MASTER_PORT") or slurm_master_port(env.get("SLURM_JOB_ID", "0"))),
+            source="slurm",
+        )
+    else:
+        return None
+    if not 0 <= out.rank < out.world_size:
+        raise ValueError(f"rank {out.rank} outside [0, {out.world_size}) in the {out.source} environment")
+    return out
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temporary file in the same folder + os.replace)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def find_resume_dir(cfg: dict, fresh_dir: Path) -> Path:
+    """The run folder ``resume`` points to.
+
+    ``resume`` is a path to a run folder, or ``true``: the newest folder of this experiment
+    (``<results_dir>/<experiment_name>/*``) with a checkpoint and without a completed summary.
+
+    Raises:
+        ConfigError: the path has no checkpoint, or no resumable run exists.
+    """
+    resume = cfg["resume"]
+    if resume is True:
+        root = Path(cfg["results_dir"]) / cfg["experiment_name"]
+        candidates = []
+        for d in root.iterdir() if root.is_dir() else []:
+            if d == fresh_dir or not (d / "checkpoints" / "last.json").exists():
+                continue
+            summary = d / "summary.json"
+            if summary.exists() and json.loads(summary.read_text()).get("status") == "completed":
+                continue
+            candidates.append(d)
+        if not candidates:
+            raise ConfigError(f"resume=true but no unfinished run with a checkpoint exists under {root}")
+        return max(candidates, key=lambda d: (d / "checkpoints" / "last.json").stat().st_mtime)
+    path = Path(str(resume))
+    if not (path / "checkpoints" / "last.json").exists():
+        raise ConfigError(f"resume={resume!r}: no checkpoint found (expected {path}/checkpoints/last.json)")
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_local(cfg: dict, run_dir: Path) -> None:
+    """Start ``launcher.nproc_per_node`` workers through ``torch.distributed.launcher.api.elastic_launch``.
+
+    Raises:
+        torch.distributed.elastic.multiprocessing.errors.ChildFailedError: a worker failed (all
+        others were stopped by the agent).
+    """
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from lsgd.config import threads_per_worker
+    from lsgd.trainer import worker_main
+
+    nproc = int(cfg["launcher"]["nproc_per_node"])
+    threads = cfg["launcher"].get("threads_per_worker") or threads_per_worker(nproc)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        rdzv_configs={"is_host": True},
+        max_restarts=0,
+        monitor_interval=0.2,
+        start_method="spawn",
+        local_addr="127.0.0.1",
+    )
+    elastic_launch(config, worker_main)(cfg, str(run_dir))
+
+
+def run(cfg_node) -> dict | None:
+    """Run one training job from a Hydra config (the body of ``lsgd train``).
+
+    Returns the run's summary dict on rank 0 / the main process (None on other ranks).
+
+    Raises:
+        ConfigError: invalid configuration (before any worker starts).
+        ChildFailedError: a worker failed.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from lsgd.config import validate
+
+    launch_env = detect_launch_env(os.environ) if _join_mode(cfg_node) else None
+    hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
+    cfg = OmegaConf.to_container(cfg_node, resolve=True, throw_on_missing=True)
+    validate(cfg)
+
+    if launch_env is not None and launch_env.rank != 0:
+        from lsgd.trainer import worker_main
+
+        launch_env.export(os.environ)
+        worker_main(cfg, None)
+        return None
+
+    run_dir = hydra_dir
+    if cfg.get("resume"):
+        run_dir = find_resume_dir(cfg, hydra_dir)
+        if hydra_dir is not None and hydra_dir != run_dir and _only_hydra_files(hydra_dir):
+            shutil.rmtree(hydra_dir)
+        log.info("resuming run %s", run_dir)
+    cfg["run_id"] = run_dir.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not (run_dir / "config.yaml").exists() or not cfg.get("resume"):
+        saved = dict(cfg)
+        saved["world_size"] = launch_env.world_size if launch_env else int(cfg["launcher"]["nproc_per_node"])
+        write_atomic(run_dir / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
+
+    from lsgd.data import prepare
+
+    prepare(cfg["dataset"])
+    if launch_env is not None:
+        from lsgd.trainer import worker_main
+
+        launch_env.export(os.environ)
+        worker_main(cfg, str(run_dir))
+    else:
+        try:
+            spawn_local(cfg, run_dir)
+        except Exception as exc:
+            _mark_failed(run_dir, cfg, exc)
+            raise
+    summary = run_dir / "summary.json"
+    return json.loads(summary.read_text()) if summary.exists() else None
+
+
+def _join_mode(cfg_node) -> bool:
+    mode = cfg_node.launcher.get("join", "auto")
+    if mode not in ("auto", "never"):
+        raise ConfigError(f"launcher.join={mode!r} is not allowed; allowed: auto, never")
+    return mode == "auto"
+
+
+def _only_hydra_files(d: Path) -> bool:
+    return d.is_dir() and all(p.name == ".hydra" for p in d.iterdir())
+
+
+def _mark_failed(run_dir: Path, cfg: dict, exc: BaseException) -> None:
+    """Write ``summary.json`` with status ``failed`` unless rank 0 already wrote a final summary."""
+    summary = run_dir / "summary.json"
+    if summary.exists():
+        state = json.loads(summary.read_text())
+        if state.get("status") in ("completed", "diverged"):
+            return
+    else:
+        state = {"run_id": cfg["run_id"], "experiment_name": cfg["experiment_name"], "algo": cfg["algo"]["name"]}
+    state.update(status="failed", error=str(exc)[-4000:])
+    write_atomic(summary, json.dumps(state, indent=2))

@@ -1,0 +1,231 @@
+"""Algorithms on real 2- and 4-rank gloo groups against single-process closed-form references."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gloo import run_gloo
+from lsgd.algorithms import build_algorithm
+from lsgd.comm import Communicator, NetworkModel
+from lsgd.optim import build_optimizer
+
+IN, HID, OUT, B = 10, 16, 3, 8
+
+
+def make_model(bn: bool = False) -> nn.Module:
+    torch.manual_seed(0)
+    layers = [nn.Linear(IN, HID)] + ([nn.BatchNorm1d(HID)] if bn else []) + [nn.Tanh(), nn.Linear(HID, OUT)]
+    return nn.Sequential(*layers)
+
+
+def batch(rank: int, step: int):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(B, IN, generator=g), torch.randint(0, OUT, (B,), generator=g)
+
+
+def num_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _worker(rank, world, out, algo_cfg, optim_cfg, steps, bn):
+    model = make_model(bn)
+    opt = build_optimizer(model.parameters(), optim_cfg)
+    comm = Communicator(NetworkModel(bandwidth_gbps=10, latency_us=10))
+    algo = build_algorithm(algo_cfg, comm)
+    net = algo.setup(model, opt)
+    pre_sync = []
+    for step in range(steps):
+        x, y = batch(rank, step)
+        loss = F.cross_entropy(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        algo.after_backward(step)
+        opt.step()
+        pre_sync.append([t.detach().clone() for t in list(model.parameters()) + list(model.buffers())])
+        algo.after_step(step + 1)
+    torch.save(
+        {
+            "params": [p.detach().clone() for p in model.parameters()],
+            "buffers": [b.clone() for b in model.buffers()],
+            "pre_sync": pre_sync,
+            "stats": comm.stats.as_dict(),
+            "algo_state": algo.state_dict(),
+        },
+        out / f"rank{rank}.pt",
+    )
+
+
+def train(tmp_path, name, world, algo_cfg, optim_cfg, steps, bn=False):
+    out = tmp_path / name
+    out.mkdir()
+    run_gloo(_worker, world, out, algo_cfg, optim_cfg, steps, bn)
+    return [torch.load(out / f"rank{r}.pt") for r in range(world)]
+
+
+SGD_M = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": False, "weight_decay": 0.0}
+
+
+def assert_close_lists(a, b, atol=1e-6):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, atol=atol, rtol=0)
+
+
+def reference_minibatch(world, steps, optim_cfg):
+    """Single process: SGD on the mean loss of all workers' batches (= one global batch)."""
+    model = make_model()
+    opt = build_optimizer(model.parameters(), optim_cfg)
+    for step in range(steps):
+        loss = sum(F.cross_entropy(model(x), y) for x, y in (batch(r, step) for r in range(world))) / world
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return [p.detach() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_local_sgd_h1_equals_ddp_and_minibatch_reference(tmp_path, world):
+    steps = 5
+    ddp = train(tmp_path, "ddp", world, {"name": "ddp"}, SGD_M, steps)
+    local = train(tmp_path, "local", world,
+                  {"name": "local_sgd", "local_steps": 1, "average_buffers": True, "buffer_policy": "average"}, SGD_M, steps)
+    ref = reference_minibatch(world, steps, SGD_M)
+    for r in range(world):
+        assert_close_lists(ddp[r]["params"], ref)
+        assert_close_lists(local[r]["params"], ddp[r]["params"])
+    # bytes: DDP all-reduces every gradient once per step; local SGD H=1 averages parameters and
+    # momentum buffers (same size) once per step
+    n = num_params(make_model()) * 4
+    assert ddp[0]["stats"]["comm_bytes"] == steps * n
+    assert ddp[0]["stats"]["comm_rounds"] == steps
+    assert local[0]["stats"]["comm_bytes"] == steps * 2 * n
+    assert local[0]["stats"]["wire_bytes"] == pytest.approx(steps * 2 * n * 2 * (world - 1) / world)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_post_local_sgd_warmup_equals_ddp(tmp_path, world):
+    steps = 4
+    ddp = train(tmp_path, "ddp", world, {"name": "ddp"}, SGD_M, steps)
+    post = train(tmp_path, "post", world, {"name": "post_local_sgd", "warmup_steps": steps, "local_steps": 3,
+                                            "average_buffers": True, "buffer_policy": "maintain"}, SGD_M, steps)
+    for r in range(world):
+        assert_close_lists(post[r]["params"], ddp[r]["params"])
+    assert post[0]["stats"]["comm_rounds"] == steps
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_local_sgd_averages_parameters_and_buffers(tmp_path, world):
+    H, steps = 3, 6
+    res = train(tmp_path, "local", world, {"name": "local_sgd", "local_steps": H, "average_buffers": True,
+                                           "buffer_policy": "maintain"}, SGD_M, steps, bn=True)
+    model = make_model(bn=True)
+    n_float = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers() if b.is_floating_point())
+    n_int = sum(b.numel() for b in model.buffers() if not b.is_floating_point())
+    for sync_step in (H, 2 * H):
+        pre = [res[r]["pre_sync"][sync_step - 1] for r in range(world)]
+        mean = [torch.stack([pre[r][i] for r in range(world)]).float().mean(0) for i in range(len(pre[0]))]
+        # between syncs the replicas differ
+        assert not torch.equal(pre[0][0], pre[1][0])
+    final = res[0]["params"] + res[0]["buffers"]
+    for got, want in zip(final, mean):
+        torch.testing.assert_close(got.float(), want, atol=1e-6, rtol=0)
+    for r in range(1, world):
+        assert_close_lists(res[r]["params"], res[0]["params"], atol=0)
+    rounds = steps // H
+    nbytes = n_float * 4 + n_int * 8
+    assert res[0]["stats"]["comm_rounds"] == rounds
+    assert res[0]["stats"]["comm_bytes"] == rounds * nbytes
+    assert res[0]["stats"]["wire_bytes"] == pytest.approx(rounds * nbytes * 2 * (world - 1) / world)
+    # alpha-beta model: 2 all-reduces per round (float and int64 tensors coalesced by dtype)
+    net = NetworkModel(10, 10)
+    modeled = rounds * (net.all_reduce(n_float * 4, world) + net.all_reduce(n_int * 8, world))
+    assert res[0]["stats"]["modeled_comm_s"] == pytest.approx(modeled)
+
+
+def test_slowmo_alpha1_beta0_equals_local_sgd(tmp_path):
+    world, H, steps = 2, 3, 6
+    base = {"local_steps": H, "average_buffers": True, "buffer_policy": "reset"}
+    local = train(tmp_path, "local", world, {"name": "local_sgd", **base}, SGD_M, steps)
+    slow = train(tmp_path, "slow", world, {"name": "slowmo", "slow_lr": 1.0, "slow_momentum": 0.0, **base}, SGD_M, steps)
+    for r in range(world):
+        assert_close_lists(slow[r]["params"], local[r]["params"])
+
+
+def reference_outer(world, H, rounds, optim_cfg, outer):
+    """Single process simulation of `world` workers: H local steps each, average, outer step.
+
+    outer(x_prev, x_avg, gamma, state) -> new x (list of tensors), written out by hand.
+    """
+    workers = [make_model() for _ in range(world)]
+    x_prev = [p.detach().clone() for p in workers[0].parameters()]
+    opts = [build_optimizer(w.parameters(), optim_cfg) for w in workers]
+    state: dict = {}
+    step = 0
+    for _ in range(rounds):
+        for _ in range(H):
+            for r, (w, o) in enumerate(zip(workers, opts)):
+                x, y = batch(r, step)
+                loss = F.cross_entropy(w(x), y)
+                o.zero_grad()
+                loss.backward()
+                o.step()
+            step += 1
+        x_avg = [torch.stack(ps).mean(0) for ps in zip(*[[p.detach() for p in w.parameters()] for w in workers])]
+        x_new = outer(x_prev, x_avg, optim_cfg["lr"], state)
+        for w in workers:
+            with torch.no_grad():
+                for p, v in zip(w.parameters(), x_new):
+                    p.copy_(v)
+        x_prev = [v.clone() for v in x_new]
+        yield x_prev, opts
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_slowmo_rounds_equal_hand_computed_update(tmp_path, world):
+    H, rounds, alpha, beta = 3, 2, 0.8, 0.5
+
+    def slowmo(x_prev, x_avg, gamma, state):
+        u = state.setdefault("u", [torch.zeros_like(t) for t in x_prev])
+        for i in range(len(u)):
+            u[i] = beta * u[i] + (x_prev[i] - x_avg[i]) / gamma
+        return [xp - alpha * gamma * ui for xp, ui in zip(x_prev, u)]
+
+    ref_iter = reference_outer(world, H, rounds, SGD_M, slowmo)
+    want = None
+    for want, opts in ref_iter:
+        for o in opts:  # buffer_policy=reset
+            o.state.clear()
+    got = train(tmp_path, "slow", world, {"name": "slowmo", "local_steps": H, "slow_lr": alpha, "slow_momentum": beta,
+                                          "average_buffers": True, "buffer_policy": "reset"}, SGD_M, H * rounds)
+    for r in range(world):
+        assert_close_lists(got[r]["params"], want, atol=1e-5)
+    assert got[0]["stats"]["comm_rounds"] == rounds
+    assert got[0]["stats"]["comm_bytes"] == rounds * num_params(make_model()) * 4
+
+
+def test_diloco_outer_step_is_nesterov_on_averaged_pseudo_gradient(tmp_path):
+    world, H, rounds, lr, mu = 2, 4, 2, 0.7, 0.9
+    adamw = {"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+
+    def nesterov(x_prev, x_avg, gamma, state):
+        b = state.setdefault("b", [torch.zeros_like(t) for t in x_prev])
+        out = []
+        for i in range(len(b)):
+            delta = x_prev[i] - x_avg[i]
+            b[i] = mu * b[i] + delta
+            out.append(x_prev[i] - lr * (delta + mu * b[i]))
+        return out
+
+    want = None
+    for want, _ in reference_outer(world, H, rounds, adamw, nesterov):
+        pass
+    got = train(tmp_path, "diloco", world, {"name": "diloco", "local_steps": H, "outer_optimizer": "nesterov",
+                                            "outer_lr": lr, "outer_momentum": mu, "average_buffers": True,
+                                            "buffer_policy": "maintain"}, adamw, H * rounds)
+    for r in range(world):
+        assert_close_lists(got[r]["params"], want, atol=1e-5)
