@@ -3,6 +3,7 @@
     lsgd train [HYDRA_OVERRIDES...]        one job (or a sweep with -m), e.g. algo=local_sgd algo.local_steps=8
     lsgd plot RUN_OR_SWEEP_DIRS... [--out DIR]
     lsgd report RUN_OR_SWEEP_DIRS... [--out DIR]
+    lsgd data DATASET [HYDRA_OVERRIDES...]  fetch a dataset (e.g. fashion_mnist) into dataset.root
 
 ``lsgd train`` is a Hydra application (config groups under the packaged conf/, ``--help`` lists
 them, ``--cfg job`` prints the composed config).
@@ -24,6 +25,7 @@ commands:
              lsgd train -m experiment=fmnist_demo algo=ddp,local_sgd,slowmo
   plot     figures (PNG + SVG) from run or sweep folders: lsgd plot results/fmnist_demo
   report   Markdown report with tables and figures: lsgd report results/fmnist_demo
+  data     fetch a dataset before training: lsgd data fashion_mnist [dataset.root=DIR]
 
 `lsgd train --help` shows the config groups and their options.
 """
@@ -100,6 +102,24 @@ def _analysis(cmd: str, argv: list[str]) -> int:
     return 0
 
 
+def data(argv: list[str]) -> int:
+    """Fetch the dataset ``argv[0]`` (a ``dataset/`` option) with optional ``dataset.*`` overrides."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from lsgd.data import prepare
+
+    if not argv:
+        print("usage: lsgd data DATASET [dataset.KEY=VALUE ...]", file=sys.stderr)
+        return 2
+    _register_resolvers()
+    with initialize_config_module(config_module="lsgd.conf", version_base="1.3"):
+        cfg = compose("config", overrides=[f"dataset={argv[0]}"] + argv[1:])
+    prepare(OmegaConf.to_container(cfg.dataset, resolve=True))
+    print(f"dataset {argv[0]} ready")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -110,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         return train(rest)
     if cmd in ("plot", "report"):
         return _analysis(cmd, rest)
-    print(f"lsgd: unknown command {cmd!r}; allowed: train, plot, report\n\n{USAGE}", file=sys.stderr)
+    if cmd == "data":
+        return data(rest)
+    print(f"lsgd: unknown command {cmd!r}; allowed: train, plot, report, data\n\n{USAGE}", file=sys.stderr)
     return 2
 
 
