@@ -1,0 +1,69 @@
+"""Helpers to run the real `lsgd` command in a subprocess and read its run folders."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+LSGD = [sys.executable, "-m", "lsgd.cli"]
+TIME_KEYS = {"wall_time_s", "compute_time_s", "comm_time_s", "modeled_time_s", "samples_per_s"}
+TINY = [
+    "debug=default",
+    "dataset.num_train=512",
+    "dataset.num_test=256",
+    "launcher.timeout_s=30",
+]
+
+
+def lsgd(args, cwd: Path, timeout: float = 240, env=None) -> subprocess.CompletedProcess:
+    """Run `lsgd ARGS` in its own session (so leftover processes can be found) and wait."""
+    e = dict(os.environ)
+    e.setdefault("WANDB_MODE", "disabled")
+    e.update(env or {})
+    proc = subprocess.Popen(
+        LSGD + list(args), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, env=e,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        raise AssertionError(f"lsgd {args} timed out\n{out}\n{err}")
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    result.session = proc.pid
+    return result
+
+
+def session_processes(sid: int) -> list[int]:
+    """PIDs of live processes whose session id is ``sid`` (Linux /proc)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # fields: state ppid pgrp session ...
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(d.name))
+    return pids
+
+
+def run_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in Path(root).rglob("config.yaml") if p.parent.name != ".hydra")
+
+
+def metrics(run_dir: Path, drop_time: bool = True) -> list[dict]:
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    if drop_time:
+        recs = [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in recs]
+    return recs
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())

@@ -1,0 +1,121 @@
+"""The real `lsgd` command on tiny configs: runs, sweeps, resume, determinism, failures."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import yaml
+
+from runner import TINY, lsgd, metrics, run_dirs, session_processes, summary
+
+
+def _ok(res):
+    assert res.returncode == 0, f"exit {res.returncode}\nSTDOUT\n{res.stdout[-3000:]}\nSTDERR\n{res.stderr[-6000:]}"
+
+
+def test_help_lists_subcommands(tmp_path):
+    res = lsgd(["--help"], tmp_path)
+    _ok(res)
+    for cmd in ("train", "plot", "report"):
+        assert cmd in res.stdout
+
+
+def test_tiny_run_two_workers_writes_one_run_folder(tmp_path):
+    res = lsgd(["train", *TINY, "algo=local_sgd", "algo.local_steps=4", f"results_dir={tmp_path}/r"], tmp_path)
+    _ok(res)
+    (run,) = run_dirs(tmp_path / "r")
+    assert run.parent.name == "debug"
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert cfg["world_size"] == 2 and cfg["algo"]["local_steps"] == 4 and cfg["run_id"] == run.name
+    recs = metrics(run)
+    s = summary(run)
+    assert s["status"] == "completed" and s["steps"] == 20
+    assert recs[-1]["step"] == 20 and "test_acc" in recs[-1]
+    # 20 steps, H=4 -> 5 rounds, each one all-reduce of float params+buffers and one of int buffers
+    assert recs[-1]["comm_rounds"] == 5 == s["comm_rounds"]
+    log = (run / "train.log").read_text()
+    assert "[rank 0]" in log and "[rank 1]" in log
+    assert (run / "checkpoints" / "last.json").exists()
+
+
+def test_sweep_of_two_jobs_and_report(tmp_path):
+    res = lsgd(["train", "-m", *TINY, "algo=ddp,local_sgd", f"results_dir={tmp_path}/r"], tmp_path, timeout=400)
+    _ok(res)
+    runs = run_dirs(tmp_path / "r")
+    assert len(runs) == 2
+    algos = sorted(yaml.safe_load((r / "config.yaml").read_text())["algo"]["name"] for r in runs)
+    assert algos == ["ddp", "local_sgd"]
+    by_algo = {yaml.safe_load((r / "config.yaml").read_text())["algo"]["name"]: summary(r) for r in runs}
+    # local SGD with H=8 communicates less than DDP over the same steps
+    assert by_algo["local_sgd"]["comm_bytes"] < by_algo["ddp"]["comm_bytes"] / 4
+    rep = lsgd(["report", str(tmp_path / "r" / "debug"), "--out", str(tmp_path / "rep")], tmp_path)
+    _ok(rep)
+    report = tmp_path / "rep" / "report.md"
+    assert report.stat().st_size > 0 and "local_sgd" in report.read_text()
+    pngs = list((tmp_path / "rep").rglob("*.png"))
+    svgs = list((tmp_path / "rep").rglob("*.svg"))
+    assert pngs and svgs and all(p.stat().st_size > 0 for p in pngs + svgs)
+    plot = lsgd(["plot", str(tmp_path / "r" / "debug"), "--out", str(tmp_path / "plots")], tmp_path)
+    _ok(plot)
+    assert list((tmp_path / "plots").glob("*.png"))
+
+
+def test_resume_after_crash_matches_uninterrupted_run(tmp_path):
+    common = [*TINY, "algo=slowmo", "algo.local_steps=3", "checkpoint_every=5", "eval_every=5", "log_every=1"]
+    _ok(lsgd(["train", *common, f"results_dir={tmp_path}/a"], tmp_path))
+    crashed = lsgd(["train", *common, f"results_dir={tmp_path}/b", "inject_failure.step=13", "inject_failure.rank=1"], tmp_path)
+    assert crashed.returncode != 0
+    (run_b,) = run_dirs(tmp_path / "b")
+    assert summary(run_b)["status"] == "failed"
+    assert max(r["step"] for r in metrics(run_b)) >= 13
+    _ok(lsgd(["train", *common, f"results_dir={tmp_path}/b", "resume=true"], tmp_path))
+    assert run_dirs(tmp_path / "b") == [run_b]
+    (run_a,) = run_dirs(tmp_path / "a")
+    assert summary(run_b)["status"] == "completed"
+    assert metrics(run_b) == metrics(run_a)
+
+
+def test_same_seed_twice_gives_identical_metrics(tmp_path):
+    args = [*TINY, "algo=ddp", "log_every=2"]
+    _ok(lsgd(["train", *args, f"results_dir={tmp_path}/a"], tmp_path))
+    _ok(lsgd(["train", *args, f"results_dir={tmp_path}/b"], tmp_path))
+    (a,), (b,) = run_dirs(tmp_path / "a"), run_dirs(tmp_path / "b")
+    assert metrics(a) == metrics(b) and len(metrics(a)) >= 10
+
+
+def test_crashing_worker_stops_the_job_with_no_orphans(tmp_path):
+    t0 = time.monotonic()
+    res = lsgd(["train", *TINY, "algo=local_sgd", "inject_failure.step=3", "inject_failure.rank=1",
+                "launcher.timeout_s=600", f"results_dir={tmp_path}/r"], tmp_path)
+    assert res.returncode != 0
+    assert time.monotonic() - t0 < 120
+    assert "inject_failure: rank 1 fails at step 3" in res.stdout + res.stderr  # the failing rank's traceback
+    time.sleep(1)
+    assert session_processes(res.session) == []
+
+
+def test_diverged_run_ends_cleanly(tmp_path):
+    res = lsgd(["train", *TINY, "algo=ddp", "optim.lr=1e12", "optim.momentum=0.0", "log_every=1",
+                f"results_dir={tmp_path}/r"], tmp_path)
+    _ok(res)
+    (run,) = run_dirs(tmp_path / "r")
+    assert summary(run)["status"] == "diverged"
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        (["algo=local_sgd", "algo.local_steps=0"], "algo.local_steps"),
+        (["batch_size=0"], "batch_size"),
+        (["model=cnn", "dataset=c4"], "model"),
+        (["algo=nonexistent"], "ddp"),  # Hydra lists the available options
+        (["algo=slowmo", "algo.buffer_policy=keep"], "maintain"),
+        (["dataset=cifar10", "dataset.root=/nonexistent/lsgd", "dataset.download=false"], "dataset.root"),
+    ],
+)
+def test_bad_config_fails_before_any_worker(tmp_path, override, expected):
+    res = lsgd(["train", *TINY, *override, f"results_dir={tmp_path}/r"], tmp_path, timeout=120)
+    assert res.returncode != 0
+    assert expected in res.stdout + res.stderr
+    assert not list((tmp_path / "r").rglob("train.log"))  # no worker started
