@@ -1,0 +1,439 @@
+"""lsgd.analysis on fake-but-valid run folders (docs/run_format.md) with closed-form metrics.
+
+Every fake run logs every LOG_EVERY steps and evaluates every EVAL_EVERY steps up to STEPS, with
+    test_acc(step)       = rate * step            (test_ppl = 100 - rate * step for language models)
+    wall_time_s(step)    = wall * step
+    modeled_time_s(step) = modeled * step
+    comm_bytes(step)     = (step // H) * PARAM_BYTES   (H = 1 for ddp)
+so times to a threshold and speedups can be worked out by hand below.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pandas as pd
+import pytest
+import yaml
+
+from lsgd.analysis import (
+    differing_keys,
+    experiment_tables,
+    find_run_dirs,
+    load_runs,
+    load_summaries,
+    plot_runs,
+    run_labels,
+    time_to_threshold,
+    write_report,
+)
+from lsgd.analysis.load import read_metrics
+from lsgd.analysis.report import markdown_table
+
+STEPS, LOG_EVERY, EVAL_EVERY = 100, 5, 10
+PARAM_BYTES = 4_000_000
+WORLD = 4
+EXP = "fmnist_demo"
+
+# The three runs of the main set: (run_id, algo, rate, wall s/step, modeled s/step)
+DDP = ("run_ddp", {"name": "ddp"}, 0.009, 1.0, 2.0)  # final acc 0.90
+H8 = ("run_h8", {"name": "local_sgd", "local_steps": 8, "buffer_policy": "reset"}, 0.008, 0.5, 0.5)  # final 0.80
+H16 = ("run_h16", {"name": "local_sgd", "local_steps": 16, "buffer_policy": "reset"}, 0.0085, 0.25, 0.4)  # final 0.85
+
+
+def write_run(
+    root,
+    run_id,
+    algo,
+    rate,
+    wall,
+    modeled,
+    *,
+    experiment=EXP,
+    steps=STEPS,
+    status="completed",
+    with_summary=True,
+    with_evals=True,
+    lm=False,
+    target_acc=0.7,
+):
+    """Write <root>/<experiment>/<run_id>/{config.yaml, metrics.jsonl, summary.json}; return the folder."""
+    run_dir = root / experiment / run_id
+    run_dir.mkdir(parents=True)
+    H = algo.get("local_steps", 1)
+    config = {
+        "experiment_name": experiment,
+        "run_id": run_id,
+        "world_size": WORLD,
+        "seed": 0,
+        "epochs": 1,
+        "max_steps": steps,
+        "batch_size": 32,
+        "eval_every": EVAL_EVERY,
+        "eval_unit": "steps",
+        "log_every": LOG_EVERY,
+        "checkpoint_every": 0,
+        "target_acc": None if lm else target_acc,
+        "resume": False,
+        "results_dir": f"/scratch/job_{run_id}",  # differs between runs, but is bookkeeping
+        "device": "cpu",
+        "algo": {**algo, "speeds": [1.0] * WORLD},
+        "model": {"name": "gpt" if lm else "cnn"},
+        "dataset": {"name": "wikitext2" if lm else "fashion_mnist", "partition": "iid", "alpha": None},
+        "optim": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+        "schedule": {"name": "constant"},
+        "launcher": {"name": "local", "nproc_per_node": WORLD},
+        "logger": {"name": "jsonl"},
+        "network": {"name": "ethernet", "bandwidth_gbps": 10.0, "latency_us": 50.0},
+    }
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    records = []
+    for step in range(LOG_EVERY, steps + 1, LOG_EVERY):
+        rounds = step // H
+        rec = {
+            "step": step,
+            "epoch": step / STEPS,
+            "samples": step * 32 * WORLD,
+            "lr": 0.05,
+            "train_loss": 2.0 / (1 + 0.05 * step),
+            "comm_bytes": rounds * PARAM_BYTES,
+            "wire_bytes": rounds * PARAM_BYTES * 2 * (WORLD - 1) // WORLD,
+            "comm_rounds": rounds,
+            "wall_time_s": wall * step,
+            "compute_time_s": 0.8 * wall * step,
+            "comm_time_s": 0.2 * wall * step,
+            "modeled_time_s": modeled * step,
+            "samples_per_s": 32 * WORLD / wall,
+        }
+        if with_evals and step % EVAL_EVERY == 0:
+            if lm:
+                rec.update(test_loss=math.log(100 - rate * step), test_ppl=100 - rate * step)
+            else:
+                rec.update(test_loss=1.0 - rate * step, test_acc=rate * step)
+        records.append(rec)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if with_summary:
+        evals = [r for r in records if "test_loss" in r]
+        last = records[-1]
+        hit = next((r for r in evals if not lm and r["test_acc"] >= target_acc), None)
+        summary = {
+            "status": status,
+            "run_id": run_id,
+            "experiment_name": experiment,
+            "algo": algo["name"],
+            "world_size": WORLD,
+            "steps": last["step"],
+            "epochs": last["epoch"],
+            "samples": last["samples"],
+            "final_test_loss": evals[-1]["test_loss"] if evals else None,
+            "final_test_acc": evals[-1]["test_acc"] if evals and not lm else None,
+            "best_test_acc": max(r["test_acc"] for r in evals) if evals and not lm else None,
+            "final_test_ppl": evals[-1]["test_ppl"] if evals and lm else None,
+            "best_test_ppl": min(r["test_ppl"] for r in evals) if evals and lm else None,
+            **{k: last[k] for k in ("comm_bytes", "wire_bytes", "comm_rounds", "wall_time_s", "compute_time_s", "comm_time_s", "modeled_time_s")},
+            "target_acc": None if lm else target_acc,
+            "time_to_target_s": hit["wall_time_s"] if hit else None,
+            "modeled_time_to_target_s": hit["modeled_time_s"] if hit else None,
+            "step_to_target": hit["step"] if hit else None,
+            "error": None if status == "completed" else "loss became nan at step 42",
+        }
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return run_dir
+
+
+@pytest.fixture
+def results(tmp_path):
+    """results/fmnist_demo with the three runs DDP, H8, H16 (all completed)."""
+    root = tmp_path / "results"
+    for run in (DDP, H8, H16):
+        write_run(root, *run)
+    return root
+
+
+def by_run(frame, column):
+    return dict(zip(frame["run_id"], frame[column]))
+
+
+def parse_markdown_tables(text):
+    """[[{header: cell}]] for each Markdown table in text (works for tabulate's and our own layout)."""
+    tables, current = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+            if not all(set(c) <= set("-: ") for c in cells):
+                current.append(cells)
+        elif current:
+            header, *rows = current
+            tables.append([dict(zip(header, r)) for r in rows])
+            current = []
+    return tables
+
+
+# -- loading --------------------------------------------------------------------------------------
+def test_load_runs_one_row_per_record_with_metrics_and_flattened_config(results):
+    df = load_runs(results / EXP)
+    per_run = STEPS // LOG_EVERY
+    assert len(df) == 3 * per_run
+    assert df.groupby("run_id").size().to_dict() == {"run_ddp": per_run, "run_h8": per_run, "run_h16": per_run}
+    for col in ("step", "train_loss", "test_acc", "comm_bytes", "wall_time_s", "modeled_time_s", "run_id", "run_dir",
+                "algo.name", "algo.local_steps", "optim.lr", "world_size", "network.bandwidth_gbps", "experiment_name"):
+        assert col in df.columns, col
+    assert set(df.attrs["config_keys"]) >= {"algo.name", "optim.lr", "world_size"}
+    # eval-only metrics are present on eval records only
+    assert df.groupby("run_id")["test_acc"].count().to_dict() == {r: STEPS // EVAL_EVERY for r in ("run_ddp", "run_h8", "run_h16")}
+    # config values are broadcast to every record of their run; absent keys are missing
+    h8 = df[df["run_id"] == "run_h8"]
+    assert (h8["algo.local_steps"] == 8).all() and (h8["algo.name"] == "local_sgd").all()
+    assert df.loc[df["run_id"] == "run_ddp", "algo.local_steps"].isna().all()
+    # metric values as written: 100 // 8 = 12 rounds at the last record
+    assert h8["comm_bytes"].iloc[-1] == 12 * PARAM_BYTES
+    assert h8["step"].tolist() == list(range(LOG_EVERY, STEPS + 1, LOG_EVERY))
+    # lists become JSON strings
+    assert set(df["algo.speeds"]) == {json.dumps([1.0] * WORLD)}
+    assert set(df["run_dir"]) == {str((results / EXP / r).resolve()) for r in ("run_ddp", "run_h8", "run_h16")}
+
+
+def test_load_summaries_one_row_per_run_and_summary_fields_do_not_shadow_config(results):
+    s = load_summaries(results)
+    assert sorted(s["run_id"]) == ["run_ddp", "run_h16", "run_h8"]
+    assert (s["status"] == "completed").all()
+    assert by_run(s, "final_test_acc") == pytest.approx({"run_ddp": 0.9, "run_h8": 0.8, "run_h16": 0.85})
+    assert by_run(s, "comm_rounds") == {"run_ddp": 100, "run_h8": 12, "run_h16": 6}
+    assert by_run(s, "algo.local_steps")["run_h8"] == 8
+    # summary fields named like a config key keep the config's name free
+    assert (s["world_size"] == WORLD).all() and (s["summary.world_size"] == WORLD).all()
+    assert (s["epochs"] == 1).all() and "summary.epochs" in s
+
+
+def test_run_discovery(results, tmp_path):
+    runs = [results / EXP / r for r in ("run_ddp", "run_h8", "run_h16")]
+    assert len(find_run_dirs(results)) == 3
+    assert find_run_dirs(runs[0]) == [runs[0].resolve()]
+    assert len(find_run_dirs([results, runs[0], results / EXP])) == 3  # duplicates counted once
+    # a Hydra .hydra/config.yaml inside a run and a conf/ folder with a config.yaml are not runs
+    (runs[0] / ".hydra").mkdir()
+    (runs[0] / ".hydra" / "config.yaml").write_text("algo: {name: ddp}\n")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "config.yaml").write_text("defaults: [algo: ddp]\n")
+    assert len(find_run_dirs(tmp_path)) == 3
+
+
+def test_folder_without_runs_raises_with_path(tmp_path):
+    empty = tmp_path / "nothing_here"
+    (empty / "sub").mkdir(parents=True)
+    (empty / "sub" / "notes.txt").write_text("x")
+    with pytest.raises(FileNotFoundError, match="nothing_here"):
+        load_runs(empty)
+    with pytest.raises(FileNotFoundError, match="does_not_exist"):
+        load_summaries(tmp_path / "does_not_exist")
+    with pytest.raises(ValueError):
+        load_runs([])
+    with pytest.raises(FileNotFoundError, match="nothing_here"):
+        write_report(empty, tmp_path / "out")
+
+
+def test_unfinished_run_loads_as_running(results):
+    # killed at step 50, no summary.json, and a truncated last line
+    run = write_run(results, "run_killed", {"name": "local_sgd", "local_steps": 4}, 0.007, 0.5, 0.5, steps=50, with_summary=False)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 55, "epoch": 0.5')
+    with pytest.warns(UserWarning, match="truncated"):
+        s = load_summaries(run)
+    assert len(s) == 1
+    row = s.iloc[0]
+    assert row["status"] == "running"
+    assert row["steps"] == 50 and row["comm_rounds"] == 50 // 4
+    assert row["final_test_acc"] == pytest.approx(0.007 * 50)
+    assert pd.isna(row["time_to_target_s"])
+    with pytest.warns(UserWarning):
+        assert len(load_runs(run)) == 50 // LOG_EVERY
+
+
+def test_resumed_metrics_keep_the_resumed_records(tmp_path):
+    run = write_run(tmp_path, "r", {"name": "ddp"}, 0.009, 1.0, 1.0, steps=20)
+    # resumed from a checkpoint at step 10 after having logged up to 20: steps 15 and 20 logged again
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    again = [json.dumps({**json.loads(l), "train_loss": -1.0}) for l in lines if json.loads(l)["step"] > 10]
+    (run / "metrics.jsonl").write_text("\n".join(lines + again) + "\n")
+    recs = read_metrics(run)
+    assert [r["step"] for r in recs] == [5, 10, 15, 20]
+    assert [r["train_loss"] for r in recs][2:] == [-1.0, -1.0]
+
+
+def test_differing_keys_and_labels(results):
+    s = load_summaries(results)
+    # results_dir differs too, but is ignored by default; seed, lr... are equal
+    assert differing_keys(s) == ["algo.name", "algo.local_steps"]
+    assert "results_dir" in differing_keys(s, ignore=())
+    labels = {s.set_index("run_dir").loc[d, "run_id"]: lab for d, lab in run_labels(s).items()}
+    assert labels == {
+        "run_ddp": "algo.name=ddp",
+        "run_h8": "algo.name=local_sgd, algo.local_steps=8",
+        "run_h16": "algo.name=local_sgd, algo.local_steps=16",
+    }
+    # the records frame gives the same keys, also after a row filter
+    df = load_runs(results)
+    assert differing_keys(df) == ["algo.name", "algo.local_steps"]
+    assert differing_keys(df[df["run_id"] != "run_ddp"]) == ["algo.local_steps"]
+    # without attrs the config columns are recognised by name
+    plain = pd.DataFrame(s.to_dict("list"))
+    assert differing_keys(plain) == ["algo.name", "algo.local_steps"]
+    # a key set in only some runs counts only when nothing else tells those runs apart:
+    # algo.buffer_policy (all local SGD runs) does not, algo.error_feedback (one H8 repeat) does
+    write_run(results, "run_h8_ef", {**H8[1], "error_feedback": True}, *H8[2:])
+    s2 = load_summaries(results)
+    assert differing_keys(s2) == ["algo.name", "algo.local_steps", "algo.error_feedback"]
+    assert sorted(run_labels(s2).values())[-2:] == [
+        "algo.name=local_sgd, algo.local_steps=8",
+        "algo.name=local_sgd, algo.local_steps=8, algo.error_feedback=true",
+    ]
+
+
+# -- speedup --------------------------------------------------------------------------------------
+# By hand: T = lowest final test_acc of the completed runs = H8's 0.008 * 100 = 0.80.
+# First eval (every 10 steps) with acc >= 0.80:
+#   ddp: 0.009 * 80 = 0.72 < T, 0.009 * 90 = 0.81 -> step 90: wall 90 s, modeled 180 s
+#   H8:  0.008 * 90 = 0.72,     0.008 * 100 = 0.80 -> step 100: wall 50 s, modeled 50 s
+#   H16: 0.0085 * 90 = 0.765,  0.0085 * 100 = 0.85 -> step 100: wall 25 s, modeled 40 s
+# Speedup wall: 90/90 = 1, 90/50 = 1.8, 90/25 = 3.6; modeled: 180/180 = 1, 180/50 = 3.6, 180/40 = 4.5
+HAND_T = 0.80
+HAND_TIME = {"run_ddp": (90.0, 180.0), "run_h8": (50.0, 50.0), "run_h16": (25.0, 40.0)}
+HAND_SPEEDUP = {"run_ddp": (1.0, 1.0), "run_h8": (1.8, 3.6), "run_h16": (3.6, 4.5)}
+
+
+def test_time_to_threshold_and_speedup_match_hand_computation(results):
+    tables = experiment_tables(results)
+    assert list(tables) == [EXP]
+    t = tables[EXP]
+    assert t.metric == "test_acc" and t.threshold == pytest.approx(HAND_T)
+    assert t.baseline_runs == ["run_ddp"]
+    assert t.keys == ["algo.name", "algo.local_steps"]
+    tab = t.table
+    for run, (wall, modeled) in HAND_TIME.items():
+        assert by_run(tab, "time_to_T_wall_s")[run] == pytest.approx(wall)
+        assert by_run(tab, "time_to_T_modeled_s")[run] == pytest.approx(modeled)
+    for run, (wall, modeled) in HAND_SPEEDUP.items():
+        assert by_run(tab, "speedup_wall")[run] == pytest.approx(wall)
+        assert by_run(tab, "speedup_modeled")[run] == pytest.approx(modeled)
+    # GB per worker = comm_bytes / 1e9: 100, 12 and 6 rounds of 4 MB
+    assert by_run(tab, "gb_sent_per_worker") == pytest.approx({"run_ddp": 0.4, "run_h8": 0.048, "run_h16": 0.024})
+    assert by_run(tab, "best_test_acc") == pytest.approx({"run_ddp": 0.9, "run_h8": 0.8, "run_h16": 0.85})
+    # target 0.7: ddp first reaches it at step 80 (0.72)
+    assert by_run(tab, "time_to_target_s")["run_ddp"] == pytest.approx(80.0)
+
+    records = load_runs(results / EXP / "run_h16")
+    assert time_to_threshold(records, 0.5) == pytest.approx(0.25 * 60)  # 0.0085 * 60 = 0.51
+    assert math.isnan(time_to_threshold(records, 0.9))
+    assert time_to_threshold(records, 0.5, time_col="step") == 60
+
+
+def test_running_and_failed_runs_do_not_set_the_threshold(results):
+    # an unfinished run that stopped at 0.007 * 50 = 0.35 and a diverged one: T stays 0.80
+    write_run(results, "run_killed", {"name": "local_sgd", "local_steps": 4}, 0.007, 0.5, 0.5, steps=50, with_summary=False)
+    write_run(results, "run_nan", {"name": "local_sgd", "local_steps": 2}, 0.001, 0.5, 0.5, status="diverged")
+    t = experiment_tables(results)[EXP]
+    assert t.threshold == pytest.approx(HAND_T)
+    assert by_run(t.table, "status")["run_killed"] == "running"
+    for run in ("run_killed", "run_nan"):  # never reached 0.80
+        assert math.isnan(by_run(t.table, "speedup_wall")[run])
+    assert by_run(t.table, "speedup_wall")["run_h8"] == pytest.approx(1.8)
+
+
+def test_no_ddp_run_gives_no_speedup(results):
+    t = experiment_tables([results / EXP / "run_h8", results / EXP / "run_h16"])[EXP]
+    assert t.threshold == pytest.approx(HAND_T)
+    assert t.baseline_runs == []
+    assert t.table["speedup_wall"].isna().all() and t.table["speedup_modeled"].isna().all()
+    assert by_run(t.table, "time_to_T_wall_s") == pytest.approx({"run_h8": 50.0, "run_h16": 25.0})
+
+
+def test_language_model_threshold_uses_perplexity(tmp_path):
+    # test_ppl = 100 - rate * step; T = highest final ppl = 100 - 0.2 * 100 = 80.
+    # ddp (rate 0.3): 100 - 0.3 * 70 = 79 <= 80 at step 70 (step 60: 82) -> wall 70 s
+    # local (rate 0.2): reaches 80 at step 100 -> wall 0.5 * 100 = 50 s; speedup 70 / 50 = 1.4
+    write_run(tmp_path, "lm_ddp", {"name": "ddp"}, 0.3, 1.0, 1.0, experiment="wt2", lm=True)
+    write_run(tmp_path, "lm_local", {"name": "local_sgd", "local_steps": 8}, 0.2, 0.5, 0.5, experiment="wt2", lm=True)
+    t = experiment_tables(tmp_path)["wt2"]
+    assert t.metric == "test_ppl" and t.threshold == pytest.approx(80.0)
+    assert by_run(t.table, "time_to_T_wall_s") == pytest.approx({"lm_ddp": 70.0, "lm_local": 50.0})
+    assert by_run(t.table, "speedup_wall")["lm_local"] == pytest.approx(1.4)
+    files = plot_runs(tmp_path, tmp_path / "plots")
+    assert {p.name for p in files} >= {"wt2_test_ppl_vs_comm_bytes.png", "wt2_test_ppl_vs_wall_time_s.svg"}
+
+
+# -- figures and report ---------------------------------------------------------------------------
+FIGURES = ("test_acc_vs_comm_bytes", "test_acc_vs_wall_time_s", "test_acc_vs_modeled_time_s", "train_loss_vs_step")
+
+
+def test_plot_runs_writes_png_and_svg_per_figure(results, tmp_path):
+    # a completed run without any evaluation: only in the training-loss figure
+    write_run(results, "run_noeval", {"name": "local_sgd", "local_steps": 32}, 0.0, 0.5, 0.5, with_evals=False)
+    out = tmp_path / "plots"
+    files = plot_runs(results, out)
+    expected = {f"{EXP}_{fig}.{ext}" for fig in FIGURES for ext in ("png", "svg")}
+    assert {p.name for p in files} == expected
+    for p in files:
+        assert p.parent == out and p.stat().st_size > 1000
+        if p.suffix == ".png":
+            assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = {fig: (out / f"{EXP}_{fig}.svg").read_text() for fig in FIGURES}
+    for fig in FIGURES:
+        assert "algo.name=local_sgd, algo.local_steps=8" in svg[fig]
+        assert "algo.name=ddp" in svg[fig]
+    assert "algo.local_steps=32" in svg["train_loss_vs_step"]
+    assert all("algo.local_steps=32" not in svg[f] for f in FIGURES if f.startswith("test_acc"))
+
+
+def test_plot_runs_one_set_per_experiment(results, tmp_path):
+    write_run(results, "c10_ddp", {"name": "ddp"}, 0.009, 1.0, 1.0, experiment="cifar10 resnet")
+    write_run(results, "c10_slowmo", {"name": "slowmo", "slow_lr": 1.0}, 0.008, 0.5, 0.5, experiment="cifar10 resnet")
+    files = {p.name for p in plot_runs(results, tmp_path / "plots")}
+    for prefix in (EXP, "cifar10_resnet"):
+        assert {f"{prefix}_{fig}.{ext}" for fig in FIGURES for ext in ("png", "svg")} <= files
+    assert len(files) == 2 * len(FIGURES) * 2
+    # labels are per experiment: cifar's runs differ by algo.name only (slow_lr is slowmo's alone)
+    svg = (tmp_path / "plots" / "cifar10_resnet_train_loss_vs_step.svg").read_text()
+    assert "algo.name=slowmo" in svg and "algo.name=ddp" in svg
+    assert "local_steps" not in svg and "slow_lr" not in svg
+
+
+def test_write_report_tables_and_figures(results, tmp_path):
+    write_run(results, "run_killed", {"name": "local_sgd", "local_steps": 4}, 0.007, 0.5, 0.5, steps=50, with_summary=False)
+    out = tmp_path / "report"
+    path = write_report(results / EXP, out)
+    assert path == out / "report.md" and path.stat().st_size > 0
+    text = path.read_text()
+    assert f"## {EXP}" in text and "Threshold T = 0.8000" in text
+    (table,) = parse_markdown_tables(text)
+    rows = {r["run"]: r for r in table}
+    assert set(rows) == {"run_ddp", "run_h8", "run_h16", "run_killed"}
+    assert rows["run_h8"]["algo"] == "local_sgd" and rows["run_h8"]["algo.local_steps"] == "8"
+    assert rows["run_ddp"]["algo.local_steps"] == ""
+    assert rows["run_killed"]["status"] == "running"
+    for run, (wall, modeled) in HAND_SPEEDUP.items():
+        assert rows[run]["speedup vs ddp, wall"] == f"{wall:.2f}"
+        assert rows[run]["speedup vs ddp, modeled"] == f"{modeled:.2f}"
+    assert rows["run_killed"]["speedup vs ddp, wall"] == "n/a"
+    assert rows["run_ddp"]["final test acc"] == "0.9000" and rows["run_h16"]["best test acc"] == "0.8500"
+    assert rows["run_ddp"]["GB sent / worker"] == "0.4" and rows["run_h8"]["comm rounds"] == "12"
+    assert rows["run_h16"]["wall time (s)"] == "25.0" and rows["run_h16"]["modeled time (s)"] == "40.0"
+    assert rows["run_ddp"]["time to target, wall (s)"] == "80.0"
+    # figures embedded with relative links that resolve from the report's folder
+    links = re.findall(r"\]\(([^)]+)\)", text)
+    assert {l.rsplit(".", 1)[1] for l in links} == {"png", "svg"} and len(links) == 2 * len(FIGURES)
+    for link in links:
+        assert not link.startswith("/") and (out / link).stat().st_size > 0
+
+
+def test_markdown_table_without_tabulate(monkeypatch):
+    frame = pd.DataFrame({"run": ["a", "b|c"], "speedup": ["1.80", "n/a"]})
+    with_tabulate = parse_markdown_tables(markdown_table(frame))
+
+    def no_tabulate(*args, **kwargs):
+        raise ImportError("Missing optional dependency 'tabulate'")
+
+    monkeypatch.setattr(pd.DataFrame, "to_markdown", no_tabulate)
+    without = markdown_table(frame)
+    assert parse_markdown_tables(without) == with_tabulate == [[{"run": "a", "speedup": "1.80"}, {"run": "b\\|c", "speedup": "n/a"}]]
