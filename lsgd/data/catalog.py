@@ -1,0 +1,310 @@
+"""The datasets lsgd knows, their config keys, and the entry points that read a ``dataset`` config
+(a plain dict: the resolved Hydra group ``conf/dataset/<name>.yaml``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lsgd.errors import ConfigError
+
+PARTITIONS = ("iid", "dirichlet")
+
+_COMMON = {"root": "data", "partition": "iid", "alpha": 0.5, "num_workers": 0, "download": True}
+
+# Defaults of every key each dataset accepts (conf/dataset/<name>.yaml sets the same values).
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "fashion_mnist": {**_COMMON},
+    "cifar10": {**_COMMON, "augment": True},
+    "cifar100": {**_COMMON, "augment": True},
+    "imagenet": {**_COMMON, "download": False, "image_size": 224, "num_classes": 1000, "num_train": 1281167},
+    "c4": {
+        **_COMMON,
+        "path": "allenai/c4",
+        "config": "en",
+        "data_files": None,
+        "tokenizer": "byte",
+        "seq_len": 256,
+        "eval_sequences": 512,
+        "steps_per_epoch": 1000,
+        "shuffle_buffer": 10_000,
+    },
+    "synthetic": {
+        **_COMMON,
+        "download": False,
+        "seed": 0,
+        "num_train": 4096,
+        "num_test": 1024,
+        "num_classes": 10,
+        "input_shape": [1, 28, 28],
+        "noise": 1.0,
+    },
+}
+DATASETS = tuple(DEFAULTS)
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a model and the trainer need to know about a dataset, without reading it.
+
+    Attributes:
+        name: ``dataset.name``.
+        task: ``"classification"`` or ``"lm"``.
+        input_shape: one sample's input: (C, H, W) for images, (seq_len,) for language modeling.
+        num_classes: number of classes, or the vocabulary size for ``lm``.
+        num_train: training samples, or None for a streaming set.
+    """
+
+    name: str
+    task: str
+    input_shape: tuple
+    num_classes: int
+    num_train: int | None
+
+
+def resolve(dataset_cfg: dict) -> dict:
+    """``dataset_cfg`` with defaults filled in, after checking every key.
+
+    Raises:
+        ConfigError: unknown ``dataset.name`` or key, or an invalid value (the message names the key).
+    """
+    name = dataset_cfg.get("name")
+    if name not in DEFAULTS:
+        raise ConfigError(f"dataset.name must be one of {', '.join(DATASETS)}; got {name!r}")
+    unknown = sorted(set(dataset_cfg) - set(DEFAULTS[name]) - {"name"})
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) dataset.{', dataset.'.join(unknown)} for dataset.name={name}; "
+            f"allowed: {', '.join(sorted(DEFAULTS[name]))}"
+        )
+    cfg = {**DEFAULTS[name], **dataset_cfg}
+
+    if cfg["partition"] not in PARTITIONS:
+        raise ConfigError(f"dataset.partition must be one of {', '.join(PARTITIONS)}; got {cfg['partition']!r}")
+    if not _is_number(cfg["alpha"]) or not cfg["alpha"] > 0:
+        raise ConfigError(f"dataset.alpha (Dirichlet concentration) must be a number > 0; got {cfg['alpha']!r}")
+    _int(cfg, "num_workers", 0)
+    if not isinstance(cfg["download"], bool):
+        raise ConfigError(f"dataset.download must be true or false; got {cfg['download']!r}")
+    if cfg["root"] is None or str(cfg["root"]) == "":
+        raise ConfigError("dataset.root must be a folder path (default: $LSGD_DATA or ./data)")
+
+    if name == "imagenet":
+        for key in ("image_size", "num_classes", "num_train"):
+            _int(cfg, key, 1)
+    elif name == "c4":
+        if cfg["partition"] != "iid":
+            raise ConfigError("dataset.partition=dirichlet needs class labels; c4 supports only dataset.partition=iid")
+        for key in ("seq_len", "eval_sequences", "steps_per_epoch", "shuffle_buffer"):
+            _int(cfg, key, 1)
+        if not isinstance(cfg["tokenizer"], str) or not cfg["tokenizer"]:
+            raise ConfigError(f"dataset.tokenizer must be 'byte' or a Hugging Face tokenizer name; got {cfg['tokenizer']!r}")
+        files = cfg["data_files"]
+        if files is not None:
+            if not hasattr(files, "keys") or not {"train", "validation"} <= set(files.keys()):
+                raise ConfigError(
+                    "dataset.data_files must be null (stream dataset.path from the hub) or a mapping "
+                    "{train: <path/glob or list>, validation: <path/glob or list>} of local C4-format "
+                    f"json(.gz) files; got {files!r}"
+                )
+    elif name == "synthetic":
+        for key in ("num_train", "num_test"):
+            _int(cfg, key, 1)
+        _int(cfg, "num_classes", 2)
+        _int(cfg, "seed", 0)
+        shape = cfg["input_shape"]
+        if not isinstance(shape, (list, tuple)) or len(shape) != 3 or not all(isinstance(s, int) and s >= 1 for s in shape):
+            raise ConfigError(f"dataset.input_shape must be [C, H, W] of positive integers; got {shape!r}")
+        if not _is_number(cfg["noise"]) or cfg["noise"] < 0:
+            raise ConfigError(f"dataset.noise must be a number >= 0; got {cfg['noise']!r}")
+    return cfg
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _int(cfg: dict, key: str, lo: int) -> None:
+    v = cfg[key]
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        raise ConfigError(f"dataset.{key} must be an integer >= {lo}; got {v!r}")
+
+
+def dataset_info(dataset_cfg: dict) -> DatasetInfo:
+    """Static facts about the configured dataset. Reads no data files and downloads nothing
+    (exception: c4 with a Hugging Face tokenizer loads that tokenizer from the local cache to
+    learn its vocabulary size).
+
+    Raises:
+        ConfigError: invalid config (see :func:`resolve`), or c4's tokenizer is not available.
+    """
+    cfg = resolve(dataset_cfg)
+    name = cfg["name"]
+    if name == "fashion_mnist":
+        return DatasetInfo(name, "classification", (1, 28, 28), 10, 60000)
+    if name in ("cifar10", "cifar100"):
+        return DatasetInfo(name, "classification", (3, 32, 32), 10 if name == "cifar10" else 100, 50000)
+    if name == "imagenet":
+        s = cfg["image_size"]
+        return DatasetInfo(name, "classification", (3, s, s), cfg["num_classes"], cfg["num_train"])
+    if name == "c4":
+        vocab = _tokenizer(cfg).vocab_size
+        return DatasetInfo(name, "lm", (cfg["seq_len"],), vocab, None)
+    return DatasetInfo(name, "classification", tuple(cfg["input_shape"]), cfg["num_classes"], cfg["num_train"])
+
+
+def _tokenizer(cfg: dict):
+    from lsgd.data.text import get_tokenizer
+
+    try:
+        return get_tokenizer(cfg["tokenizer"], not cfg["download"])
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"dataset.tokenizer={cfg['tokenizer']!r} cannot be loaded ({exc}); use dataset.tokenizer=byte "
+            "(offline byte-level), a local tokenizer folder, or set dataset.download=true to fetch it from "
+            "the Hugging Face hub once (`make data`)"
+        ) from exc
+
+
+_HOW_TO = "run `make data` (downloads into dataset.root), or set dataset.root to a folder that holds it"
+
+
+def check_available(dataset_cfg: dict) -> None:
+    """Validate the config and check that the data is present or can be downloaded.
+
+    Raises:
+        ConfigError: invalid key (see :func:`resolve`), or the files are missing and
+            ``dataset.download`` is false / cannot help; the message says how to get them.
+    """
+    cfg = resolve(dataset_cfg)
+    name, root = cfg["name"], cfg["root"]
+    if name == "fashion_mnist":
+        from lsgd.data.vision import fashion_mnist_dirs, find_fashion_mnist
+
+        if find_fashion_mnist(root) is None and not cfg["download"]:
+            raise ConfigError(
+                f"Fashion-MNIST not found (searched {', '.join(str(d) for d in fashion_mnist_dirs(root))}) and "
+                f"dataset.download=false; {_HOW_TO} (the four *-ubyte[.gz] files), "
+                "`apt-get install dataset-fashion-mnist`, or set dataset.download=true"
+            )
+    elif name in ("cifar10", "cifar100"):
+        from lsgd.data.vision import cifar_files
+
+        missing = [str(f) for f in cifar_files(name, root) if not f.is_file()]
+        if missing and not cfg["download"]:
+            raise ConfigError(
+                f"{name} not found under dataset.root={root} (missing {missing[0]}"
+                f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}) and dataset.download=false; "
+                f"{_HOW_TO} (torchvision's layout), or set dataset.download=true"
+            )
+    elif name == "imagenet":
+        for split in ("train", "val"):
+            if not (Path(root) / split).is_dir():
+                raise ConfigError(
+                    f"imagenet: {Path(root) / split} is not a folder. dataset.root must point to an ImageFolder tree "
+                    "with train/<class>/*.JPEG and val/<class>/*.JPEG (ILSVRC-2012 cannot be downloaded "
+                    "automatically: get it from image-net.org and sort val/ into class folders)"
+                )
+    elif name == "c4":
+        if cfg["data_files"] is not None:
+            from lsgd.data.text import resolve_data_files
+
+            for split in ("train", "validation"):
+                if not resolve_data_files(cfg, split):
+                    raise ConfigError(
+                        f"dataset.data_files.{split}={cfg['data_files'][split]!r} matches no file "
+                        f"(relative paths are relative to dataset.root={root}); point it to C4 json.gz files, "
+                        "e.g. c4-train.00000-of-01024.json.gz, or set dataset.data_files=null to stream from the hub"
+                    )
+        elif not cfg["download"] or os.environ.get("HF_DATASETS_OFFLINE") == "1":
+            raise ConfigError(
+                f"c4 with dataset.data_files=null streams {cfg['path']} from the Hugging Face hub, which needs "
+                "dataset.download=true and network access; or set dataset.data_files to local C4 json.gz files"
+            )
+        if cfg["tokenizer"] != "byte" and not cfg["download"]:
+            _tokenizer(cfg)
+
+
+def prepare(dataset_cfg: dict) -> None:
+    """Download what is missing and allowed (``dataset.download``) into ``dataset.root``: run once
+    in the main process before workers start, and by ``make data``. No-op when present.
+
+    Raises:
+        ConfigError: as :func:`check_available`, or the download failed (no network).
+    """
+    check_available(dataset_cfg)
+    cfg = resolve(dataset_cfg)
+    name, root = cfg["name"], cfg["root"]
+    try:
+        if name == "fashion_mnist":
+            from lsgd.data.vision import download_fashion_mnist, find_fashion_mnist
+
+            if find_fashion_mnist(root) is None:
+                download_fashion_mnist(root)
+        elif name in ("cifar10", "cifar100"):
+            from lsgd.data.vision import cifar_files, download_cifar
+
+            if not all(f.is_file() for f in cifar_files(name, root)):
+                download_cifar(name, root)
+        elif name == "c4" and cfg["tokenizer"] != "byte":
+            _tokenizer(cfg)
+    except ConfigError:
+        raise
+    except Exception as exc:  # network / disk errors from torchvision's downloader
+        raise ConfigError(
+            f"downloading {name} into dataset.root={root} failed: {exc}. Without network, copy the files "
+            "there by hand or point dataset.root at a copy"
+        ) from exc
+
+
+def build_datasets(dataset_cfg: dict, seed: int) -> tuple[Any, Any]:
+    """Load the (train, test) sets of the configured dataset.
+
+    Returns:
+        fashion_mnist / cifar10 / cifar100 / synthetic: two in-memory
+        :class:`lsgd.data.memory.TensorDataset`; imagenet: two
+        :class:`lsgd.data.vision.ImageFolderSet`; c4: a
+        :class:`lsgd.data.text.StreamingTextDataset` (train, shuffled with ``seed``) and an in-memory
+        :class:`lsgd.data.memory.TokenBlockDataset` (the first ``eval_sequences`` validation blocks).
+        Use them through :class:`lsgd.data.ShardedLoader` and :func:`lsgd.data.eval_batches`.
+    Raises:
+        ConfigError: as :func:`check_available`, or an ImageFolder tree whose class / sample count
+            differs from ``dataset.num_classes`` / ``dataset.num_train``.
+    """
+    check_available(dataset_cfg)
+    cfg = resolve(dataset_cfg)
+    name, root = cfg["name"], cfg["root"]
+    if name == "fashion_mnist":
+        from lsgd.data.vision import load_fashion_mnist
+
+        return load_fashion_mnist(root, True), load_fashion_mnist(root, False)
+    if name in ("cifar10", "cifar100"):
+        from lsgd.data.vision import load_cifar
+
+        return load_cifar(name, root, True, cfg["augment"]), load_cifar(name, root, False, False)
+    if name == "imagenet":
+        from lsgd.data.vision import ImageFolderSet
+
+        train = ImageFolderSet(Path(root) / "train", cfg["image_size"], True, cfg["num_workers"])
+        test = ImageFolderSet(Path(root) / "val", cfg["image_size"], False, cfg["num_workers"])
+        if len(train.classes) != cfg["num_classes"] or test.classes != train.classes:
+            raise ConfigError(
+                f"imagenet: {root}/train has {len(train.classes)} classes and val has {len(test.classes)} "
+                f"(must be the same folders); set dataset.num_classes={len(train.classes)} for a subset"
+            )
+        if len(train) != cfg["num_train"]:
+            raise ConfigError(
+                f"imagenet: {root}/train holds {len(train)} images but dataset.num_train={cfg['num_train']}; "
+                f"set dataset.num_train={len(train)}"
+            )
+        return train, test
+    if name == "c4":
+        from lsgd.data.text import StreamingTextDataset, load_eval_blocks
+
+        _tokenizer(cfg)
+        return StreamingTextDataset(cfg, seed), load_eval_blocks(cfg)
+    from lsgd.data.vision import make_synthetic
+
+    return make_synthetic(cfg)

@@ -1,0 +1,190 @@
+"""Models, built from the ``model`` config group (a plain dict) and the dataset's
+:class:`lsgd.data.DatasetInfo`.
+
+==============  ==============  =========================================================
+``model.name``  task            implementation
+==============  ==============  =========================================================
+cnn             classification  :class:`lsgd.models.cnn.SmallCNN` (images <= 64 px)
+resnet20/56     classification  :class:`lsgd.models.resnet_cifar.CifarResNet` (He et al. 2016, CIFAR)
+resnet18/50/101 classification  ``torchvision.models.resnet*`` (weights=None)
+vgg16           classification  ``torchvision.models.vgg16`` / ``vgg16_bn`` (weights=None; >= 32 px)
+lstm_lm         lm              :class:`lsgd.models.lstm.LSTMLM`
+gpt             lm              :class:`lsgd.models.gpt.GPT`
+==============  ==============  =========================================================
+
+The torchvision models are used as they are, also on 32x32 CIFAR input (ImageNet stem: 7x7
+stride-2 conv + max-pool for ResNets, so a 32x32 image reaches the last stage at 1x1; VGG's
+adaptive pool replicates the 1x1 map to 7x7 before its 25088-4096-4096 classifier, 134M
+parameters). Only the first convolution is replaced when the input has C != 3 channels.
+Use resnet20/resnet56 for CIFAR results comparable to the literature on small models.
+
+Classification models return logits (B, num_classes); language models (B, T, vocab).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from lsgd.data import DatasetInfo
+from lsgd.errors import ConfigError
+
+# Defaults of every key each model accepts (conf/model/<name>.yaml sets the same values).
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "cnn": {"channels": [16, 32], "hidden": 128},
+    "resnet20": {"shortcut": "A"},
+    "resnet56": {"shortcut": "A"},
+    "resnet18": {},
+    "resnet50": {},
+    "resnet101": {},
+    "vgg16": {"batch_norm": False, "dropout": 0.5},
+    "lstm_lm": {"num_layers": 2, "embed_dim": 256, "hidden_dim": 256, "dropout": 0.2, "tie_weights": True},
+    "gpt": {"size": "tiny", "dropout": 0.0, "bias": True, "n_layer": None, "n_head": None, "n_embd": None},
+}
+MODELS = tuple(DEFAULTS)
+LM_MODELS = ("lstm_lm", "gpt")
+CNN_MAX_SIDE = 64
+
+
+def resolve(model_cfg: dict) -> dict:
+    """``model_cfg`` with defaults filled in, after checking the name and keys.
+
+    Raises:
+        ConfigError: unknown ``model.name`` or key, or an invalid value.
+    """
+    from lsgd.models.gpt import SIZES
+    from lsgd.models.resnet_cifar import SHORTCUTS
+
+    name = model_cfg.get("name")
+    if name not in DEFAULTS:
+        raise ConfigError(f"model.name must be one of {', '.join(MODELS)}; got {name!r}")
+    unknown = sorted(set(model_cfg) - set(DEFAULTS[name]) - {"name"})
+    if unknown:
+        allowed = ", ".join(sorted(DEFAULTS[name])) or "(no other keys)"
+        raise ConfigError(f"unknown key(s) model.{', model.'.join(unknown)} for model.name={name}; allowed: {allowed}")
+    cfg = {**DEFAULTS[name], **model_cfg}
+    if name == "cnn":
+        ch = cfg["channels"]
+        if not isinstance(ch, (list, tuple)) or not ch or not all(_is_int(c, 1) for c in ch):
+            raise ConfigError(f"model.channels must be a non-empty list of positive integers; got {ch!r}")
+        if not _is_int(cfg["hidden"], 1):
+            raise ConfigError(f"model.hidden must be an integer >= 1; got {cfg['hidden']!r}")
+    elif name in ("resnet20", "resnet56") and cfg["shortcut"] not in SHORTCUTS:
+        raise ConfigError(f"model.shortcut must be one of {', '.join(SHORTCUTS)}; got {cfg['shortcut']!r}")
+    elif name == "lstm_lm":
+        for key in ("num_layers", "embed_dim", "hidden_dim"):
+            if not _is_int(cfg[key], 1):
+                raise ConfigError(f"model.{key} must be an integer >= 1; got {cfg[key]!r}")
+        if cfg["tie_weights"] and cfg["embed_dim"] != cfg["hidden_dim"]:
+            raise ConfigError(
+                f"model.tie_weights=true needs model.embed_dim == model.hidden_dim; got {cfg['embed_dim']} and "
+                f"{cfg['hidden_dim']} (set them equal or model.tie_weights=false)"
+            )
+    elif name == "gpt":
+        if cfg["size"] not in SIZES:
+            raise ConfigError(f"model.size must be one of {', '.join(SIZES)}; got {cfg['size']!r}")
+        n_layer, n_head, n_embd = (
+            cfg[k] if cfg[k] is not None else d for k, d in zip(("n_layer", "n_head", "n_embd"), SIZES[cfg["size"]])
+        )
+        for key, v in (("n_layer", n_layer), ("n_head", n_head), ("n_embd", n_embd)):
+            if not _is_int(v, 1):
+                raise ConfigError(f"model.{key} must be null (from model.size) or an integer >= 1; got {v!r}")
+        if n_embd % n_head:
+            raise ConfigError(f"model.n_embd ({n_embd}) must be divisible by model.n_head ({n_head})")
+    if "dropout" in cfg and not (isinstance(cfg["dropout"], (int, float)) and 0 <= cfg["dropout"] < 1):
+        raise ConfigError(f"model.dropout must be in [0, 1); got {cfg['dropout']!r}")
+    return cfg
+
+
+def _is_int(v, lo: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+
+def check_compatible(model_cfg: dict, info: DatasetInfo) -> None:
+    """Check that the model fits the dataset.
+
+    Raises:
+        ConfigError: invalid model config (see :func:`resolve`); a classification model on a
+            language-modeling set or the reverse; cnn on images larger than 64 px; vgg16 on
+            images smaller than 32 px. The message names model.name and dataset.name.
+    """
+    cfg = resolve(model_cfg)
+    name = cfg["name"]
+    if name in LM_MODELS:
+        if info.task != "lm":
+            raise ConfigError(
+                f"model.name={name} is a language model but dataset.name={info.name} is {info.task}; "
+                f"use a classification model ({', '.join(m for m in MODELS if m not in LM_MODELS)}) or dataset.name=c4"
+            )
+        return
+    if info.task != "classification" or len(info.input_shape) != 3:
+        raise ConfigError(
+            f"model.name={name} is an image classifier but dataset.name={info.name} is {info.task}; "
+            f"use model.name={' or '.join(LM_MODELS)}"
+        )
+    _, h, w = info.input_shape
+    if name == "cnn" and max(h, w) > CNN_MAX_SIDE:
+        raise ConfigError(
+            f"model.name=cnn is for small images (<= {CNN_MAX_SIDE} px) but dataset.name={info.name} has "
+            f"{h}x{w}; use model.name=resnet18 or resnet50"
+        )
+    if name == "cnn" and min(h, w) < 2 ** len(cfg["channels"]):
+        raise ConfigError(f"model.name=cnn pools {len(cfg['channels'])} times; dataset.name={info.name} images ({h}x{w}) are too small")
+    if name == "vgg16" and min(h, w) < 32:
+        raise ConfigError(
+            f"model.name=vgg16 halves the image 5 times and needs >= 32x32 input; dataset.name={info.name} has "
+            f"{h}x{w}; use model.name=cnn or resnet20"
+        )
+    if name in ("resnet20", "resnet56") and min(h, w) < 8:
+        raise ConfigError(f"model.name={name} needs >= 8x8 input; dataset.name={info.name} has {h}x{w}")
+
+
+def build_model(model_cfg: dict, info: DatasetInfo) -> nn.Module:
+    """Build the configured model for the dataset (randomly initialized, on CPU).
+
+    Returns:
+        classification: module mapping (B, C, H, W) float to (B, num_classes) logits;
+        lm: module mapping (B, T) int64 (T <= seq_len) to (B, T, vocab) logits.
+    Raises:
+        ConfigError: see :func:`check_compatible`.
+    """
+    check_compatible(model_cfg, info)
+    cfg = resolve(model_cfg)
+    name, k = cfg["name"], info.num_classes
+    if name == "cnn":
+        from lsgd.models.cnn import SmallCNN
+
+        return SmallCNN(info.input_shape, k, cfg["channels"], cfg["hidden"])
+    if name in ("resnet20", "resnet56"):
+        from lsgd.models.resnet_cifar import CifarResNet
+
+        return CifarResNet(int(name[6:]), k, info.input_shape[0], cfg["shortcut"])
+    if name in ("resnet18", "resnet50", "resnet101", "vgg16"):
+        return _torchvision_model(cfg, info)
+    if name == "lstm_lm":
+        from lsgd.models.lstm import LSTMLM
+
+        return LSTMLM(k, cfg["embed_dim"], cfg["hidden_dim"], cfg["num_layers"], cfg["dropout"], cfg["tie_weights"])
+    from lsgd.models.gpt import GPT, SIZES
+
+    n_layer, n_head, n_embd = (
+        cfg[key] if cfg[key] is not None else d for key, d in zip(("n_layer", "n_head", "n_embd"), SIZES[cfg["size"]])
+    )
+    return GPT(k, info.input_shape[0], n_layer, n_head, n_embd, cfg["dropout"], cfg["bias"])
+
+
+def _torchvision_model(cfg: dict, info: DatasetInfo) -> nn.Module:
+    import torchvision
+
+    name, c = cfg["name"], info.input_shape[0]
+    if name == "vgg16":
+        ctor = torchvision.models.vgg16_bn if cfg["batch_norm"] else torchvision.models.vgg16
+        model = ctor(weights=None, num_classes=info.num_classes, dropout=cfg["dropout"])
+        if c != 3:
+            model.features[0] = nn.Conv2d(c, 64, kernel_size=3, padding=1)
+        return model
+    model = getattr(torchvision.models, name)(weights=None, num_classes=info.num_classes)
+    if c != 3:
+        model.conv1 = nn.Conv2d(c, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    return model

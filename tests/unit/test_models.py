@@ -1,0 +1,167 @@
+"""lsgd.models: every model builds for its dataset with the right output shapes; GPT causality;
+weight tying; compatibility errors; parameter counts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lsgd.data import DatasetInfo
+from lsgd.models import DEFAULTS, MODELS, build_model, check_compatible
+from lsgd.errors import ConfigError
+
+CONF = Path(__file__).resolve().parents[2] / "conf" / "model"
+FASHION = DatasetInfo("fashion_mnist", "classification", (1, 28, 28), 10, 60000)
+CIFAR10 = DatasetInfo("cifar10", "classification", (3, 32, 32), 10, 50000)
+CIFAR100 = DatasetInfo("cifar100", "classification", (3, 32, 32), 100, 50000)
+IMAGENET_SMALL = DatasetInfo("imagenet", "classification", (3, 64, 64), 1000, 1281167)
+C4 = DatasetInfo("c4", "lm", (16,), 257, None)
+
+
+def _n_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # parameters() yields a tied tensor once
+
+
+@pytest.mark.parametrize(
+    "name, info",
+    [
+        ("cnn", FASHION),
+        ("cnn", CIFAR10),
+        ("resnet20", CIFAR10),
+        ("resnet56", CIFAR100),
+        ("resnet20", FASHION),
+        ("resnet18", CIFAR100),
+        ("resnet18", FASHION),  # 1-channel input: first conv replaced
+        ("resnet50", IMAGENET_SMALL),
+        ("resnet101", CIFAR10),
+        ("vgg16", CIFAR10),
+    ],
+)
+def test_classifiers_output_logits(name, info):
+    torch.manual_seed(0)
+    model = build_model({"name": name}, info).eval()
+    with torch.no_grad():
+        out = model(torch.randn(2, *info.input_shape))
+    assert out.shape == (2, info.num_classes) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("cfg", [{"name": "lstm_lm"}, {"name": "gpt"}, {"name": "lstm_lm", "tie_weights": False, "hidden_dim": 64}])
+def test_language_models_output_vocab_logits(cfg):
+    model = build_model(cfg, C4).eval()
+    x = torch.randint(0, 257, (3, 16))
+    with torch.no_grad():
+        out = model(x)
+    assert out.shape == (3, 16, 257) and torch.isfinite(out).all()
+    with torch.no_grad():
+        assert model(x[:, :5]).shape == (3, 5, 257)  # shorter sequences too
+
+
+def test_models_train_one_step():
+    """Gradients reach every parameter (nothing detached, no unused modules)."""
+    for cfg, info, x, y in [
+        ({"name": "cnn"}, FASHION, torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))),
+        ({"name": "gpt"}, C4, torch.randint(0, 257, (2, 16)), torch.randint(0, 257, (2, 16))),
+        ({"name": "lstm_lm"}, C4, torch.randint(0, 257, (2, 16)), torch.randint(0, 257, (2, 16))),
+    ]:
+        model = build_model(cfg, info)
+        out = model(x)
+        torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)).backward()
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters()), cfg
+
+
+def test_gpt_is_causal():
+    torch.manual_seed(0)
+    model = build_model({"name": "gpt", "dropout": 0.0}, C4).eval()
+    x = torch.randint(0, 257, (2, 16))
+    t = 9
+    x2 = x.clone()
+    x2[:, t] = (x[:, t] + 1) % 257
+    with torch.no_grad():
+        a, b = model(x), model(x2)
+    assert torch.allclose(a[:, :t], b[:, :t], atol=1e-6)
+    assert not torch.allclose(a[:, t:], b[:, t:], atol=1e-4)  # later positions do see token t
+
+
+def test_gpt_rejects_too_long_input():
+    model = build_model({"name": "gpt"}, C4)
+    with pytest.raises(ValueError, match="block_size"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_tied_embeddings_share_storage():
+    gpt = build_model({"name": "gpt"}, C4)
+    assert gpt.lm_head.weight is gpt.wte.weight
+    assert gpt.lm_head.weight.data_ptr() == gpt.wte.weight.data_ptr()
+    lstm = build_model({"name": "lstm_lm"}, C4)
+    assert lstm.decoder.weight.data_ptr() == lstm.embed.weight.data_ptr()
+    untied = build_model({"name": "lstm_lm", "tie_weights": False}, C4)
+    assert untied.decoder.weight.data_ptr() != untied.embed.weight.data_ptr()
+    assert _n_params(untied) == _n_params(lstm) + 257 * 256
+
+
+def test_cifar_resnet_parameter_counts():
+    """He et al. 2016, Table 6: ResNet-20 0.27M, ResNet-56 0.85M parameters."""
+    r20 = build_model({"name": "resnet20"}, CIFAR10)
+    r56 = build_model({"name": "resnet56"}, CIFAR10)
+    assert _n_params(r20) == pytest.approx(0.27e6, rel=0.01)
+    assert _n_params(r56) == pytest.approx(0.85e6, rel=0.01)
+    r20b = build_model({"name": "resnet20", "shortcut": "B"}, CIFAR10)
+    assert _n_params(r20b) > _n_params(r20)  # option B adds 1x1 projection convolutions
+
+
+@pytest.mark.parametrize("size, nominal", [("20m", 20e6), ("60m", 60e6), ("150m", 150e6)])
+def test_gpt_sizes_match_their_names(size, nominal):
+    with torch.device("meta"):  # no memory, no init cost
+        model = build_model({"name": "gpt", "size": size}, DatasetInfo("c4", "lm", (256,), 257, None))
+    assert model.num_params(non_embedding=True) == pytest.approx(nominal, rel=0.06)
+
+
+def test_gpt_size_overrides():
+    model = build_model({"name": "gpt", "n_layer": 3, "n_embd": 32, "n_head": 4}, C4)
+    assert len(model.blocks) == 3 and model.wte.weight.shape == (257, 32)
+
+
+def test_cnn_has_batchnorm_buffers():
+    model = build_model({"name": "cnn"}, FASHION)
+    names = [n for n, _ in model.named_buffers()]
+    assert any(n.endswith("running_mean") for n in names)
+
+
+@pytest.mark.parametrize(
+    "cfg, info, words",
+    [
+        ({"name": "cnn"}, C4, ["model.name=cnn", "dataset.name=c4"]),
+        ({"name": "resnet18"}, C4, ["model.name=resnet18", "dataset.name=c4"]),
+        ({"name": "gpt"}, CIFAR10, ["model.name=gpt", "dataset.name=cifar10"]),
+        ({"name": "lstm_lm"}, FASHION, ["model.name=lstm_lm", "dataset.name=fashion_mnist"]),
+        ({"name": "vgg16"}, FASHION, ["model.name=vgg16", "dataset.name=fashion_mnist"]),
+        ({"name": "cnn"}, DatasetInfo("imagenet", "classification", (3, 224, 224), 1000, 1), ["model.name=cnn", "imagenet"]),
+        ({"name": "transformer"}, C4, ["model.name", "gpt", "resnet20", "cnn"]),
+        ({"name": "gpt", "size": "huge"}, C4, ["model.size", "tiny", "150m"]),
+        ({"name": "gpt", "n_embd": 30, "n_head": 4}, C4, ["model.n_embd", "model.n_head"]),
+        ({"name": "lstm_lm", "hidden_dim": 128}, C4, ["model.tie_weights", "model.embed_dim"]),
+        ({"name": "resnet20", "shortcut": "C"}, CIFAR10, ["model.shortcut", "A, B"]),
+        ({"name": "cnn", "hiden": 3}, FASHION, ["model.hiden", "hidden"]),
+    ],
+)
+def test_check_compatible_raises_config_error(cfg, info, words):
+    with pytest.raises(ConfigError) as e:
+        check_compatible(cfg, info)
+    for w in words:
+        assert w in str(e.value)
+    with pytest.raises(ConfigError):
+        build_model(cfg, info)
+
+
+def test_yaml_configs_match_code_defaults():
+    omegaconf = pytest.importorskip("omegaconf")
+    files = sorted(CONF.glob("*.yaml"))
+    assert {f.stem for f in files} == set(MODELS)
+    for f in files:
+        cfg = omegaconf.OmegaConf.to_container(omegaconf.OmegaConf.load(f), resolve=True)
+        assert cfg["name"] == f.stem
+        assert set(cfg) - {"name"} == set(DEFAULTS[f.stem]), f.name
+        assert cfg == {"name": f.stem, **DEFAULTS[f.stem]}, f.name
+        check_compatible(cfg, C4 if f.stem in ("gpt", "lstm_lm") else CIFAR10)
