@@ -67,9 +67,14 @@ def train(argv: list[str]) -> int:
 
     @hydra.main(version_base="1.3", config_path=_config_path(), config_name="config")
     def _train(cfg):
+        from lsgd.errors import ConfigError
         from lsgd.launch import run
 
-        return run(cfg)
+        try:
+            return run(cfg)
+        except ConfigError as exc:  # a clear one-line message, no traceback, before any worker
+            print(f"lsgd: invalid configuration: {exc}", file=sys.stderr)
+            sys.exit(2)
 
     saved = sys.argv
     sys.argv = ["lsgd train"] + list(argv)

@@ -14,6 +14,7 @@ TINY = [
     "debug=default",
     "dataset.num_train=512",
     "dataset.num_test=256",
+    "epochs=2",
     "launcher.timeout_s=30",
 ]
 

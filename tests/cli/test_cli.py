@@ -115,7 +115,7 @@ def test_diverged_run_ends_cleanly(tmp_path):
     ],
 )
 def test_bad_config_fails_before_any_worker(tmp_path, override, expected):
-    res = lsgd(["train", *TINY, *override, f"results_dir={tmp_path}/r"], tmp_path, timeout=120)
+    res = lsgd(["train", "debug=default", *override, f"results_dir={tmp_path}/r"], tmp_path, timeout=120)
     assert res.returncode != 0
     assert expected in res.stdout + res.stderr
     assert not list((tmp_path / "r").rglob("train.log"))  # no worker started
