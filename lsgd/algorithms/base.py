@@ -22,11 +22,20 @@ from torch import nn
 from lsgd.comm import Communicator
 
 
+def float_buffers(model: nn.Module) -> list[torch.Tensor]:
+    """Floating-point buffers of ``model`` (BatchNorm running mean/var) in a fixed order.
+
+    Integer buffers (BatchNorm's ``num_batches_tracked``) count forward passes, which every worker
+    makes equally often, so they are identical across workers and never communicated.
+    """
+    return [b for b in model.buffers() if b.is_floating_point()]
+
+
 def model_tensors(model: nn.Module, buffers: bool) -> list[torch.Tensor]:
-    """Parameters (and floating/integer buffers if ``buffers``) of ``model`` in a fixed order."""
+    """Parameters (and floating-point buffers if ``buffers``) of ``model`` in a fixed order."""
     tensors = [p.data for p in model.parameters()]
     if buffers:
-        tensors += [b for b in model.buffers()]
+        tensors += float_buffers(model)
     return tensors
 
 

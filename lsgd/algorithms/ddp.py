@@ -7,7 +7,7 @@ its time in flight. One step = one round.
 
 Buffers (BatchNorm running statistics) follow DDP's ``broadcast_buffers`` semantics: they are
 broadcast from rank 0 after every step (before the next forward), through the communicator so they
-are counted. DDP's own broadcast is disabled (``broadcast_buffers=False``) to avoid doing it twice.
+are counted. DDP's own broadcast is disabled (``forward_sync_buffers=False``) to avoid doing it twice.
 
 Timing: a bucket's in-flight time goes to ``comm_time_s`` but is not subtracted from the step's
 ``compute_time_s`` (it overlaps backward); the modeled time adds the alpha-beta cost of every bucket
@@ -16,6 +16,7 @@ on top of the measured compute, i.e. it assumes no overlap (a conservative model
 
 from __future__ import annotations
 
+import inspect
 import time
 
 import torch
@@ -24,7 +25,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from lsgd.algorithms.base import Algorithm
+from lsgd.algorithms.base import Algorithm, float_buffers
 
 
 class DDP(Algorithm):
@@ -37,11 +38,15 @@ class DDP(Algorithm):
         if not dist.is_initialized():
             return model
         device_ids = [model_device.index] if (model_device := next(model.parameters()).device).type == "cuda" else None
+        # DDP's own per-forward buffer broadcast is off (we broadcast through the communicator);
+        # newer torch names the switch forward_sync_buffers, older torch broadcast_buffers.
+        no_buffer_sync = (
+            {"forward_sync_buffers": False}
+            if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+            else {"broadcast_buffers": False}
+        )
         self.ddp = DistributedDataParallel(
-            model,
-            device_ids=device_ids,
-            broadcast_buffers=False,
-            bucket_cap_mb=float(self.cfg.get("bucket_cap_mb", 25)),
+            model, device_ids=device_ids, bucket_cap_mb=float(self.cfg.get("bucket_cap_mb", 25)), **no_buffer_sync
         )
         self.ddp.register_comm_hook(None, self._counting_allreduce_hook)
         return self.ddp
@@ -59,7 +64,7 @@ class DDP(Algorithm):
 
     def after_step(self, step: int) -> None:
         self.comm.round()
-        buffers = list(self.model.buffers())
+        buffers = float_buffers(self.model)
         if buffers:
             self.comm.broadcast_(buffers, src=0)
 

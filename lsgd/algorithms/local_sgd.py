@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from lsgd.algorithms.base import Algorithm, model_tensors
+from lsgd.algorithms.base import Algorithm, float_buffers, model_tensors
 
 BUFFER_POLICIES = ("reset", "maintain", "average")
 
@@ -79,7 +79,7 @@ class LocalSGD(Algorithm):
 
     @property
     def models_in_sync(self) -> bool:
-        return self._in_sync and (self.average_buffers or not list(self.model.buffers()))
+        return self._in_sync and (self.average_buffers or not float_buffers(self.model))
 
     def state_dict(self) -> dict:
         return {"rounds": self.rounds, "in_sync": self._in_sync}

@@ -9,6 +9,7 @@ parameters are averaged every ``algo.local_steps`` steps counted from the end of
 
 from __future__ import annotations
 
+from lsgd.algorithms.base import float_buffers
 from lsgd.algorithms.local_sgd import LocalSGD
 
 
@@ -32,7 +33,7 @@ class PostLocalSGD(LocalSGD):
     def after_step(self, step: int) -> None:
         if step <= self.warmup_steps:
             self.comm.round()
-            buffers = list(self.model.buffers())
+            buffers = float_buffers(self.model)
             if buffers:
                 self.comm.average_(buffers)
             self._in_sync = True

@@ -32,7 +32,7 @@ def test_tiny_run_two_workers_writes_one_run_folder(tmp_path):
     s = summary(run)
     assert s["status"] == "completed" and s["steps"] == 20
     assert recs[-1]["step"] == 20 and "test_acc" in recs[-1]
-    # 20 steps, H=4 -> 5 rounds, each one all-reduce of float params+buffers and one of int buffers
+    # 20 steps, H=4 -> 5 rounds
     assert recs[-1]["comm_rounds"] == 5 == s["comm_rounds"]
     log = (run / "train.log").read_text()
     assert "[rank 0]" in log and "[rank 1]" in log

@@ -125,25 +125,24 @@ def test_local_sgd_averages_parameters_and_buffers(tmp_path, world):
                                            "buffer_policy": "maintain"}, SGD_M, steps, bn=True)
     model = make_model(bn=True)
     n_float = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers() if b.is_floating_point())
-    n_int = sum(b.numel() for b in model.buffers() if not b.is_floating_point())
     for sync_step in (H, 2 * H):
         pre = [res[r]["pre_sync"][sync_step - 1] for r in range(world)]
-        mean = [torch.stack([pre[r][i] for r in range(world)]).float().mean(0) for i in range(len(pre[0]))]
+        mean = [torch.stack([pre[r][i] for r in range(world)]).float().mean(0) for i in range(len(pre[0]))
+                if pre[0][i].is_floating_point()]
         # between syncs the replicas differ
         assert not torch.equal(pre[0][0], pre[1][0])
-    final = res[0]["params"] + res[0]["buffers"]
+    final = res[0]["params"] + [b for b in res[0]["buffers"] if b.is_floating_point()]
     for got, want in zip(final, mean):
         torch.testing.assert_close(got.float(), want, atol=1e-6, rtol=0)
     for r in range(1, world):
         assert_close_lists(res[r]["params"], res[0]["params"], atol=0)
     rounds = steps // H
-    nbytes = n_float * 4 + n_int * 8
+    nbytes = n_float * 4  # integer buffers (num_batches_tracked) are equal everywhere: not sent
     assert res[0]["stats"]["comm_rounds"] == rounds
     assert res[0]["stats"]["comm_bytes"] == rounds * nbytes
     assert res[0]["stats"]["wire_bytes"] == pytest.approx(rounds * nbytes * 2 * (world - 1) / world)
-    # alpha-beta model: 2 all-reduces per round (float and int64 tensors coalesced by dtype)
-    net = NetworkModel(10, 10)
-    modeled = rounds * (net.all_reduce(n_float * 4, world) + net.all_reduce(n_int * 8, world))
+    # alpha-beta model: one coalesced all-reduce per round
+    modeled = rounds * NetworkModel(10, 10).all_reduce(nbytes, world)
     assert res[0]["stats"]["modeled_comm_s"] == pytest.approx(modeled)
 
 
@@ -229,3 +228,18 @@ def test_diloco_outer_step_is_nesterov_on_averaged_pseudo_gradient(tmp_path):
                                             "buffer_policy": "maintain"}, adamw, H * rounds)
     for r in range(world):
         assert_close_lists(got[r]["params"], want, atol=1e-5)
+
+
+def test_ddp_broadcasts_batchnorm_buffers_and_counts_every_bucket(tmp_path):
+    world, steps = 2, 3
+    res = train(tmp_path, "ddp_bn", world, {"name": "ddp", "bucket_cap_mb": 25}, SGD_M, steps, bn=True)
+    model = make_model(bn=True)
+    p_bytes = num_params(model) * 4
+    b_bytes = sum(b.numel() * 4 for b in model.buffers() if b.is_floating_point())
+    for r in range(1, world):
+        assert_close_lists(res[r]["buffers"], res[0]["buffers"], atol=0)
+        assert_close_lists(res[r]["params"], res[0]["params"], atol=0)
+    s = res[0]["stats"]
+    assert s["comm_bytes"] == steps * (p_bytes + b_bytes)
+    assert s["wire_bytes"] == pytest.approx(steps * (p_bytes * 2 * (world - 1) / world + b_bytes * (world - 1) / world))
+    assert s["comm_rounds"] == steps
