@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -119,3 +121,27 @@ def test_bad_config_fails_before_any_worker(tmp_path, override, expected):
     assert res.returncode != 0
     assert expected in res.stdout + res.stderr
     assert not list((tmp_path / "r").rglob("train.log"))  # no worker started
+
+
+def test_external_torchrun_joins_instead_of_spawning(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "lsgd.cli",
+           "train", *TINY, "algo=local_sgd", "launcher.nproc_per_node=4", f"results_dir={tmp_path}/r"]
+    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    _ok(res)
+    (run,) = run_dirs(tmp_path / "r")
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert cfg["world_size"] == 2  # the torchrun world, not launcher.nproc_per_node
+    assert summary(run)["world_size"] == 2 and summary(run)["status"] == "completed"
+    log = (run / "train.log").read_text()
+    assert "[rank 0]" in log and "[rank 1]" in log
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no stray per-rank output folders
+
+
+def test_wandb_offline_logs_rank0_only(tmp_path):
+    res = lsgd(["train", *TINY, "algo=ddp", "logger=wandb", f"results_dir={tmp_path}/r"], tmp_path,
+               env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    _ok(res)
+    (run,) = run_dirs(tmp_path / "r")
+    offline = list((run / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1  # one W&B run for the job, from rank 0
+    assert summary(run)["status"] == "completed"

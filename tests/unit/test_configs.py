@@ -1,0 +1,93 @@
+"""Every config group option and experiment bundle composes; validation rejects bad values."""
+
+from __future__ import annotations
+
+import importlib.resources
+
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from lsgd.cli import _register_resolvers
+from lsgd.config import validate
+from lsgd.errors import ConfigError
+
+GROUPS = ("algo", "model", "dataset", "optim", "schedule", "launcher", "logger", "network", "experiment", "debug")
+
+
+def options(group: str) -> list[str]:
+    folder = importlib.resources.files("lsgd.conf") / group
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load(overrides: list[str], hydra: bool = False) -> dict:
+    _register_resolvers()
+    with initialize_config_module(config_module="lsgd.conf", version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=hydra)
+    if hydra:
+        return OmegaConf.to_container(cfg.hydra, resolve=False)
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def test_groups_are_shipped_with_the_package():
+    for group in GROUPS:
+        assert options(group), group
+    assert set(options("algo")) == {"ddp", "local_sgd", "post_local_sgd", "slowmo", "diloco"}
+    assert {"cnn", "resnet20", "resnet56", "resnet18", "resnet50", "resnet101", "vgg16", "lstm_lm", "gpt"} <= set(options("model"))
+    assert {"fashion_mnist", "cifar10", "cifar100", "imagenet", "c4", "synthetic"} <= set(options("dataset"))
+    assert {"1gbps", "10gbps", "100gbps"} <= set(options("network"))
+
+
+@pytest.mark.parametrize("group", [g for g in GROUPS if g not in ("experiment", "debug")])
+def test_every_group_option_composes(group):
+    for option in options(group):
+        cfg = load([f"{group}={option}"])
+        assert cfg[group]["name"] == option
+
+
+@pytest.mark.parametrize("experiment", options("experiment"))
+def test_every_experiment_composes(experiment):
+    cfg = load([f"experiment={experiment}"])
+    assert cfg["experiment_name"] == experiment
+    # the model must fit the dataset in every bundle
+    from lsgd.data import dataset_info
+    from lsgd.models import check_compatible
+
+    check_compatible(cfg["model"], dataset_info(cfg["dataset"]))
+
+
+def test_demo_and_debug_validate():
+    validate(load(["experiment=fmnist_demo"]))
+    cfg = load(["debug=default", "algo=slowmo"])
+    validate(cfg)
+    assert cfg["dataset"]["name"] == "synthetic" and cfg["launcher"]["nproc_per_node"] == 2
+
+
+def test_slurm_launcher_composes():
+    hydra = load(["hydra/launcher=slurm", "hydra.launcher.nodes=4"], hydra=True)
+    launcher = hydra["launcher"]
+    assert launcher["_target_"].endswith("SlurmLauncher")
+    assert launcher["nodes"] == 4 and launcher["tasks_per_node"] == 8
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["algo=local_sgd", "algo.local_steps=0"], "algo.local_steps"),
+        (["algo=slowmo", "algo.slow_momentum=1.5"], "algo.slow_momentum"),
+        (["algo=diloco", "algo.outer_optimizer=adam"], "algo.outer_optimizer"),
+        (["algo=local_sgd", "algo.buffer_policy=keep"], "algo.buffer_policy"),
+        (["batch_size=0"], "batch_size"),
+        (["launcher.nproc_per_node=0"], "launcher.nproc_per_node"),
+        (["launcher.backend=nccl", "device=cpu"], "launcher.backend"),
+        pytest.param(["device=cuda"], "device", marks=pytest.mark.skipif(
+            __import__("torch").cuda.is_available(), reason="CUDA present: device=cuda is valid")),
+        (["eval_unit=hour"], "eval_unit"),
+        (["target_acc=1.5"], "target_acc"),
+        (["model=gpt"], "model"),
+    ],
+)
+def test_validation_names_the_key(overrides, key):
+    cfg = load(["debug=default", *overrides])
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate(cfg)
