@@ -179,6 +179,12 @@ class Trainer:
                 if self.diverged:
                     status = "diverged"
                     break
+        except BaseException as exc:
+            # record the failure (rank 0) and always finish the W&B run, then let the launcher see it
+            summary = self.write_summary("failed", error=f"rank {self.rank}: {exc!r}")
+            if self.logger is not None:
+                self.logger.finish(summary)
+            raise
         finally:
             if self.progress is not None:
                 self.progress.close()
@@ -341,7 +347,8 @@ class Trainer:
                 rec["samples_per_s"], rec["comm_bytes"] / 1e6,
             )
 
-    def write_summary(self, status: str) -> dict:
+    def write_summary(self, status: str, error: str | None = None) -> dict:
+        """Final record (see docs/run_format.md); rank 0 writes summary.json atomically."""
         s = self.comm.stats
         wall = time.perf_counter() - self.start_time
         hit = self.target_hit or {}
@@ -370,7 +377,7 @@ class Trainer:
             "time_to_target_s": hit.get("wall_time_s"),
             "modeled_time_to_target_s": hit.get("modeled_time_s"),
             "step_to_target": hit.get("step"),
-            "error": None,
+            "error": error,
         }
         if self.is_main:
             write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
