@@ -118,6 +118,184 @@ def tensor_bytes(tensors: torch.Tensor | Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _coalesced(tensors: Sequence[torch.Tensor]):
+    """Yield (tensors of one dtype, their concatenation as one flat buffer), in first-seen order."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    for group in by_dtype.values():
+        yield group, torch.cat([t.detach().reshape(-1) for t in group])
+
+
+@torch.no_grad()
+def _copy_back(flat: torch.Tensor, group: Sequence[torch.Tensor]) -> None:
+    """Copy consecutive slices of ``flat`` into the tensors of ``group``."""
+    offset = 0
+    for t in group:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].view_as(t))
+        offset += n
+
+
+class Communicator:
+    """Counts and times every collective of one worker.
+
+    Args:
+        network: the alpha-beta model used for ``modeled_comm_s``.
+        group: the process group (None: the default group). When torch.distributed is not
+            initialized the communicator acts as a world of one (every collective is the identity
+            and costs nothing).
+    """
+
+    def __init__(self, network: NetworkModel | None = None, group=None):
+        self.network = network or NetworkModel()
+        self.group = group
+        self.stats = CommStats()
+        self.step_comm_time_s = 0.0  # comm seconds since the trainer last called pop_step_time()
+
+    # -- world -----------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size(self.group) if dist.is_available() and dist.is_initialized() else 1
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank(self.group) if dist.is_available() and dist.is_initialized() else 0
+
+    # -- accounting ---------------------------------------------------------------------------
+    def record(self, kind: str, nbytes: int, seconds: float, overlapped: bool = False) -> None:
+        """Account one collective of ``kind`` with ``nbytes`` payload that took ``seconds``.
+
+        Used directly by DDP's comm hook (whose all-reduce torch issues itself). ``overlapped``
+        collectives (in flight during backward) add to ``comm_time_s`` but not to the step's
+        communication time that the trainer subtracts from the step to get compute time.
+        """
+        p = self.world_size
+        self.stats.comm_bytes += int(nbytes)
+        self.stats.wire_bytes += wire_bytes(kind, nbytes, p)
+        self.stats.comm_time_s += seconds
+        if not overlapped:
+            self.step_comm_time_s += seconds
+        self.stats.modeled_comm_s += getattr(self.network, kind)(nbytes, p)
+
+    def round(self, n: int = 1) -> None:
+        """Mark ``n`` synchronization rounds (the algorithm decides what a round is)."""
+        self.stats.comm_rounds += n
+
+    def pop_step_time(self) -> float:
+        """Seconds spent in communication since the previous call (used to split step time)."""
+        t, self.step_comm_time_s = self.step_comm_time_s, 0.0
+        return t
+
+    # -- collectives --------------------------------------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor, op=None, count: bool = True) -> torch.Tensor:
+        """In-place all-reduce (default SUM) of ``tensor``; returns it."""
+        if self.world_size == 1:
+            return tensor
+        t0 = time.perf_counter()
+        dist.all_reduce(tensor, op=op if op is not None else dist.ReduceOp.SUM, group=self.group)
+        if count:
+            self.record("all_reduce", tensor_bytes(tensor), time.perf_counter() - t0)
+        return tensor
+
+    def average_(self, tensors: Sequence[torch.Tensor], count: bool = True) -> None:
+        """Replace each tensor by its mean over workers, in place, in one all-reduce per dtype.
+
+        The tensors are flattened into one contiguous buffer per dtype (a coalesced collective, as
+        torch's model averagers do), so a round of parameter averaging costs one all-reduce of the
+        model size. Integer tensors are averaged with floor division.
+        """
+        if self.world_size == 1:
+            return
+        for group, flat in _coalesced(tensors):
+            self.all_reduce(flat, count=count)
+            if flat.is_floating_point() or flat.is_complex():
+                flat.div_(self.world_size)
+            else:
+                flat.floor_divide_(self.world_size)
+            _copy_back(flat, group)
+
+    def broadcast_(self, tensors: Sequence[torch.Tensor], src: int = 0, count: bool = True) -> None:
+        """Broadcast ``tensors`` from rank ``src`` in place, one coalesced broadcast per dtype."""
+        if self.world_size == 1:
+            return
+        for group, flat in _coalesced(tensors):
+            t0 = time.perf_counter()
+            dist.broadcast(flat, src=src, group=self.group)
+            if count:
+                self.record("broadcast", tensor_bytes(flat), time.perf_counter() - t0)
+            _copy_back(flat, group)
+
+    def all_gather(self, nbytes: int, p: int) -> float:
+        """Modeled seconds of a ring all-gather where each worker contributes ``nbytes``."""
+        if p <= 1:
+            return 0.0
+        return (p - 1) * self.alpha + (p - 1) * nbytes * self.beta
+
+    def broadcast(self, nbytes: int, p: int) -> float:
+        """Modeled seconds of a pipelined chain broadcast of ``nbytes``."""
+        if p <= 1:
+            return 0.0
+        return (p - 1) * self.alpha + nbytes * self.beta
+
+
+def wire_bytes(kind: str, nbytes: int, p: int) -> float:
+    """Bytes one worker sends on the wire for collective ``kind`` with payload ``nbytes``.
+
+    Raises:
+        ValueError: unknown ``kind`` (allowed: all_reduce, all_gather, broadcast).
+    """
+    if p <= 1:
+        return 0.0
+    if kind == "all_reduce":
+        return 2 * (p - 1) / p * nbytes
+    if kind == "all_gather":
+        return (p - 1) * nbytes
+    if kind == "broadcast":
+        return (p - 1) / p * nbytes
+    raise ValueError(f"unknown collective {kind!r}; allowed: all_reduce, all_gather, broadcast")
+
+
+@dataclass
+class CommStats:
+    """Cumulative per-worker communication counters (units: bytes, count, seconds)."""
+
+    comm_bytes: int = 0
+    wire_bytes: float = 0.0
+    comm_rounds: int = 0
+    comm_time_s: float = 0.0
+    modeled_comm_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def tensor_bytes(tensors: torch.Tensor | Sequence[torch.Tensor]) -> int:
+    """Payload size in bytes: sum of ``numel * element_size`` over ``tensors``."""
+    if isinstance(tensors, torch.Tensor):
+        tensors = [tensors]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _coalesced(tensors: Sequence[torch.Tensor]):
+    """Yield (tensors of one dtype, their concatenation as one flat buffer), in first-seen order."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    for group in by_dtype.values():
+        yield group, torch.cat([t.detach().reshape(-1) for t in group])
+
+
+@torch.no_grad()
+def _copy_back(flat: torch.Tensor, group: Sequence[torch.Tensor]) -> None:
+    """Copy consecutive slices of ``flat`` into the tensors of ``group``."""
+    offset = 0
+    for t in group:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].view_as(t))
+        offset += n
+
+
 class Communicator:
     """Counts and times every collective of one worker.
 
