@@ -145,3 +145,54 @@ def test_wandb_offline_logs_rank0_only(tmp_path):
     offline = list((run / "wandb").glob("offline-run-*"))
     assert len(offline) == 1  # one W&B run for the job, from rank 0
     assert summary(run)["status"] == "completed"
+
+
+def test_srun_style_tasks_join_one_group_and_one_folder(tmp_path):
+    """Two tasks started as srun would start them (SLURM_* variables, no torchrun) form one job."""
+    import os
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank), SLURM_STEP_ID="0",
+                   SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="localhost", SLURM_TASKS_PER_NODE="2",
+                   MASTER_PORT=str(port), WANDB_MODE="disabled")
+        procs.append(subprocess.Popen([sys.executable, "-m", "lsgd.cli", "train", *TINY, "algo=slowmo",
+                                       f"results_dir={tmp_path}/r"], cwd=tmp_path, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-4000:]
+    (run,) = run_dirs(tmp_path / "r")
+    assert run.name == "slurm-4242"
+    assert summary(run)["world_size"] == 2 and summary(run)["status"] == "completed"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+def test_killed_run_resumes_to_the_same_metrics(tmp_path):
+    """SIGKILL the whole job once a checkpoint exists, resume, compare with an uninterrupted run."""
+    import os
+    import signal
+
+    common = [*TINY, "dataset.num_train=1024", "epochs=20", "max_steps=200", "algo=local_sgd", "algo.local_steps=3",
+              "checkpoint_every=10", "eval_every=50", "log_every=5"]
+    _ok(lsgd(["train", *common, f"results_dir={tmp_path}/a"], tmp_path, timeout=300))
+    e = dict(os.environ, WANDB_MODE="disabled")
+    from runner import LSGD
+
+    proc = subprocess.Popen(LSGD + ["train", *common, f"results_dir={tmp_path}/b"], cwd=tmp_path, env=e,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list((tmp_path / "b").rglob("last.json")):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    (run_b,) = run_dirs(tmp_path / "b")
+    assert not (run_b / "summary.json").exists()  # killed before the end
+    _ok(lsgd(["train", *common, f"results_dir={tmp_path}/b", f"resume={run_b}"], tmp_path, timeout=300))
+    (run_a,) = run_dirs(tmp_path / "a")
+    assert metrics(run_b) == metrics(run_a)
+    assert summary(run_b)["status"] == "completed"
