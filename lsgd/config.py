@@ -115,6 +115,12 @@ def validate(cfg: dict) -> None:
 
     info = dataset_info(cfg["dataset"])
     check_compatible(cfg["model"], info)
+    global_batch = int(cfg["batch_size"]) * int(launcher["nproc_per_node"])
+    if info.num_train is not None and info.num_train < global_batch:
+        raise ConfigError(
+            f"batch_size={cfg['batch_size']} x launcher.nproc_per_node={launcher['nproc_per_node']} = {global_batch} "
+            f"exceeds the {info.num_train} training samples of dataset.name={info.name}; lower batch_size"
+        )
     check_available(cfg["dataset"])
 
 

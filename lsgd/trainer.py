@@ -110,8 +110,6 @@ class Trainer:
         self.train_set, self.test_set = build_datasets(cfg["dataset"], seed)
         self.loader = ShardedLoader(self.train_set, cfg["dataset"], self.rank, self.world_size, int(cfg["batch_size"]), seed)
         self.steps_per_epoch = self.loader.steps_per_epoch
-        if self.steps_per_epoch < 1:
-            raise ValueError(f"batch_size={cfg['batch_size']} x {self.world_size} workers exceeds the training set")
         total = int(cfg["epochs"]) * self.steps_per_epoch
         self.total_steps = min(total, int(cfg["max_steps"])) if cfg.get("max_steps") else total
 
@@ -454,9 +452,17 @@ class Trainer:
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
         if self.is_main and self.metrics_path.exists():
-            kept = [line for line in self.metrics_path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= self.step]
+            kept = [line for line in self.metrics_path.read_text().splitlines() if _record_step(line) <= self.step]
             write_atomic(self.metrics_path, "".join(line + "\n" for line in kept))
         log.info("resumed from %s at step %d", meta["dir"], self.step)
+
+
+def _record_step(line: str) -> float:
+    """Step of a metrics.jsonl line; inf for a blank or torn line (a write cut by a kill)."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
 
 
 # --------------------------------------------------------------------------------------------

@@ -85,6 +85,7 @@ def test_slurm_launcher_composes():
         (["eval_unit=hour"], "eval_unit"),
         (["target_acc=1.5"], "target_acc"),
         (["model=gpt"], "model"),
+        (["batch_size=4096"], "batch_size"),
     ],
 )
 def test_validation_names_the_key(overrides, key):
