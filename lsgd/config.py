@@ -51,8 +51,15 @@ def resolve_backend(cfg: dict) -> str:
     return backend
 
 
+def resolve_nproc(cfg: dict) -> int:
+    """``launcher.nproc_per_node: auto`` -> one worker per visible GPU on CUDA, else 4."""
+    if resolve_device(cfg) == "cuda" and cuda_available():
+        return max(1, torch.cuda.device_count())
+    return 4
+
+
 def validate(cfg: dict) -> None:
-    """Check a resolved config (plain dict).
+    """Check a resolved config (plain dict) and resolve ``launcher.nproc_per_node: auto`` in place.
 
     Raises:
         ConfigError: the first invalid key, with the allowed values.
@@ -98,6 +105,8 @@ def validate(cfg: dict) -> None:
     _positive(cfg["network"], "bandwidth_gbps", "network.")
 
     launcher = cfg["launcher"]
+    if launcher.get("nproc_per_node") == "auto":
+        launcher["nproc_per_node"] = resolve_nproc(cfg)
     _int_at_least(launcher, "nproc_per_node", 1, "launcher.")
     _choice(launcher, "backend", ("auto", "gloo", "nccl"), "launcher.")
     device = resolve_device(cfg)

@@ -63,6 +63,13 @@ def test_demo_and_debug_validate():
     assert cfg["dataset"]["name"] == "synthetic" and cfg["launcher"]["nproc_per_node"] == 2
 
 
+def test_nproc_auto_is_four_on_cpu():
+    cfg = load(["device=cpu"])
+    assert cfg["launcher"]["nproc_per_node"] == "auto"
+    validate(cfg)
+    assert cfg["launcher"]["nproc_per_node"] == 4
+
+
 def test_slurm_launcher_composes():
     hydra = load(["hydra/launcher=slurm", "hydra.launcher.nodes=4"], hydra=True)
     launcher = hydra["launcher"]
