@@ -23,7 +23,13 @@ collective     modeled time                          wire bytes per worker
 all-reduce     2 (p-1) alpha + 2 (p-1)/p n beta      2 (p-1)/p n
 all-gather     (p-1) alpha + (p-1) n beta            (p-1) n      (n = input bytes)
 broadcast      (p-1) alpha + n beta   (pipelined)    (p-1)/p n    (chain: p-1 senders of n)
+p2p            alpha + n beta                        n            (one point-to-point send)
 =============  ====================================  ==========================
+
+Every modeled cost has the form ``a * alpha + b * beta``; the communicator also accumulates the
+latency terms ``a`` (``model_alpha_terms``) and the bandwidth bytes ``b`` (``model_beta_bytes``), so
+the modeled communication time on any other network is ``a * alpha' + b * beta'``
+(:meth:`NetworkModel.cost`, used by ``lsgd report`` for the 1 and 10 Gbps columns).
 
 With ``p = 1`` every cost is zero. Collectives issued with ``count=False`` (metric reductions,
 evaluation, checkpoint barriers) are executed but not counted: they are measurement, not training.
@@ -61,31 +67,57 @@ class NetworkModel:
         """Seconds per byte."""
         return 8.0 / (self.bandwidth_gbps * 1e9)
 
+    def cost(self, alpha_terms: float, beta_bytes: float) -> float:
+        """Seconds of ``alpha_terms`` latencies plus ``beta_bytes`` bytes at this bandwidth."""
+        return alpha_terms * self.alpha + beta_bytes * self.beta
+
     def all_reduce(self, nbytes: int, p: int) -> float:
         """Modeled seconds of a ring all-reduce of ``nbytes`` payload bytes over ``p`` workers."""
-        if p <= 1:
-            return 0.0
-        return 2 * (p - 1) * self.alpha + 2 * (p - 1) / p * nbytes * self.beta
+        return self.cost(*cost_terms("all_reduce", nbytes, p))
 
     def all_gather(self, nbytes: int, p: int) -> float:
         """Modeled seconds of a ring all-gather where each worker contributes ``nbytes``."""
-        if p <= 1:
-            return 0.0
-        return (p - 1) * self.alpha + (p - 1) * nbytes * self.beta
+        return self.cost(*cost_terms("all_gather", nbytes, p))
 
     def broadcast(self, nbytes: int, p: int) -> float:
         """Modeled seconds of a pipelined chain broadcast of ``nbytes``."""
-        if p <= 1:
-            return 0.0
-        return (p - 1) * self.alpha + nbytes * self.beta
+        return self.cost(*cost_terms("broadcast", nbytes, p))
+
+    def p2p(self, nbytes: int, p: int) -> float:
+        """Modeled seconds of one point-to-point send of ``nbytes`` (``p`` >= 2 workers)."""
+        return self.cost(*cost_terms("p2p", nbytes, p))
+
+
+def cost_terms(kind: str, nbytes: int, p: int) -> tuple[float, float]:
+    """(latency terms, bandwidth bytes) of collective ``kind``: its cost is ``a alpha + b beta``.
+
+    Raises:
+        ValueError: unknown ``kind`` (allowed: all_reduce, all_gather, broadcast, p2p).
+    """
+    if kind not in COLLECTIVES:
+        raise ValueError(f"unknown collective {kind!r}; allowed: {', '.join(COLLECTIVES)}")
+    if p <= 1:
+        return 0.0, 0.0
+    if kind == "all_reduce":
+        return 2 * (p - 1), 2 * (p - 1) / p * nbytes
+    if kind == "all_gather":
+        return p - 1, (p - 1) * nbytes
+    if kind == "broadcast":
+        return p - 1, nbytes
+    return 1, nbytes
+
+
+COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "p2p")
 
 
 def wire_bytes(kind: str, nbytes: int, p: int) -> float:
     """Bytes one worker sends on the wire for collective ``kind`` with payload ``nbytes``.
 
     Raises:
-        ValueError: unknown ``kind`` (allowed: all_reduce, all_gather, broadcast).
+        ValueError: unknown ``kind`` (allowed: all_reduce, all_gather, broadcast, p2p).
     """
+    if kind not in COLLECTIVES:
+        raise ValueError(f"unknown collective {kind!r}; allowed: {', '.join(COLLECTIVES)}")
     if p <= 1:
         return 0.0
     if kind == "all_reduce":
@@ -94,7 +126,7 @@ def wire_bytes(kind: str, nbytes: int, p: int) -> float:
         return (p - 1) * nbytes
     if kind == "broadcast":
         return (p - 1) / p * nbytes
-    raise ValueError(f"unknown collective {kind!r}; allowed: all_reduce, all_gather, broadcast")
+    return float(nbytes)
 
 
 @dataclass
@@ -106,6 +138,8 @@ class CommStats:
     comm_rounds: int = 0
     comm_time_s: float = 0.0
     modeled_comm_s: float = 0.0
+    model_alpha_terms: float = 0.0
+    model_beta_bytes: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -176,7 +210,10 @@ class Communicator:
         self.stats.comm_time_s += seconds
         if not overlapped:
             self.step_comm_time_s += seconds
-        self.stats.modeled_comm_s += getattr(self.network, kind)(nbytes, p)
+        a, b = cost_terms(kind, nbytes, p)
+        self.stats.modeled_comm_s += self.network.cost(a, b)
+        self.stats.model_alpha_terms += a
+        self.stats.model_beta_bytes += b
 
     def round(self, n: int = 1) -> None:
         """Mark ``n`` synchronization rounds (the algorithm decides what a round is)."""

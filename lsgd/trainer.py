@@ -286,6 +286,8 @@ class Trainer:
             "compute_time_s": self.compute_time_s,
             "comm_time_s": s.comm_time_s,
             "modeled_time_s": self.compute_time_s + s.modeled_comm_s,
+            "model_alpha_terms": s.model_alpha_terms,
+            "model_beta_bytes": s.model_beta_bytes,
             "samples_per_s": rate,
         }
 
@@ -371,6 +373,8 @@ class Trainer:
             "compute_time_s": self.compute_time_s,
             "comm_time_s": s.comm_time_s,
             "modeled_time_s": self.compute_time_s + s.modeled_comm_s,
+            "model_alpha_terms": s.model_alpha_terms,
+            "model_beta_bytes": s.model_beta_bytes,
             "target_acc": self.cfg.get("target_acc"),
             "time_to_target_s": hit.get("wall_time_s"),
             "modeled_time_to_target_s": hit.get("modeled_time_s"),

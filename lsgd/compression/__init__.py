@@ -1,0 +1,11 @@
+"""Gradient compression: compressors with error feedback, their collectives, and adaptive control.
+
+Public API (see the submodules for details):
+
+* :func:`build` (``lsgd.compression.compressors``): ``build(name, **params)`` -> compressor with
+  ``compress(tensor) -> Compressed``, ``decompress(compressed) -> tensor``; ``Compressed.nbytes``.
+* error-feedback memories (``lsgd.compression.memory``) and the exchange of compressed payloads
+  across workers (``lsgd.compression.exchange``).
+* adaptive controllers: GraVAC and Accordion (``lsgd.compression.adaptive``).
+* torch's PowerSGD comm hook with exact byte accounting (``lsgd.compression.powersgd``).
+"""
