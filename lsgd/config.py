@@ -58,6 +58,74 @@ def resolve_nproc(cfg: dict) -> int:
     return 4
 
 
+LOCAL_SGD_FAMILY = ("local_sgd", "post_local_sgd", "slowmo", "diloco")
+
+
+def _number_at_least(cfg: dict, key: str, minimum: float, where: str) -> None:
+    value = cfg.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= minimum:
+        raise ConfigError(f"{where}{key} must be a number >= {minimum:g}, got {value!r}")
+
+
+def _in_interval(cfg: dict, key: str, lo: float, hi: float, where: str, lo_open: bool = True) -> None:
+    value = cfg.get(key)
+    ok = not isinstance(value, bool) and isinstance(value, (int, float))
+    ok = ok and (lo < value if lo_open else lo <= value) and value <= hi
+    if not ok:
+        raise ConfigError(f"{where}{key} must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {value!r}")
+
+
+def validate_compression(algo: dict) -> None:
+    """Checks of the ``compressed``, ``gravac`` and ``accordion`` algo groups.
+
+    Raises:
+        ConfigError: the first invalid key with its allowed values.
+    """
+    name, w = algo["name"], "algo."
+    if name not in ("compressed", "gravac", "accordion"):
+        return
+    from lsgd.algorithms.accordion import ACCORDION_COMPRESSORS
+    from lsgd.algorithms.gravac import POLICIES, SPARSIFIERS, THROUGHPUT_TIMES
+    from lsgd.compression.compressors import COMPRESSORS
+
+    if name == "compressed":
+        _choice(algo, "compressor", COMPRESSORS, w)
+        _number_at_least(algo, "cf", 1, w)
+    elif name == "gravac":
+        _choice(algo, "compressor", SPARSIFIERS, w)
+        _in_interval(algo, "epsilon", 0, 1, w)
+        _number_at_least(algo, "cf_min", 1, w)
+        _number_at_least(algo, "cf_max", float(algo["cf_min"]), w)
+        _int_at_least(algo, "window", 1, w)
+        _number_at_least(algo, "omega", 0, w)
+        _choice(algo, "policy", POLICIES, w)
+        _choice(algo, "throughput_time", THROUGHPUT_TIMES, w)
+        _in_interval(algo, "ewma", 0, 1, w, lo_open=False)
+        if not float(algo.get("ratio", 2)) > 1 or not float(algo.get("scale_start", 2)) > 1:
+            raise ConfigError(f"algo.ratio and algo.scale_start must be > 1, got {algo.get('ratio')!r}, {algo.get('scale_start')!r}")
+    elif name == "accordion":
+        _choice(algo, "compressor", ACCORDION_COMPRESSORS, w)
+        _number_at_least(algo, "cf_low", 1, w)
+        _number_at_least(algo, "cf_high", 1, w)
+        _int_at_least(algo, "rank_low", 1, w)
+        _int_at_least(algo, "rank_high", 1, w)
+        _positive(algo, "switch_period", w)
+        _positive(algo, "eta", w)
+    else:
+        return
+    compressor = algo.get("compressor")
+    if compressor == "powersgd" and name == "compressed":
+        _int_at_least(algo, "rank", 1, w)
+    if compressor == "powersgd":
+        _int_at_least(algo, "start_iter", 0, w)
+    if compressor == "qsgd":
+        levels = algo.get("levels")
+        if isinstance(levels, bool) or not isinstance(levels, int) or not 1 <= levels <= 127:
+            raise ConfigError(f"algo.levels must be an integer in [1, 127] (int8 payload), got {levels!r}")
+    if compressor in ("dgc",) and algo.get("sample_ratio") is not None:
+        _in_interval(algo, "sample_ratio", 0, 1, w)
+
+
 def validate(cfg: dict) -> None:
     """Check a resolved config (plain dict) and resolve ``launcher.nproc_per_node: auto`` in place.
 
@@ -69,7 +137,7 @@ def validate(cfg: dict) -> None:
     from lsgd.algorithms.local_sgd import BUFFER_POLICIES
     from lsgd.data import check_available, dataset_info
     from lsgd.models import check_compatible
-    from lsgd.optim import OPTIMIZERS, SCHEDULES
+    from lsgd.optim import LR_SCALINGS, OPTIMIZERS, SCHEDULES
 
     _int_at_least(cfg, "batch_size", 1)
     _int_at_least(cfg, "epochs", 1)
@@ -85,9 +153,14 @@ def validate(cfg: dict) -> None:
 
     algo = cfg["algo"]
     _choice(algo, "name", sorted(ALGORITHMS), "algo.")
-    if algo["name"] != "ddp":
+    if algo["name"] in LOCAL_SGD_FAMILY:
         _int_at_least(algo, "local_steps", 1, "algo.")
         _choice(algo, "buffer_policy", BUFFER_POLICIES, "algo.")
+    validate_compression(algo)
+    if algo["name"] == "adasum":
+        _choice(algo, "target", ("gradient", "delta"), "algo.")
+        if algo.get("local_size") is not None:
+            _int_at_least(algo, "local_size", 1, "algo.")
     if algo["name"] == "post_local_sgd":
         _int_at_least(algo, "warmup_steps", 0, "algo.")
     if algo["name"] == "slowmo":
@@ -101,6 +174,10 @@ def validate(cfg: dict) -> None:
 
     _choice(cfg["optim"], "name", OPTIMIZERS, "optim.")
     _positive(cfg["optim"], "lr", "optim.")
+    if cfg["optim"].get("lr_scaling") is not None:
+        _choice(cfg["optim"], "lr_scaling", LR_SCALINGS, "optim.")
+    if cfg["optim"].get("base_batch_size") is not None:
+        _int_at_least(cfg["optim"], "base_batch_size", 1, "optim.")
     _choice(cfg["schedule"], "name", SCHEDULES, "schedule.")
     _positive(cfg["network"], "bandwidth_gbps", "network.")
 

@@ -1,6 +1,20 @@
 """Base (inner) optimizers and learning-rate schedules, from the ``optim`` and ``schedule`` groups.
 
-Optimizers are torch's own: ``sgd`` (momentum, Nesterov, weight decay; dampening 0) and ``adamw``.
+Optimizers are torch's own: ``sgd`` (momentum, Nesterov, weight decay; dampening 0) and ``adamw``;
+``lamb`` is timm's maintained ``timm.optim.Lamb`` set up as the LAMB paper's Algorithm 2 (You et al.,
+ICLR 2020): Adam moments with bias correction, per-layer trust ratio ||x|| / ||r + lambda x|| applied
+always (``always_adapt``), no global gradient clipping unless ``optim.max_grad_norm`` is set.
+
+Learning-rate scaling (``optim.lr_scaling``, :func:`scaled_lr`), with B = batch_size x workers the
+global batch and B0 = ``optim.base_batch_size`` (null: one worker's batch) the batch ``optim.lr`` was
+tuned for:
+
+* ``none``: ``lr`` as given;
+* ``linear``: ``lr * B / B0`` (Goyal et al. 2017), the rule for averaging gradients;
+* ``sqrt``: ``lr * sqrt(B / B0)`` (Krizhevsky 2014; Hoffer et al. 2017), common for Adam/LAMB;
+* ``adasum``: ``lr * min(B / B0, optim.adasum_lr_factor)`` times the node size with
+  ``algo.hierarchical`` (Maleki et al. 2021, Sec. 5: about 2-2.5x the best single-worker rate
+  rather than linear scaling; Horovod scales by the GPUs per node when it averages inside a node).
 Schedules are multiplicative factors of the base learning rate as a function of the completed
 step, applied with ``torch.optim.lr_scheduler.LambdaLR`` (its state is checkpointed):
 
@@ -19,7 +33,38 @@ import torch
 
 from lsgd.errors import ConfigError
 
-OPTIMIZERS = ("sgd", "adamw")
+OPTIMIZERS = ("sgd", "adamw", "lamb")
+LR_SCALINGS = ("none", "linear", "sqrt", "adasum")
+
+
+def scaled_lr(cfg: dict, world_size: int) -> float:
+    """Base learning rate after ``optim.lr_scaling`` (module docstring) for ``world_size`` workers.
+
+    Args:
+        cfg: the whole run config (``optim``, ``batch_size``, ``algo``).
+        world_size: number of workers.
+
+    Raises:
+        ConfigError: unknown ``optim.lr_scaling`` (allowed: none, linear, sqrt, adasum).
+    """
+    optim = cfg["optim"]
+    rule = optim.get("lr_scaling", "none") or "none"
+    lr = float(optim["lr"])
+    if rule == "none":
+        return lr
+    base = optim.get("base_batch_size") or cfg["batch_size"]
+    ratio = int(cfg["batch_size"]) * world_size / float(base)
+    if rule == "linear":
+        return lr * ratio
+    if rule == "sqrt":
+        return lr * math.sqrt(ratio)
+    if rule == "adasum":
+        local = 1
+        algo = cfg.get("algo", {})
+        if algo.get("hierarchical"):
+            local = int(algo.get("local_size") or 1)
+        return lr * min(ratio, float(optim.get("adasum_lr_factor", 2.0))) * local
+    raise ConfigError(f"optim.lr_scaling={rule!r} is unknown; allowed: {', '.join(LR_SCALINGS)}")
 SCHEDULES = ("constant", "step", "cosine")
 
 
@@ -27,7 +72,7 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: dict) -> torch.op
     """torch optimizer from the ``optim`` group.
 
     Raises:
-        ConfigError: unknown ``optim.name`` (allowed: sgd, adamw).
+        ConfigError: unknown ``optim.name`` (allowed: sgd, adamw, lamb).
     """
     name = cfg.get("name")
     if name == "sgd":
@@ -45,6 +90,22 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: dict) -> torch.op
             betas=tuple(cfg.get("betas", (0.9, 0.999))),
             eps=float(cfg.get("eps", 1e-8)),
             weight_decay=float(cfg.get("weight_decay", 0.01)),
+        )
+    if name == "lamb":
+        from timm.optim import Lamb
+
+        max_norm = cfg.get("max_grad_norm")
+        return Lamb(
+            params,
+            lr=float(cfg["lr"]),
+            betas=tuple(cfg.get("betas", (0.9, 0.999))),
+            eps=float(cfg.get("eps", 1e-6)),
+            weight_decay=float(cfg.get("weight_decay", 0.01)),
+            bias_correction=True,
+            grad_averaging=True,
+            max_grad_norm=float(max_norm) if max_norm is not None else None,
+            always_adapt=True,
+            trust_clip=False,
         )
     raise ConfigError(f"optim.name={name!r} is unknown; allowed: {', '.join(OPTIMIZERS)}")
 

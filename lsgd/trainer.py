@@ -35,7 +35,7 @@ from lsgd.config import resolve_backend, resolve_device
 from lsgd.data import ShardedLoader, build_datasets, dataset_info, eval_batches
 from lsgd.launch import write_atomic
 from lsgd.models import build_model
-from lsgd.optim import build_optimizer, build_scheduler
+from lsgd.optim import build_optimizer, build_scheduler, scaled_lr
 
 log = logging.getLogger("lsgd")
 
@@ -119,11 +119,13 @@ class Trainer:
         torch.manual_seed(seed + 1000 * (self.rank + 1))
         random.seed(seed + self.rank)
         np.random.seed(seed + self.rank)
-        self.optimizer = build_optimizer(self.model.parameters(), cfg["optim"])
+        self.optimizer = build_optimizer(self.model.parameters(), {**cfg["optim"], "lr": scaled_lr(cfg, self.world_size)})
         self.scheduler = build_scheduler(self.optimizer, cfg["schedule"], self.steps_per_epoch, self.total_steps)
         net = cfg["network"]
         self.comm = Communicator(NetworkModel(float(net["bandwidth_gbps"]), float(net["latency_us"])))
         self.algorithm = build_algorithm(cfg["algo"], self.comm)
+        self.algorithm.steps_per_epoch = self.steps_per_epoch
+        self.algorithm.batch_size = int(cfg["batch_size"])
         self.net = self.algorithm.setup(self.model, self.optimizer)
 
         # progress counters (all checkpointed)
@@ -140,6 +142,7 @@ class Trainer:
         self.diverged = False
         self.last_record_time = None
         self.last_record_samples = 0
+        self.pending_rows: list[dict] = []
 
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.metrics_path = self.run_dir / "metrics.jsonl"
@@ -273,6 +276,7 @@ class Trainer:
         rate = (samples - self.last_record_samples) / max(now - self.last_record_time, 1e-9)
         self.last_record_time, self.last_record_samples = now, samples
         s = self.comm.stats
+        self.pending_rows = self.algorithm.pop_step_rows()
         return {
             "step": self.step,
             "epoch": self.step / self.steps_per_epoch,
@@ -289,6 +293,7 @@ class Trainer:
             "model_alpha_terms": s.model_alpha_terms,
             "model_beta_bytes": s.model_beta_bytes,
             "samples_per_s": rate,
+            **self.algorithm.metrics(),
         }
 
     @torch.no_grad()
@@ -333,7 +338,9 @@ class Trainer:
             self.target_hit.update(wall_time_s=rec["wall_time_s"], modeled_time_s=rec["modeled_time_s"])
         if not self.is_main:
             return
+        rows, self.pending_rows = self.pending_rows, []
         with open(self.metrics_path, "a") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)  # each row carries its "kind"
             f.write(json.dumps(rec) + "\n")
         if self.logger is not None:
             self.logger.log(rec)

@@ -54,6 +54,11 @@ class Algorithm:
         self.comm = comm
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
+        # set by the trainer before setup(): local steps per epoch and local batch size
+        self.steps_per_epoch: int | None = None
+        self.batch_size: int | None = None
+        # per-step rows (docs/run_format.md, "per-step compression rows"), drained by the trainer
+        self.step_rows: list[dict] = []
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         """Attach to the model and optimizer; returns the module the trainer calls for training
@@ -66,6 +71,16 @@ class Algorithm:
 
     def after_step(self, step: int) -> None:
         """Called after the optimizer step; ``step`` = completed local steps (1-based)."""
+
+    def metrics(self) -> dict:
+        """Extra keys merged into every metrics record (e.g. ``cf``); called on every rank at each
+        record, so it may reset per-record accumulators."""
+        return {}
+
+    def pop_step_rows(self) -> list[dict]:
+        """Per-step rows accumulated since the previous record (written before it by rank 0)."""
+        rows, self.step_rows = self.step_rows, []
+        return rows
 
     @property
     def models_in_sync(self) -> bool:

@@ -48,8 +48,12 @@ class DDP(Algorithm):
         self.ddp = DistributedDataParallel(
             model, device_ids=device_ids, bucket_cap_mb=float(self.cfg.get("bucket_cap_mb", 25)), **no_buffer_sync
         )
-        self.ddp.register_comm_hook(None, self._counting_allreduce_hook)
+        self.register_hook(self.ddp)
         return self.ddp
+
+    def register_hook(self, ddp: DistributedDataParallel) -> None:
+        """Register the DDP comm hook (subclasses replace it: compression, PowerSGD)."""
+        ddp.register_comm_hook(None, self._counting_allreduce_hook)
 
     def _counting_allreduce_hook(self, state, bucket):
         nbytes = bucket.buffer().numel() * bucket.buffer().element_size()

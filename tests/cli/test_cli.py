@@ -196,3 +196,37 @@ def test_killed_run_resumes_to_the_same_metrics(tmp_path):
     (run_a,) = run_dirs(tmp_path / "a")
     assert metrics(run_b) == metrics(run_a)
     assert summary(run_b)["status"] == "completed"
+
+
+def test_gravac_writes_per_step_rows_and_resumes_exactly(tmp_path):
+    common = [*TINY, "algo=gravac", "algo.compressor=topk", "algo.epsilon=0.3", "algo.window=1000",
+              "checkpoint_every=5", "eval_every=5", "log_every=5"]
+    _ok(lsgd(["train", *common, f"results_dir={tmp_path}/a"], tmp_path))
+    (run_a,) = run_dirs(tmp_path / "a")
+    recs = metrics(run_a)
+    rows = [r for r in recs if r.get("kind") == "compression"]
+    regular = [r for r in recs if "kind" not in r]
+    assert [r["step"] for r in rows] == list(range(1, 21))
+    assert all(r["sent"] in ("candidate", "min", "dense") and 0 < r["gain"] <= 1 for r in rows)
+    assert "kind" not in recs[-1] and recs[-1]["step"] == 20 and "cf" in regular[-1]
+    # a crash at step 13 and a resume reproduce the same records and rows
+    crashed = lsgd(["train", *common, f"results_dir={tmp_path}/b", "inject_failure.step=13"], tmp_path)
+    assert crashed.returncode != 0
+    _ok(lsgd(["train", *common, f"results_dir={tmp_path}/b", "resume=true"], tmp_path))
+    (run_b,) = run_dirs(tmp_path / "b")
+    assert metrics(run_b) == recs
+
+
+def test_compression_study_sweep_and_report(tmp_path):
+    res = lsgd(["train", "-m", *TINY, "variant=dense,topk_10x,gravac_eps0.7", "algo.window=5",
+                f"results_dir={tmp_path}/r"], tmp_path, timeout=400)
+    _ok(res)
+    runs = {yaml.safe_load((r / "config.yaml").read_text())["algo"]["name"]: r for r in run_dirs(tmp_path / "r")}
+    assert sorted(runs) == ["compressed", "ddp", "gravac"]
+    dense, topk = summary(runs["ddp"])["comm_bytes"], summary(runs["compressed"])["comm_bytes"]
+    assert 3 < dense / topk < 6  # CF 10 with int32 indices: about 5x fewer bytes (buffers broadcast dense)
+    rep = lsgd(["report", str(tmp_path / "r" / "debug"), "--out", str(tmp_path / "rep")], tmp_path)
+    _ok(rep)
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "gravac" in text and "dense" in text.lower()
+    assert list((tmp_path / "rep").rglob("*compression*.png"))

@@ -12,7 +12,7 @@ from lsgd.cli import _register_resolvers
 from lsgd.config import validate
 from lsgd.errors import ConfigError
 
-GROUPS = ("algo", "model", "dataset", "optim", "schedule", "launcher", "logger", "network", "experiment", "debug")
+GROUPS = ("algo", "model", "dataset", "optim", "schedule", "launcher", "logger", "network", "experiment", "variant", "debug")
 
 
 def options(group: str) -> list[str]:
@@ -32,13 +32,15 @@ def load(overrides: list[str], hydra: bool = False) -> dict:
 def test_groups_are_shipped_with_the_package():
     for group in GROUPS:
         assert options(group), group
-    assert set(options("algo")) == {"ddp", "local_sgd", "post_local_sgd", "slowmo", "diloco"}
+    assert set(options("algo")) == {
+        "ddp", "local_sgd", "post_local_sgd", "slowmo", "diloco", "compressed", "gravac", "accordion", "adasum",
+    }
     assert {"cnn", "resnet20", "resnet56", "resnet18", "resnet50", "resnet101", "vgg16", "lstm_lm", "gpt"} <= set(options("model"))
     assert {"fashion_mnist", "cifar10", "cifar100", "imagenet", "c4", "synthetic"} <= set(options("dataset"))
     assert {"1gbps", "10gbps", "100gbps"} <= set(options("network"))
 
 
-@pytest.mark.parametrize("group", [g for g in GROUPS if g not in ("experiment", "debug")])
+@pytest.mark.parametrize("group", [g for g in GROUPS if g not in ("experiment", "variant", "debug")])
 def test_every_group_option_composes(group):
     for option in options(group):
         cfg = load([f"{group}={option}"])
@@ -93,9 +95,34 @@ def test_slurm_launcher_composes():
         (["target_acc=1.5"], "target_acc"),
         (["model=gpt"], "model"),
         (["batch_size=4096"], "batch_size"),
+        (["algo=compressed", "algo.cf=0.5"], "algo.cf"),
+        (["algo=compressed", "algo.compressor=zip"], "algo.compressor"),
+        (["algo=compressed", "algo.compressor=powersgd", "algo.rank=0"], "algo.rank"),
+        (["algo=compressed", "algo.compressor=qsgd", "algo.levels=300"], "algo.levels"),
+        (["algo=gravac", "algo.epsilon=0"], "algo.epsilon"),
+        (["algo=gravac", "algo.epsilon=1.2"], "algo.epsilon"),
+        (["algo=gravac", "algo.cf_min=0.5"], "algo.cf_min"),
+        (["algo=gravac", "algo.cf_max=5"], "algo.cf_max"),
+        (["algo=gravac", "algo.compressor=qsgd"], "algo.compressor"),
+        (["algo=gravac", "algo.policy=linear"], "algo.policy"),
+        (["algo=accordion", "algo.compressor=dgc"], "algo.compressor"),
+        (["algo=accordion", "algo.compressor=powersgd", "algo.rank_high=0"], "algo.rank_high"),
+        (["algo=adasum", "algo.target=weights"], "algo.target"),
+        (["optim.lr_scaling=cubic"], "optim.lr_scaling"),
     ],
 )
 def test_validation_names_the_key(overrides, key):
     cfg = load(["debug=default", *overrides])
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate(cfg)
+
+
+@pytest.mark.parametrize("variant", options("variant"))
+def test_every_variant_composes_with_its_study(variant):
+    experiment = "adasum_scaling" if variant.startswith(("adasum", "avg")) else "gravac_fmnist"
+    cfg = load([f"experiment={experiment}", f"variant={variant}"])
+    expected = {"dense": "ddp", "avg": "ddp", "topk": "compressed", "dgc": "compressed", "randomk": "compressed",
+                "gravac": "gravac", "accordion": "accordion", "adasum": "adasum"}[variant.split("_")[0]]
+    assert cfg["algo"]["name"] == expected
+    assert cfg["experiment_name"] == experiment
+    validate(cfg)

@@ -1,0 +1,187 @@
+"""``gravac``: GraVAC's adaptive compression factor (Tyagi and Swany, IEEE CLOUD 2023, Algorithm 1,
+the paper's version; papers.md section 2).
+
+Every step, after backward, on the whole model (the decision needs the gain of all layers, so
+this runs after backward rather than per DDP bucket):
+
+1. ``(theta_min, theta_c) = controller.plan()``; per tensor ``g_ef = g + r`` (error feedback),
+   ``c_min = C(g_ef, theta_min)`` and the candidate ``c_c = C(c_min, theta_c / theta_min)``
+   ("multi-level" compression: the theta_min output is compressed again, cheaper than compressing
+   g_ef from scratch at theta_c).
+2. Compression gains with error feedback in numerator and denominator,
+   ``gain = sum ||c||^2 / sum ||g_ef||^2`` over all tensors and all workers (the three float64 sums
+   are all-reduced, 24 counted bytes, so every worker takes the same decision).
+3. :class:`lsgd.compression.adaptive.GraVACController` smooths the gains (EWMA), applies the
+   epsilon rule (candidate, else theta_min, else dense with the residuals reset), records the
+   compression throughput ``T = T_system * gain`` per CF and every ``window`` steps scales theta_s,
+   raises theta_min when the gains agree within omega, and settles on theta_ideal.
+4. The chosen payloads are exchanged (all-gather of values and int32 indices for top-k style
+   sparsifiers; all-reduce for random-k with shared indices; dense all-reduce for the fallback),
+   the residual becomes ``g_ef - D(sent)``, and the averaged gradient replaces ``p.grad``.
+
+``t_iter`` of ``T_system = N b / t_iter``: with ``algo.throughput_time=measured`` the paper's
+single measured wall-clock time of the iteration (compression included) for both CFs; with
+``modeled`` (default; our reading) each CF gets its own time, the previous iteration's measured
+compute time (compression included) plus the modeled time to exchange that CF's payload on the
+configured network (``network.*``). A laptop run then sees the communication savings a cluster
+would, and the throughputs of theta_min and the candidate differ by more than their gains, so the
+settling rule compares real trade-offs.
+
+Every step writes a compression row (``cf``, ``cf_min``, ``cf_candidate``, ``gain_min``,
+``gain_candidate``, ``gain``, ``sent``) to metrics.jsonl (docs/run_format.md).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from lsgd.algorithms.base import Algorithm, float_buffers
+from lsgd.algorithms.compressed import build_compressor
+from lsgd.compression import compressors as C
+from lsgd.compression.adaptive import GraVACController
+from lsgd.compression.exchange import exchange
+from lsgd.compression.memory import ErrorFeedback, NoMemory
+
+SPARSIFIERS = ("topk", "dgc", "redsync", "randomk")
+POLICIES = ("exponential", "geometric")
+THROUGHPUT_TIMES = ("modeled", "measured")
+
+
+class GraVAC(Algorithm):
+    """Adaptive compression factor with error feedback (GraVAC, Algorithm 1).
+
+    Config keys: ``compressor`` (topk, dgc, redsync, randomk), ``epsilon``, ``cf_min``,
+    ``cf_max``, ``window``, ``omega``, ``policy``, ``ratio``, ``scale_start``, ``ewma``,
+    ``error_feedback``, ``throughput_time``, plus the compressor's own keys (``seed``,
+    ``sample_ratio``).
+    """
+
+    name = "gravac"
+
+    def __init__(self, cfg, comm):
+        super().__init__(cfg, comm)
+        self.controller = GraVACController(
+            cf_min=float(cfg.get("cf_min", 10.0)),
+            cf_max=float(cfg.get("cf_max", 1000.0)),
+            epsilon=float(cfg.get("epsilon", 0.9)),
+            window=int(cfg.get("window", 500)),
+            omega=float(cfg.get("omega", 0.01)),
+            policy=cfg.get("policy", "exponential"),
+            ratio=float(cfg.get("ratio", 2.0)),
+            scale_start=float(cfg.get("scale_start", 2.0)),
+            ewma=float(cfg.get("ewma", 0.9)),
+        )
+        self.compressor = build_compressor({**cfg, "warmup_steps": 0}, cf=float(cfg.get("cf_min", 10.0)))
+        self.dense = C.build("none")
+        self.memory = ErrorFeedback() if cfg.get("error_feedback", True) else NoMemory()
+        self.modeled = cfg.get("throughput_time", "modeled") == "modeled"
+        self.local_step = 0
+        self._mark: tuple[float, float, float] | None = None
+        self.last: dict = {}
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
+        super().setup(model, optimizer)
+        self.params = list(model.parameters())
+        return model
+
+    def _previous_iteration(self) -> tuple[float, float]:
+        """(wall seconds, compute seconds) of the previous iteration: from the previous call to
+        this one, compute = wall minus the communication measured in between (NaN, NaN at first)."""
+        now = time.perf_counter()
+        measured = self.comm.stats.comm_time_s
+        mark, self._mark = self._mark, (now, measured, 0.0)
+        if mark is None:
+            return float("nan"), float("nan")
+        wall = now - mark[0]
+        return wall, max(wall - (measured - mark[1]), 1e-9)
+
+    def _transfer_s(self, nbytes: int) -> float:
+        """Modeled seconds to exchange a gradient payload of ``nbytes`` per worker."""
+        kind = self.compressor.exchange
+        return getattr(self.comm.network, kind)(nbytes, self.comm.world_size)
+
+    @torch.no_grad()
+    def after_backward(self, step: int) -> None:
+        wall, compute = self._previous_iteration()
+        cf_min, cf_cand = self.controller.plan()
+        keys, g_efs, mins, cands = [], [], [], []
+        sums = torch.zeros(3, dtype=torch.float64, device=self.params[0].device)
+        for key, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            g_ef = self.memory.compensate(key, p.grad)
+            c_min = self.compressor.compress(g_ef, step=step, key=key, cf=cf_min)
+            c_cand = (
+                self.compressor.compress_further(c_min, cf_cand / cf_min, step=step, key=key)
+                if cf_cand > cf_min
+                else c_min
+            )
+            sums[0] += g_ef.double().pow(2).sum()
+            sums[1] += self.compressor.decompress(c_min).double().pow(2).sum()
+            sums[2] += self.compressor.decompress(c_cand).double().pow(2).sum()
+            keys.append(key)
+            g_efs.append(g_ef)
+            mins.append(c_min)
+            cands.append(c_cand)
+        self.comm.all_reduce(sums)
+        ef2, min2, cand2 = sums.tolist()
+        gain_min = min2 / ef2 if ef2 > 0 else 1.0
+        gain_cand = cand2 / ef2 if ef2 > 0 else 1.0
+        samples = self.comm.world_size * (self.batch_size or 1)
+        if self.modeled:  # each CF's iteration time on the configured network
+            t_min = compute + self._transfer_s(sum(c.nbytes for c in mins))
+            t_cand = compute + self._transfer_s(sum(c.nbytes for c in cands))
+        else:  # the paper: one measured t_iter for both
+            t_min = t_cand = wall
+        decision = self.controller.observe(gain_min, gain_cand, t_min, samples, t_iter_candidate_s=t_cand)
+
+        if decision.sent == "dense":
+            items = [self.dense.compress(g) for g in g_efs]
+            outs = exchange(self.comm, self.dense, items)
+            self.memory.reset()
+        else:
+            items = cands if decision.sent == "candidate" else mins
+            for key, g_ef, c in zip(keys, g_efs, items):
+                self.memory.update(key, g_ef, self.compressor.decompress(c))
+            outs = exchange(self.comm, self.compressor, items)
+        dense_bytes = sum(g.numel() * g.element_size() for g in g_efs)
+        sent_bytes = sum(c.nbytes for c in items)
+        for key, out in zip(keys, outs):
+            self.params[key].grad.copy_(out)
+        self.comm.round()
+        self.last = {
+            "kind": "compression",
+            "step": step + 1,
+            "cf": dense_bytes / sent_bytes if sent_bytes else 1.0,
+            "sent": decision.sent,
+            "cf_min": decision.cf_min,
+            "cf_candidate": decision.cf_candidate,
+            "gain_min": decision.gain_min,
+            "gain_candidate": decision.gain_candidate,
+            "gain": decision.gain,
+        }
+        self.step_rows.append(self.last)
+
+    def after_step(self, step: int) -> None:
+        self.local_step = step
+        buffers = float_buffers(self.model)
+        if buffers:
+            self.comm.broadcast_(buffers, src=0)
+
+    @property
+    def models_in_sync(self) -> bool:
+        return True
+
+    def metrics(self) -> dict:
+        return {k: self.last[k] for k in ("cf", "cf_min", "cf_candidate", "gain") if k in self.last}
+
+    def state_dict(self) -> dict:
+        return {"controller": self.controller.state_dict(), "memory": self.memory.state_dict(), "local_step": self.local_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.controller.load_state_dict(state["controller"])
+        self.memory.load_state_dict(state["memory"])
+        self.local_step = int(state.get("local_step", 0))
