@@ -7,6 +7,10 @@ one path or a list of paths, each a run folder or any folder that holds run fold
 
 Config keys become columns with dotted names (``algo.name``, ``algo.local_steps``, ``optim.lr``,
 ``world_size``); list and mapping values are stored as JSON strings, so every cell is a scalar.
+
+``metrics.jsonl`` also holds rows marked with a ``kind`` key (``"kind": "compression"``: one per step
+of an adaptive compression algorithm). The regular records (:func:`load_runs`, summaries, tables,
+figures) skip every row that has a ``kind``; :func:`load_compression` returns the compression rows.
 """
 
 from __future__ import annotations
@@ -46,8 +50,17 @@ DEFAULT_IGNORED_KEYS = ("run_id", "run_dir", "results_dir", "resume")
 #: when a frame has lost its ``attrs``).
 METRIC_KEYS = (
     "step", "epoch", "samples", "lr", "train_loss", "comm_bytes", "wire_bytes", "comm_rounds",
-    "wall_time_s", "compute_time_s", "comm_time_s", "modeled_time_s", "samples_per_s",
-    "test_loss", "test_acc", "test_ppl",
+    "wall_time_s", "compute_time_s", "comm_time_s", "modeled_time_s", "model_alpha_terms",
+    "model_beta_bytes", "samples_per_s", "test_loss", "test_acc", "test_ppl",
+)  # fmt: skip
+
+#: ``kind`` of the per-step compression rows of metrics.jsonl (docs/run_format.md).
+COMPRESSION_KIND = "compression"
+
+#: Keys of a compression row (each algorithm writes its subset; see docs/run_format.md).
+COMPRESSION_KEYS = (
+    "kind", "step", "cf", "sent", "cf_min", "cf_candidate", "gain_min", "gain_candidate", "gain",
+    "low_fraction",
 )  # fmt: skip
 
 #: summary.json fields of the run format.
@@ -55,8 +68,8 @@ SUMMARY_KEYS = (
     "status", "run_id", "experiment_name", "algo", "world_size", "steps", "epochs", "samples",
     "final_test_loss", "final_test_acc", "best_test_acc", "final_test_ppl", "best_test_ppl",
     "comm_bytes", "wire_bytes", "comm_rounds", "wall_time_s", "compute_time_s", "comm_time_s",
-    "modeled_time_s", "target_acc", "time_to_target_s", "modeled_time_to_target_s",
-    "step_to_target", "error",
+    "modeled_time_s", "model_alpha_terms", "model_beta_bytes", "target_acc", "time_to_target_s",
+    "modeled_time_to_target_s", "step_to_target", "error",
 )  # fmt: skip
 
 # Summary fields a run without summary.json gets from its last metrics record.
@@ -64,7 +77,8 @@ _PROGRESS_FROM_RECORD = {
     "steps": "step", "epochs": "epoch", "samples": "samples", "comm_bytes": "comm_bytes",
     "wire_bytes": "wire_bytes", "comm_rounds": "comm_rounds", "wall_time_s": "wall_time_s",
     "compute_time_s": "compute_time_s", "comm_time_s": "comm_time_s",
-    "modeled_time_s": "modeled_time_s",
+    "modeled_time_s": "modeled_time_s", "model_alpha_terms": "model_alpha_terms",
+    "model_beta_bytes": "model_beta_bytes",
 }  # fmt: skip
 
 
@@ -75,7 +89,8 @@ class RunData:
     run_dir: Path
     config: dict  # flattened: dotted keys -> scalar
     summary: dict | None  # None: no summary.json yet
-    records: list[dict] = field(default_factory=list)
+    records: list[dict] = field(default_factory=list)  # regular records (rows without "kind")
+    compression: list[dict] = field(default_factory=list)  # rows with "kind": "compression"
 
     @property
     def run_id(self) -> str:
@@ -202,7 +217,7 @@ def read_config(run_dir: PathLike) -> dict:
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: invalid YAML: {e}") from e
     if not isinstance(cfg, Mapping):
-        raise ValueError(f"{path}: expected a YAML mapping of config keys, got {type(cfg).__name__}")
+        raise ValueError(f"{path}: expected a YAML mapping of config keys, got {type(cfg).__name__}")  # noqa: TRY004 (a bad file, not a bad argument)
     return dict(cfg)
 
 
@@ -220,19 +235,36 @@ def read_summary(run_dir: PathLike) -> dict | None:
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: invalid JSON: {e}") from e
     if not isinstance(summary, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(summary).__name__}")
+        raise ValueError(f"{path}: expected a JSON object, got {type(summary).__name__}")  # noqa: TRY004 (a bad file, not a bad argument)
     return {k: _scalar(v) for k, v in summary.items()}
 
 
 def read_metrics(run_dir: PathLike) -> list[dict]:
-    """The records of the run's ``metrics.jsonl`` in file order ([] when it has none yet).
+    """The regular records of the run's ``metrics.jsonl`` in file order ([] when it has none yet).
 
-    A truncated last line (a run killed while writing) is skipped with a warning. If the step
-    count goes back (a run resumed from an older checkpoint without truncating the file), the
-    records the resumed run superseded (those at or after the step it restarted from) are dropped.
+    Rows with a ``kind`` key (per-step compression rows) are not records and are skipped; see
+    :func:`read_compression`. A truncated last line (a run killed while writing) is skipped with a
+    warning. If the step count goes back (a run resumed from an older checkpoint without truncating
+    the file), the rows the resumed run superseded (those at or after the step it restarted from)
+    are dropped.
 
     Raises:
         ValueError: a line other than the last is not a JSON object (the message names file and line).
+    """
+    return [r for r in read_metrics_rows(run_dir) if "kind" not in r]
+
+
+def read_compression(run_dir: PathLike) -> list[dict]:
+    """The per-step compression rows (``"kind": "compression"``) of the run's ``metrics.jsonl``.
+
+    Same reading rules as :func:`read_metrics`; [] for a run that writes none.
+    """
+    return [r for r in read_metrics_rows(run_dir) if r.get("kind") == COMPRESSION_KIND]
+
+
+def read_metrics_rows(run_dir: PathLike) -> list[dict]:
+    """Every row of the run's ``metrics.jsonl`` (regular records and rows with a ``kind``), in file
+    order, with the truncation and resume rules of :func:`read_metrics` applied to all rows together.
     """
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
@@ -248,7 +280,7 @@ def read_metrics(run_dir: PathLike) -> list[dict]:
                 continue
             raise ValueError(f"{path}:{lineno}: invalid JSON record: {e}") from e
         if not isinstance(rec, dict):
-            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")  # noqa: TRY004 (a bad file, not a bad argument)
         step = rec.get("step")
         if step is not None and records and records[-1].get("step") is not None and step < records[-1]["step"]:
             records = [r for r in records if r.get("step") is None or r["step"] < step]
@@ -263,11 +295,13 @@ def read_run(run_dir: PathLike) -> RunData:
         FileNotFoundError, ValueError: as :func:`read_config`, :func:`read_summary`, :func:`read_metrics`.
     """
     run_dir = Path(run_dir)
+    rows = read_metrics_rows(run_dir)
     return RunData(
         run_dir=run_dir,
         config=flatten_config(read_config(run_dir)),
         summary=read_summary(run_dir),
-        records=read_metrics(run_dir),
+        records=[r for r in rows if "kind" not in r],
+        compression=[r for r in rows if r.get("kind") == COMPRESSION_KIND],
     )
 
 
@@ -303,10 +337,20 @@ def _with_config_keys(frame: pd.DataFrame, config_keys: list[str]) -> pd.DataFra
 
 def runs_frame(runs: list[RunData]) -> pd.DataFrame:
     """One row per metrics record of ``runs`` (see :func:`load_runs`)."""
+    return _rows_frame(runs, "records")
+
+
+def compression_frame(runs: list[RunData]) -> pd.DataFrame:
+    """One row per compression row of ``runs`` (see :func:`load_compression`)."""
+    return _rows_frame(runs, "compression")
+
+
+def _rows_frame(runs: list[RunData], attr: str) -> pd.DataFrame:
     frames = []
     config_keys: list[list[str]] = []
     for run in runs:
-        metrics = pd.DataFrame.from_records(run.records) if run.records else pd.DataFrame()
+        rows = getattr(run, attr)
+        metrics = pd.DataFrame.from_records(rows) if rows else pd.DataFrame()
         n = len(metrics)
         ids = pd.DataFrame({k: [v] * n for k, v in run.id_columns().items()})
         cfg = _config_part(run, list(metrics.columns) + list(ID_COLUMNS))
@@ -404,6 +448,23 @@ def load_summaries(paths: PathLike | Iterable[PathLike]) -> pd.DataFrame:
     return summaries_frame(read_runs(paths))
 
 
+def load_compression(paths: PathLike | Iterable[PathLike]) -> pd.DataFrame:
+    """The per-step compression rows (``"kind": "compression"`` in metrics.jsonl) of the runs in
+    ``paths``, one row per compression row.
+
+    Columns: ``run_id``, ``run_dir``, ``experiment_name``, ``status`` as in :func:`load_runs`, then
+    the row's keys as written (``kind``, ``step``, ``cf`` = dense bytes / sent bytes, ``sent``; for
+    gravac ``cf_min``, ``cf_candidate``, ``gain_min``, ``gain_candidate``, ``gain``; for accordion
+    ``low_fraction``; keys an algorithm does not write are NaN), then the run's flattened config
+    as in :func:`load_runs`. Rows are in file order per run, runs sorted by folder; runs without
+    compression rows add no row (the frame then has only the identity columns).
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`load_runs`.
+    """
+    return compression_frame(read_runs(paths))
+
+
 # -- labels ---------------------------------------------------------------------------------------
 def _is_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
@@ -422,12 +483,13 @@ def config_columns(frame: pd.DataFrame) -> list[str]:
     """Config columns of a frame from :func:`load_runs` / :func:`load_summaries`.
 
     Uses ``frame.attrs["config_keys"]``; when an operation dropped the attrs, every column that
-    is not an identity column, a run-format metric or summary field, or ``summary.*``.
+    is not an identity column, a run-format metric, compression-row key or summary field, or
+    ``summary.*``.
     """
     keys = frame.attrs.get("config_keys")
     if keys is not None:
         return [k for k in keys if k in frame.columns]
-    known = set(ID_COLUMNS) | set(METRIC_KEYS) | set(SUMMARY_KEYS)
+    known = set(ID_COLUMNS) | set(METRIC_KEYS) | set(SUMMARY_KEYS) | set(COMPRESSION_KEYS)
     return [c for c in frame.columns if c not in known and not str(c).startswith("summary.")]
 
 

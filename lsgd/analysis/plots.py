@@ -15,7 +15,14 @@ import matplotlib as mpl
 import pandas as pd
 from matplotlib.figure import Figure
 
-from lsgd.analysis.load import PathLike, read_runs, run_labels, runs_frame, summaries_frame
+from lsgd.analysis.load import (
+    PathLike,
+    compression_frame,
+    read_runs,
+    run_labels,
+    runs_frame,
+    summaries_frame,
+)
 
 #: File formats each figure is saved in.
 FORMATS = ("png", "svg")
@@ -133,15 +140,94 @@ def plot_experiment(
     return written
 
 
-def plot_frames(records: pd.DataFrame, summaries: pd.DataFrame, out_dir: PathLike) -> dict[str, dict[str, list[Path]]]:
-    """:func:`plot_runs` on frames already loaded: ``{experiment: {title: [png, svg]}}``."""
+#: Title (key in the returned dicts) of the per-step compression figure.
+COMPRESSION_TITLE = "compression factor and gain vs step"
+
+#: Lines with more points than this are rasterized in the SVG (per-step rows of long runs).
+_RASTERIZE_POINTS = 2000
+
+
+def plot_compression(
+    compression: pd.DataFrame, labels: dict[str, str], out_dir: PathLike, prefix: str
+) -> dict[str, list[Path]]:
+    """The per-step compression figure of one experiment; see :func:`plot_runs`.
+
+    Two panels over ``step``: the compression factor ``cf`` actually sent (log y axis; 1 = dense)
+    and the compression gain ``gain``, one solid line per run with compression rows. GraVAC runs
+    add, in the run's color, ``cf_candidate`` (dashed) and ``cf_min`` (dotted) to the CF panel.
+
+    Args:
+        compression: :func:`lsgd.analysis.load_compression` rows of the experiment's runs.
+        labels: ``{run_dir: legend label}`` of all the experiment's runs (fixes colors, so a run
+            has the same color as in the other figures).
+        out_dir: folder the files go to (created).
+        prefix: file name prefix, e.g. ``cifar10_gravac_``.
+
+    Returns:
+        ``{COMPRESSION_TITLE: [png path, svg path]}``, or {} when no run has a ``cf`` to draw.
+    """
+    if compression.empty or "step" not in compression or "cf" not in compression:
+        return {}
+    styles = dict(zip(labels, _line_styles(len(labels))))
+    fig = Figure(figsize=(12, 4.5))
+    ax_cf, ax_gain = fig.subplots(1, 2)
+    lines = 0
+    for run_dir, label in labels.items():
+        r = compression.loc[compression["run_dir"] == run_dir].sort_values("step", kind="stable")
+        r = r[r["cf"].notna() & (r["cf"] > 0)]
+        if r.empty:
+            continue
+        style = styles[run_dir]
+        raster = len(r) > _RASTERIZE_POINTS
+        step = r["step"].to_numpy(float)
+        ax_cf.plot(step, r["cf"].to_numpy(float), label=label, rasterized=raster, linewidth=1.2, **style)
+        for key, dash in (("cf_candidate", "--"), ("cf_min", ":")):
+            if key in r and r[key].notna().any():
+                ax_cf.plot(step, r[key].to_numpy(float), color=style["color"], linestyle=dash, linewidth=0.9,
+                           alpha=0.8, label=f"{label}: {key}", rasterized=raster)  # fmt: skip
+        if "gain" in r and r["gain"].notna().any():
+            ax_gain.plot(step, r["gain"].to_numpy(float), label=label, rasterized=raster, linewidth=1.2, **style)
+        lines += 1
+    if lines == 0:
+        return {}
+    experiment = prefix.rstrip("_")
+    ax_cf.set_yscale("log")
+    ax_cf.set_xlabel(_METRIC_LABELS["step"])
+    ax_cf.set_ylabel("compression factor sent (dense / sent bytes, log scale)")
+    ax_cf.set_title(f"{experiment}: compression factor vs step", fontsize="medium")
+    ax_gain.set_xlabel(_METRIC_LABELS["step"])
+    ax_gain.set_ylabel("compression gain")
+    ax_gain.set_title(f"{experiment}: compression gain vs step", fontsize="medium")
+    for ax in (ax_cf, ax_gain):
+        ax.grid(True, which="major", alpha=0.3)
+    ax_gain.legend(*ax_cf.get_legend_handles_labels(), fontsize="small", loc="upper left",
+                   bbox_to_anchor=(1.01, 1.0), frameon=False)  # fmt: skip
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return {COMPRESSION_TITLE: _save(fig, out_dir / f"{prefix}compression")}
+
+
+def plot_frames(
+    records: pd.DataFrame,
+    summaries: pd.DataFrame,
+    out_dir: PathLike,
+    compression: pd.DataFrame | None = None,
+) -> dict[str, dict[str, list[Path]]]:
+    """:func:`plot_runs` on frames already loaded: ``{experiment: {title: [png, svg]}}``.
+
+    ``compression``: :func:`lsgd.analysis.load_compression` rows (None: no compression figures).
+    """
     out: dict[str, dict[str, list[Path]]] = {}
     for experiment, runs in summaries.groupby("experiment_name", sort=True):
         runs = runs.copy()
         runs.attrs = dict(summaries.attrs)
         labels = run_labels(runs)
         exp_records = records[records["experiment_name"] == experiment]
-        out[str(experiment)] = plot_experiment(exp_records, labels, out_dir, prefix=f"{safe_name(experiment)}_")
+        prefix = f"{safe_name(experiment)}_"
+        out[str(experiment)] = plot_experiment(exp_records, labels, out_dir, prefix=prefix)
+        if compression is not None and len(compression):
+            exp_comp = compression[compression["experiment_name"] == experiment]
+            out[str(experiment)].update(plot_compression(exp_comp, labels, out_dir, prefix=prefix))
     return out
 
 
@@ -153,7 +239,11 @@ def plot_runs(paths: PathLike | Iterable[PathLike], out_dir: PathLike) -> list[P
     - test accuracy vs cumulative bytes sent per worker (``comm_bytes``, bytes, log x axis),
     - test accuracy vs wall-clock time (``wall_time_s``, seconds),
     - test accuracy vs modeled time on the configured network (``modeled_time_s``, seconds),
-    - training loss vs step.
+    - training loss vs step,
+    - for experiments with per-step compression rows (adaptive compression: ``gravac``,
+      ``accordion``; :func:`lsgd.analysis.load_compression`), one figure with two panels: the
+      compression factor sent vs step (log y; gravac runs add ``cf_candidate`` dashed and
+      ``cf_min`` dotted) and the compression gain vs step, one line per run with such rows.
 
     Language models (records with ``test_ppl`` and no ``test_acc``) plot test perplexity on a
     log y axis instead of accuracy. Lines are labelled by the config keys that differ between the
@@ -163,7 +253,8 @@ def plot_runs(paths: PathLike | Iterable[PathLike], out_dir: PathLike) -> list[P
     figure with no line at all is not written.
 
     Files are named ``<experiment>_<y>_vs_<x>.<png|svg>``, e.g.
-    ``fmnist_demo_test_acc_vs_comm_bytes.png``.
+    ``fmnist_demo_test_acc_vs_comm_bytes.png``; the compression figure
+    ``<experiment>_compression.<png|svg>``.
 
     Args:
         paths: a run folder, a folder containing run folders at any depth, or a list of these.
@@ -177,5 +268,5 @@ def plot_runs(paths: PathLike | Iterable[PathLike], out_dir: PathLike) -> list[P
         ValueError: no paths, or an unreadable run file.
     """
     runs = read_runs(paths)
-    written = plot_frames(runs_frame(runs), summaries_frame(runs), out_dir)
+    written = plot_frames(runs_frame(runs), summaries_frame(runs), out_dir, compression_frame(runs))
     return [p for figures in written.values() for files in figures.values() for p in files]

@@ -10,6 +10,19 @@ Speedup vs DDP, per experiment ("set" of runs):
   ``ddp`` runs in the set (seeds), DDP's time to T is the mean over those that reached T.
   Missing (n/a) when the set has no completed run, no ddp run that reached T, or the run never
   reached T.
+
+Communication, per run:
+
+- bytes vs dense = the run's ``comm_bytes`` / ``comm_bytes`` of the experiment's dense baseline
+  (a run with ``algo.name == "ddp"`` or ``algo.compressor == "none"``; a dense run is its own
+  baseline; among several, the one that matches the run on the most differing non-``algo.*``
+  config keys, then a completed one, then the first). n/a when the experiment has no dense run.
+- modeled time at 1 and 10 Gbps = ``compute_time_s`` + ``NetworkModel(bandwidth_gbps,
+  network.latency_us or 10).cost(model_alpha_terms, model_beta_bytes)`` (:class:`lsgd.comm.NetworkModel`),
+  from summary.json, else from the last metrics record; blank for runs that lack those keys.
+
+Batch scaling (:func:`batch_scaling_table`): when an experiment's runs differ in effective batch
+(``batch_size`` x world size), final test accuracy (perplexity) per method and effective batch.
 """
 
 from __future__ import annotations
@@ -25,6 +38,9 @@ import pandas as pd
 from lsgd.analysis.load import (
     RUNNING,
     PathLike,
+    _hashable,
+    _is_missing,
+    compression_frame,
     differing_keys,
     format_value,
     read_runs,
@@ -38,6 +54,39 @@ BASELINE_ALGO = "ddp"
 
 REPORT_FILE = "report.md"
 FIGURES_DIR = "figures"
+
+#: Bandwidths (Gbps) of the report's modeled-time columns (``modeled_1gbps_s``, ``modeled_10gbps_s``).
+REPORT_BANDWIDTHS_GBPS = (1.0, 10.0)
+
+#: Latency (us) of the modeled-time columns for a run whose config has no ``network.latency_us``.
+DEFAULT_LATENCY_US = 10.0
+
+
+def modeled_time_column(bandwidth_gbps: float) -> str:
+    """Table column of the modeled time at ``bandwidth_gbps``: ``modeled_1gbps_s``, ``modeled_10gbps_s``."""
+    return f"modeled_{format_value(bandwidth_gbps)}gbps_s"
+
+
+def modeled_time_at(
+    compute_time_s: float, alpha_terms: float, beta_bytes: float, bandwidth_gbps: float, latency_us: float
+) -> float:
+    """Seconds of a run on another network: measured ``compute_time_s`` + the alpha-beta cost
+    ``alpha_terms`` latencies + ``beta_bytes`` bytes (:meth:`lsgd.comm.NetworkModel.cost`).
+    NaN if an argument is missing."""
+    values = [_num(v) for v in (compute_time_s, alpha_terms, beta_bytes, bandwidth_gbps, latency_us)]
+    if not all(math.isfinite(v) for v in values):
+        return math.nan
+    from lsgd.comm import NetworkModel  # imports torch: only when needed
+
+    compute, a, b, bw, lat = values
+    return compute + NetworkModel(bandwidth_gbps=bw, latency_us=lat).cost(a, b)
+
+
+def is_dense_baseline(row) -> bool:
+    """Whether a summaries row (or mapping) is a dense run: ``algo.name == "ddp"`` or
+    ``algo.compressor == "none"``."""
+    name = row.get("algo.name", row.get("algo"))
+    return name == BASELINE_ALGO or row.get("algo.compressor") == "none"
 
 
 def time_to_threshold(
@@ -84,6 +133,12 @@ class ExperimentTable:
             ``comm_rounds``, ``wall_time_s``, ``modeled_time_s`` (s), ``time_to_T_wall_s``,
             ``time_to_T_modeled_s`` (s), ``speedup_wall``, ``speedup_modeled``, and, when a run
             has a target, ``target_acc``, ``time_to_target_s``, ``modeled_time_to_target_s`` (s).
+            Also ``bytes_vs_dense`` (comm_bytes / the dense baseline's, see the module docstring),
+            ``dense_run`` (that baseline's run_id), ``floats_sent`` (comm_bytes / 4, per worker)
+            after ``gb_sent_per_worker``, and ``modeled_1gbps_s``, ``modeled_10gbps_s`` (s) after
+            ``modeled_time_s``.
+        batch_scaling: :func:`batch_scaling_table` of the experiment when its runs differ in
+            effective batch, else None.
     """
 
     experiment: str
@@ -92,6 +147,7 @@ class ExperimentTable:
     baseline_runs: list[str]
     keys: list[str]
     table: pd.DataFrame
+    batch_scaling: pd.DataFrame | None = None
 
 
 def _num(value) -> float:
@@ -108,6 +164,41 @@ def _speedup(base: float, t: float) -> float:
     return math.nan
 
 
+def _network_terms(s: pd.Series, last: pd.Series | None) -> tuple[float, float, float]:
+    """``(compute_time_s, model_alpha_terms, model_beta_bytes)`` of a run: from its summary when
+    that has the alpha-beta terms, else from its last metrics record, else NaNs."""
+    for src in (s, last):
+        if src is None:
+            continue
+        a, b = _num(src.get("model_alpha_terms")), _num(src.get("model_beta_bytes"))
+        if math.isfinite(a) and math.isfinite(b):
+            return _num(src.get("compute_time_s")), a, b
+    return math.nan, math.nan, math.nan
+
+
+def _dense_baselines(summaries: pd.DataFrame, keys: list[str]) -> dict[str, str | None]:
+    """``{run_dir: run_dir of its dense baseline or None}`` (see the module docstring)."""
+    rows = [s for _, s in summaries.iterrows()]
+    dense = [s for s in rows if is_dense_baseline(s)]
+    other = [k for k in keys if not k.startswith("algo.") and k in summaries.columns]
+    out: dict[str, str | None] = {}
+    for s in rows:
+        if not dense:
+            out[s["run_dir"]] = None
+            continue
+        if is_dense_baseline(s):
+            out[s["run_dir"]] = s["run_dir"]
+            continue
+
+        def rank(i_c, s=s):
+            i, c = i_c
+            score = sum(_hashable(c[k]) == _hashable(s[k]) for k in other)
+            return (score, c["status"] == "completed", -i)
+
+        out[s["run_dir"]] = max(enumerate(dense), key=rank)[1]["run_dir"]
+    return out
+
+
 def experiment_table(experiment: str, records: pd.DataFrame, summaries: pd.DataFrame) -> ExperimentTable:
     """The :class:`ExperimentTable` of one experiment from its load_runs / load_summaries rows."""
     keys = differing_keys(summaries)
@@ -121,6 +212,8 @@ def experiment_table(experiment: str, records: pd.DataFrame, summaries: pd.DataF
 
     rows = []
     run_records = {d: records[records["run_dir"] == d] for d in summaries["run_dir"]}
+    dense_of = _dense_baselines(summaries, keys)
+    by_dir = summaries.set_index("run_dir", drop=False)
     for _, s in summaries.iterrows():
         r = run_records[s["run_dir"]]
         evals = r[metric].dropna() if metric in r else pd.Series(dtype=float)
@@ -132,13 +225,27 @@ def experiment_table(experiment: str, records: pd.DataFrame, summaries: pd.DataF
             best = float(pick_best(evals))
         row = {"run_id": s["run_id"], "run_dir": s["run_dir"], "algo": s.get("algo.name", s.get("algo"))}
         row.update({k: s[k] for k in keys if k != "algo.name"})
+        comm_bytes = _num(s.get("comm_bytes"))
+        dense = dense_of[s["run_dir"]]
+        dense_bytes = _num(by_dir.loc[dense].get("comm_bytes")) if dense is not None else math.nan
+        last = r.iloc[-1] if len(r) else None
+        compute, alpha_terms, beta_bytes = _network_terms(s, last)
+        latency = _num(s.get("network.latency_us"))
+        latency = latency if math.isfinite(latency) else DEFAULT_LATENCY_US
         row.update(
             status=s["status"],
             **{f"final_{metric}": final, f"best_{metric}": best},
-            gb_sent_per_worker=_num(s.get("comm_bytes")) / 1e9,
+            gb_sent_per_worker=comm_bytes / 1e9,
+            floats_sent=comm_bytes / 4,
+            bytes_vs_dense=comm_bytes / dense_bytes if dense_bytes > 0 else math.nan,
+            dense_run=str(by_dir.loc[dense, "run_id"]) if dense is not None else None,
             comm_rounds=_num(s.get("comm_rounds")),
             wall_time_s=_num(s.get("wall_time_s")),
             modeled_time_s=_num(s.get("modeled_time_s")),
+            **{
+                modeled_time_column(bw): modeled_time_at(compute, alpha_terms, beta_bytes, bw, latency)
+                for bw in REPORT_BANDWIDTHS_GBPS
+            },
         )
         target = _num(s.get("target_acc", s.get("summary.target_acc")))
         if not math.isnan(target) or not math.isnan(_num(s.get("time_to_target_s"))):
@@ -165,6 +272,7 @@ def experiment_table(experiment: str, records: pd.DataFrame, summaries: pd.DataF
     # the target columns (if any) last
     target_cols = [c for c in ("target_acc", "time_to_target_s", "modeled_time_to_target_s") if c in table]
     table = table[[c for c in table.columns if c not in target_cols] + target_cols]
+    batches = effective_batch(summaries).dropna()
     return ExperimentTable(
         experiment=str(experiment),
         metric=metric,
@@ -172,7 +280,91 @@ def experiment_table(experiment: str, records: pd.DataFrame, summaries: pd.DataF
         baseline_runs=[str(x) for x in table.loc[is_base, "run_id"]],
         keys=keys,
         table=table,
+        batch_scaling=batch_scaling_table(summaries, metric) if batches.nunique() > 1 else None,
     )
+
+
+# -- batch scaling --------------------------------------------------------------------------------
+def world_sizes(summaries: pd.DataFrame) -> pd.Series:
+    """World size of each run: summary.json ``world_size``, else the config's ``world_size``, else
+    a numeric ``launcher.nproc_per_node`` (NaN where none is known)."""
+    out = pd.Series(math.nan, index=summaries.index, dtype=float)
+    for col in ("launcher.nproc_per_node", "world_size", "summary.world_size"):  # last wins
+        if col in summaries:
+            values = summaries[col].map(_num)
+            out = values.where(values.notna(), out)
+    return out
+
+
+def effective_batch(summaries: pd.DataFrame) -> pd.Series:
+    """Effective (global) batch of each run: config ``batch_size`` x :func:`world_sizes` (NaN if unknown)."""
+    if "batch_size" not in summaries:
+        return pd.Series(math.nan, index=summaries.index, dtype=float)
+    return summaries["batch_size"].map(_num) * world_sizes(summaries)
+
+
+def method_labels(summaries: pd.DataFrame) -> pd.Series:
+    """Method of each run for :func:`batch_scaling_table`: ``algo.name``, with ``algo.target`` for
+    adasum (``adasum (delta)``), and ``, lr_scaling=<rule>`` when ``optim.lr_scaling`` differs
+    between the runs."""
+    names = summaries["algo.name"] if "algo.name" in summaries else summaries.get("algo")
+    if names is None:
+        names = pd.Series("", index=summaries.index)
+    scaling = summaries.get("optim.lr_scaling")
+    with_scaling = scaling is not None and scaling.map(_hashable).nunique(dropna=False) > 1
+    labels = []
+    for i, name in names.items():
+        label = format_value(name)
+        target = summaries.at[i, "algo.target"] if "algo.target" in summaries else None
+        if label == "adasum" and not _is_missing(target):
+            label += f" ({format_value(target)})"
+        if with_scaling:
+            label += f", lr_scaling={format_value(scaling[i]) or 'none'}"
+        labels.append(label)
+    return pd.Series(labels, index=summaries.index, dtype=object)
+
+
+def batch_scaling_table(
+    summaries: pd.DataFrame, metric: str | None = None, completed_only: bool = True
+) -> pd.DataFrame:
+    """Final test accuracy (or perplexity) per method and effective batch: the Adasum study table.
+
+    Args:
+        summaries: :func:`lsgd.analysis.load_summaries` rows (usually one experiment's).
+        metric: ``"test_acc"`` or ``"test_ppl"``; None: ``test_acc`` if any run has a
+            ``final_test_acc``, else ``test_ppl`` (language models).
+        completed_only: use only runs with status ``completed``.
+
+    Returns:
+        One row per method (index ``method``, see :func:`method_labels`, sorted), one column per
+        effective batch = ``batch_size`` x world size (ints, ascending; :func:`effective_batch`),
+        cells the final ``metric`` (``final_test_acc`` in [0, 1] or ``final_test_ppl``), the mean
+        over runs with the same method and effective batch (seeds); NaN where no such run. Runs
+        with an unknown effective batch are left out. ``attrs["metric"]`` is the metric used.
+    """
+    if metric is None:
+        has_acc = "final_test_acc" in summaries and summaries["final_test_acc"].map(_num).notna().any()
+        metric = "test_acc" if has_acc or "final_test_ppl" not in summaries else "test_ppl"
+    col = f"final_{metric}"
+    cells = pd.DataFrame(
+        {
+            "method": method_labels(summaries),
+            "batch": effective_batch(summaries),
+            "value": summaries[col].map(_num) if col in summaries else math.nan,
+            "status": summaries.get("status", "completed"),
+        }
+    )
+    cells = cells[cells["batch"].notna()].copy()
+    cells["batch"] = cells["batch"].map(lambda b: int(b) if float(b).is_integer() else float(b))
+    methods = sorted(cells["method"].unique())
+    batches = sorted(cells["batch"].unique())
+    if completed_only:
+        cells = cells[cells["status"] == "completed"]
+    table = cells.groupby(["method", "batch"])["value"].mean().unstack("batch")
+    table = table.reindex(index=methods, columns=batches).astype(float)
+    table.index.name, table.columns.name = "method", "effective batch"
+    table.attrs["metric"] = metric
+    return table
 
 
 def tables_from_frames(records: pd.DataFrame, summaries: pd.DataFrame) -> dict[str, ExperimentTable]:
@@ -238,9 +430,15 @@ def format_table(t: ExperimentTable) -> pd.DataFrame:
     out[f"final {m}"] = src[f"final_{t.metric}"].map(lambda v: _fmt(v, acc_digits))
     out[f"best {m}"] = src[f"best_{t.metric}"].map(lambda v: _fmt(v, acc_digits))
     out["GB sent / worker"] = src["gb_sent_per_worker"].map(lambda v: _fmt(v, ".4g"))
+    if "bytes_vs_dense" in src:
+        out["bytes vs dense"] = src["bytes_vs_dense"].map(lambda v: _fmt(v, ".3g"))
     out["comm rounds"] = src["comm_rounds"].map(lambda v: _fmt(v, ".0f"))
     out["wall time (s)"] = src["wall_time_s"].map(lambda v: _fmt(v, ".1f"))
     out["modeled time (s)"] = src["modeled_time_s"].map(lambda v: _fmt(v, ".1f"))
+    for bw in REPORT_BANDWIDTHS_GBPS:  # only for runs that log the alpha-beta terms; blank otherwise
+        col = modeled_time_column(bw)
+        if col in src and src[col].notna().any():
+            out[f"modeled @{format_value(bw)} Gbps (s)"] = src[col].map(lambda v: "" if _is_missing(v) else _fmt(v, ".1f"))
     out["time to T, wall (s)"] = src["time_to_T_wall_s"].map(lambda v: _fmt(v, ".1f"))
     out["time to T, modeled (s)"] = src["time_to_T_modeled_s"].map(lambda v: _fmt(v, ".1f"))
     out["speedup vs ddp, wall"] = src["speedup_wall"].map(lambda v: _fmt(v, ".2f"))
@@ -249,6 +447,28 @@ def format_table(t: ExperimentTable) -> pd.DataFrame:
         out["target acc"] = src["target_acc"].map(lambda v: _fmt(v, ".4f"))
         out["time to target, wall (s)"] = src["time_to_target_s"].map(lambda v: _fmt(v, ".1f"))
         out["time to target, modeled (s)"] = src["modeled_time_to_target_s"].map(lambda v: _fmt(v, ".1f"))
+    return out
+
+
+def format_batch_scaling(table: pd.DataFrame, summaries: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The report's view of a :func:`batch_scaling_table`: a ``method`` column, one column per
+    effective batch, formatted values; an empty cell shows the status of the runs there that did
+    not complete (e.g. ``diverged``) when ``summaries`` is given, else is blank."""
+    metric = table.attrs.get("metric", "test_acc")
+    digits = ".4f" if metric == "test_acc" else ".2f"
+    status: dict[tuple, str] = {}
+    if summaries is not None and "status" in summaries:
+        cells = pd.DataFrame(
+            {"method": method_labels(summaries), "batch": effective_batch(summaries), "status": summaries["status"]}
+        )
+        for (m, b), st in cells[cells["status"] != "completed"].groupby(["method", "batch"])["status"]:
+            status[(m, float(b))] = "/".join(sorted(set(map(str, st))))
+    out = pd.DataFrame({"method": [str(m) for m in table.index]})
+    for b in table.columns:
+        out[format_value(b)] = [
+            _fmt(v, digits) if not _is_missing(v) else status.get((m, float(b)), "")
+            for m, v in zip(table.index, table[b])
+        ]
     return out
 
 
@@ -285,9 +505,12 @@ def write_report(paths: PathLike | Iterable[PathLike], out_dir: PathLike) -> Pat
     that differ between the runs, status, final and best test accuracy, or perplexity for
     language models, GB sent per worker = ``comm_bytes`` / 1e9, comm rounds, wall and modeled
     time in seconds, time to the threshold T and speedup vs ``ddp`` on wall and modeled time, see
-    the module docstring; and the target columns when runs have ``target_acc``), notes on runs
-    that did not complete, and the figures of :func:`lsgd.analysis.plots.plot_runs` (PNG embedded,
-    SVG linked, relative links).
+    the module docstring; bytes vs dense; modeled time at 1 and 10 Gbps when runs log the
+    alpha-beta terms; and the target columns when runs have ``target_acc``), notes on runs
+    that did not complete, the "accuracy vs effective batch" table when the runs differ in
+    effective batch (:func:`batch_scaling_table`), and the figures of
+    :func:`lsgd.analysis.plots.plot_runs`, the compression figure included (PNG embedded, SVG
+    linked, relative links).
 
     Args:
         paths: a run folder, a folder containing run folders at any depth, or a list of these.
@@ -304,20 +527,27 @@ def write_report(paths: PathLike | Iterable[PathLike], out_dir: PathLike) -> Pat
     runs = read_runs(paths)
     records, summaries = runs_frame(runs), summaries_frame(runs)
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures = plot_frames(records, summaries, out_dir / FIGURES_DIR)
+    figures = plot_frames(records, summaries, out_dir / FIGURES_DIR, compression_frame(runs))
     tables = tables_from_frames(records, summaries)
 
     given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     lines = [
         "# lsgd report",
         "",
-        f"Runs from {', '.join(f'`{p}`' for p in given)}: {len(summaries)} run{'s' if len(summaries) != 1 else ''} "
-        f"in {len(tables)} experiment{'s' if len(tables) != 1 else ''}.",
+        (
+            f"Runs from {', '.join(f'`{p}`' for p in given)}: {len(summaries)} run{'s' if len(summaries) != 1 else ''} "
+            f"in {len(tables)} experiment{'s' if len(tables) != 1 else ''}."
+        ),
         "",
-        "GB sent / worker = `comm_bytes` / 1e9 (payload bytes one worker handed to collectives). "
-        "Wall time is measured; modeled time is measured compute plus the alpha-beta cost of each "
-        "collective on the configured network. Runs without summary.json show status `running` "
-        "and their progress so far.",
+        (
+            "GB sent / worker = `comm_bytes` / 1e9 (payload bytes one worker handed to collectives); "
+            "bytes vs dense = `comm_bytes` / that of the experiment's dense run (`ddp` or "
+            "`algo.compressor=none`). Wall time is measured; modeled time is measured compute plus the "
+            "alpha-beta cost of each collective on the configured network; modeled @1 / @10 Gbps is "
+            "measured compute plus that cost at 1 / 10 Gbps (latency `network.latency_us`), for runs "
+            "that log `model_alpha_terms` and `model_beta_bytes`. Runs without summary.json show "
+            "status `running` and their progress so far."
+        ),
     ]
     for name, t in tables.items():
         n_completed = int((t.table["status"] == "completed").sum())
@@ -333,6 +563,20 @@ def write_report(paths: PathLike | Iterable[PathLike], out_dir: PathLike) -> Pat
         ]
         if notes:
             lines += ["", "Runs that did not complete:", "", *notes]
+        if t.batch_scaling is not None:
+            what = "accuracy" if t.metric == "test_acc" else "perplexity"
+            exp_summ = summaries[summaries["experiment_name"] == name]
+            lines += [
+                "",
+                f"### {what} vs effective batch",
+                "",
+                (
+                    f"Final test {what} of the completed runs (mean over runs with the same method and "
+                    "effective batch); columns: effective batch = `batch_size` x world size."
+                ),
+                "",
+                markdown_table(format_batch_scaling(t.batch_scaling, exp_summ)),
+            ]
         if figures.get(name):
             lines += ["", "### Figures", ""]
             for title, files in figures[name].items():

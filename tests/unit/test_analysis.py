@@ -5,7 +5,10 @@ Every fake run logs every LOG_EVERY steps and evaluates every EVAL_EVERY steps u
     wall_time_s(step)    = wall * step
     modeled_time_s(step) = modeled * step
     comm_bytes(step)     = (step // H) * PARAM_BYTES   (H = 1 for ddp)
-so times to a threshold and speedups can be worked out by hand below.
+so times to a threshold and speedups can be worked out by hand below. Runs written with
+alpha_beta=True also log the alpha-beta terms of a ring all-reduce of PARAM_BYTES per round
+(model_alpha_terms = 2 (p-1) rounds, model_beta_bytes = 2 (p-1)/p PARAM_BYTES rounds), and runs
+written with compression=f log f(step) as a per-step compression row before each step's record.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import pytest
 import yaml
 
 from lsgd.analysis import (
+    batch_scaling_table,
     differing_keys,
     experiment_tables,
     find_run_dirs,
+    load_compression,
     load_runs,
     load_summaries,
     plot_runs,
@@ -58,6 +63,13 @@ def write_run(
     with_evals=True,
     lm=False,
     target_acc=0.7,
+    batch_size=32,
+    world=WORLD,
+    bytes_per_round=PARAM_BYTES,
+    alpha_beta=False,
+    compression=None,
+    optim=None,
+    network=None,
 ):
     """Write <root>/<experiment>/<run_id>/{config.yaml, metrics.jsonl, summary.json}; return the folder."""
     run_dir = root / experiment / run_id
@@ -66,11 +78,11 @@ def write_run(
     config = {
         "experiment_name": experiment,
         "run_id": run_id,
-        "world_size": WORLD,
+        "world_size": world,
         "seed": 0,
         "epochs": 1,
         "max_steps": steps,
-        "batch_size": 32,
+        "batch_size": batch_size,
         "eval_every": EVAL_EVERY,
         "eval_unit": "steps",
         "log_every": LOG_EVERY,
@@ -79,14 +91,14 @@ def write_run(
         "resume": False,
         "results_dir": f"/scratch/job_{run_id}",  # differs between runs, but is bookkeeping
         "device": "cpu",
-        "algo": {**algo, "speeds": [1.0] * WORLD},
+        "algo": {**algo, "speeds": [1.0] * world},
         "model": {"name": "gpt" if lm else "cnn"},
         "dataset": {"name": "wikitext2" if lm else "fashion_mnist", "partition": "iid", "alpha": None},
-        "optim": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+        "optim": {"name": "sgd", "lr": 0.05, "momentum": 0.9, **(optim or {})},
         "schedule": {"name": "constant"},
-        "launcher": {"name": "local", "nproc_per_node": WORLD},
+        "launcher": {"name": "local", "nproc_per_node": world},
         "logger": {"name": "jsonl"},
-        "network": {"name": "ethernet", "bandwidth_gbps": 10.0, "latency_us": 50.0},
+        "network": network or {"name": "ethernet", "bandwidth_gbps": 10.0, "latency_us": 50.0},
     }
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     records = []
@@ -95,25 +107,33 @@ def write_run(
         rec = {
             "step": step,
             "epoch": step / STEPS,
-            "samples": step * 32 * WORLD,
+            "samples": step * batch_size * world,
             "lr": 0.05,
             "train_loss": 2.0 / (1 + 0.05 * step),
-            "comm_bytes": rounds * PARAM_BYTES,
-            "wire_bytes": rounds * PARAM_BYTES * 2 * (WORLD - 1) // WORLD,
+            "comm_bytes": rounds * bytes_per_round,
+            "wire_bytes": rounds * bytes_per_round * 2 * (world - 1) // world,
             "comm_rounds": rounds,
             "wall_time_s": wall * step,
             "compute_time_s": 0.8 * wall * step,
             "comm_time_s": 0.2 * wall * step,
             "modeled_time_s": modeled * step,
-            "samples_per_s": 32 * WORLD / wall,
+            "samples_per_s": batch_size * world / wall,
         }
+        if alpha_beta:
+            rec.update(model_alpha_terms=2 * (world - 1) * rounds, model_beta_bytes=2 * (world - 1) / world * PARAM_BYTES * rounds)
         if with_evals and step % EVAL_EVERY == 0:
             if lm:
                 rec.update(test_loss=math.log(100 - rate * step), test_ppl=100 - rate * step)
             else:
                 rec.update(test_loss=1.0 - rate * step, test_acc=rate * step)
         records.append(rec)
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    lines, by_step = [], {r["step"]: r for r in records}
+    for step in range(1, steps + 1):
+        if compression is not None:
+            lines.append({"kind": "compression", "step": step, **compression(step)})
+        if step in by_step:
+            lines.append(by_step[step])
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     if with_summary:
         evals = [r for r in records if "test_loss" in r]
         last = records[-1]
@@ -123,7 +143,7 @@ def write_run(
             "run_id": run_id,
             "experiment_name": experiment,
             "algo": algo["name"],
-            "world_size": WORLD,
+            "world_size": world,
             "steps": last["step"],
             "epochs": last["epoch"],
             "samples": last["samples"],
@@ -133,6 +153,7 @@ def write_run(
             "final_test_ppl": evals[-1]["test_ppl"] if evals and lm else None,
             "best_test_ppl": min(r["test_ppl"] for r in evals) if evals and lm else None,
             **{k: last[k] for k in ("comm_bytes", "wire_bytes", "comm_rounds", "wall_time_s", "compute_time_s", "comm_time_s", "modeled_time_s")},
+            **{k: last[k] for k in ("model_alpha_terms", "model_beta_bytes") if k in last},
             "target_acc": None if lm else target_acc,
             "time_to_target_s": hit["wall_time_s"] if hit else None,
             "modeled_time_to_target_s": hit["modeled_time_s"] if hit else None,
@@ -437,3 +458,193 @@ def test_markdown_table_without_tabulate(monkeypatch):
     monkeypatch.setattr(pd.DataFrame, "to_markdown", no_tabulate)
     without = markdown_table(frame)
     assert parse_markdown_tables(without) == with_tabulate == [[{"run": "a", "speedup": "1.80"}, {"run": "b\\|c", "speedup": "n/a"}]]
+
+
+# -- compression rows, bytes vs dense, modeled time at 1 / 10 Gbps, batch scaling ------------------
+GRAVAC = {"name": "gravac", "compressor": "dgc", "epsilon": 0.9, "cf_min": 10, "cf_max": 1000}
+ACCORDION = {"name": "accordion", "compressor": "topk", "cf_low": 2, "cf_high": 10}
+
+
+@pytest.fixture
+def no_figures(monkeypatch):
+    """write_report without rendering figures (the tests below check tables only; keeps them fast)."""
+    monkeypatch.setattr("lsgd.analysis.report.plot_frames", lambda *args, **kwargs: {})
+
+
+def gravac_row(step):
+    """cf_min 10 then 20 from step 51; the candidate (2x) is sent except on every 10th step (dense)."""
+    cf_min = 10.0 if step <= 50 else 20.0
+    dense = step % 10 == 0
+    return {
+        "cf": 1.0 if dense else 2 * cf_min, "sent": "dense" if dense else "candidate",
+        "cf_min": cf_min, "cf_candidate": 2 * cf_min, "gain_min": 0.95, "gain_candidate": 0.9,
+        "gain": 1.0 if dense else 0.9,
+    }  # fmt: skip
+
+
+def accordion_row(step):
+    low = step <= 30
+    return {"cf": 2.0 if low else 10.0, "sent": "low" if low else "high", "low_fraction": 1.0 if low else 0.0}
+
+
+def test_compression_rows_are_skipped_by_load_runs_and_returned_by_load_compression(results, tmp_path):
+    write_run(results, "run_gravac", GRAVAC, 0.0088, 0.5, 0.5, bytes_per_round=PARAM_BYTES // 20, compression=gravac_row)
+    write_run(results, "run_acc", ACCORDION, 0.0087, 0.5, 0.5, bytes_per_round=PARAM_BYTES // 5, compression=accordion_row)
+    lines = (results / EXP / "run_gravac" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == STEPS + STEPS // LOG_EVERY and '"kind"' not in lines[-1]
+
+    df = load_runs(results)
+    per_run = STEPS // LOG_EVERY
+    assert df.groupby("run_id").size().to_dict() == {r: per_run for r in ("run_ddp", "run_h8", "run_h16", "run_gravac", "run_acc")}
+    assert not {"kind", "cf", "cf_min", "gain", "sent", "low_fraction"} & set(df.columns)
+    g = df[df["run_id"] == "run_gravac"]
+    assert g["step"].tolist() == list(range(LOG_EVERY, STEPS + 1, LOG_EVERY))
+    assert g["comm_bytes"].iloc[-1] == 100 * (PARAM_BYTES // 20)
+    assert load_summaries(results).set_index("run_id").loc["run_gravac", "steps"] == STEPS
+    assert read_metrics(results / EXP / "run_gravac")[0]["step"] == LOG_EVERY
+
+    comp = load_compression(results)
+    assert comp.groupby("run_id").size().to_dict() == {"run_gravac": STEPS, "run_acc": STEPS}  # none for ddp / local SGD
+    g = comp[comp["run_id"] == "run_gravac"]
+    assert g["step"].tolist() == list(range(1, STEPS + 1))
+    assert (g["kind"] == "compression").all() and (g["algo.name"] == "gravac").all() and (g["status"] == "completed").all()
+    assert g["cf"].tolist() == [gravac_row(s)["cf"] for s in range(1, STEPS + 1)]
+    assert g.set_index("step").loc[60, "cf_min"] == 20.0 and g.set_index("step").loc[60, "sent"] == "dense"
+    a = comp[comp["run_id"] == "run_acc"]
+    assert a["low_fraction"].tolist() == [1.0] * 30 + [0.0] * 70 and a["cf_min"].isna().all()
+    assert set(comp["experiment_name"]) == {EXP} and "algo.epsilon" in comp.attrs["config_keys"]
+    assert len(load_compression(results / EXP / "run_ddp")) == 0
+
+    # the tables do not change when a run's metrics.jsonl also holds compression rows
+    write_run(tmp_path / "plain", "run_gravac", GRAVAC, 0.0088, 0.5, 0.5, bytes_per_round=PARAM_BYTES // 20)
+    with_rows = experiment_tables(results / EXP / "run_gravac")[EXP].table.drop(columns="run_dir")
+    without = experiment_tables(tmp_path / "plain")[EXP].table.drop(columns="run_dir")
+    pd.testing.assert_frame_equal(with_rows, without)
+
+
+def test_bytes_vs_dense(results, tmp_path, no_figures):
+    # main set: ddp sends 100 rounds of PARAM_BYTES; H8 12 rounds, H16 6 rounds; static topk cf=10 a tenth
+    write_run(results, "run_topk", {"name": "compressed", "compressor": "topk", "cf": 10}, 0.0087, 0.5, 0.5,
+              bytes_per_round=PARAM_BYTES // 10)  # fmt: skip
+    t = experiment_tables(results)[EXP].table
+    assert by_run(t, "bytes_vs_dense") == pytest.approx({"run_ddp": 1.0, "run_h8": 0.12, "run_h16": 0.06, "run_topk": 0.1})
+    assert set(t["dense_run"]) == {"run_ddp"}
+    assert by_run(t, "floats_sent")["run_topk"] == pytest.approx(100 * PARAM_BYTES / 10 / 4)
+    rows = {r["run"]: r for r in parse_markdown_tables(write_report(results, tmp_path / "r1").read_text())[0]}
+    assert rows["run_topk"]["bytes vs dense"] == "0.1" and rows["run_ddp"]["bytes vs dense"] == "1"
+
+    # two dense runs (ddp at batch 32 and 64): each run is compared with the one of its own batch size;
+    # compressor=none is dense too
+    exp = "batch"
+    write_run(tmp_path / "b", "ddp32", {"name": "ddp"}, 0.009, 1.0, 1.0, experiment=exp)
+    write_run(tmp_path / "b", "ddp64", {"name": "ddp"}, 0.009, 1.0, 1.0, experiment=exp, batch_size=64, bytes_per_round=2 * PARAM_BYTES)
+    write_run(tmp_path / "b", "topk32", {"name": "compressed", "compressor": "topk", "cf": 10}, 0.008, 0.5, 0.5,
+              experiment=exp, bytes_per_round=PARAM_BYTES // 10)  # fmt: skip
+    write_run(tmp_path / "b", "topk64", {"name": "compressed", "compressor": "topk", "cf": 10}, 0.008, 0.5, 0.5,
+              experiment=exp, batch_size=64, bytes_per_round=PARAM_BYTES // 10)  # fmt: skip
+    write_run(tmp_path / "b", "none64", {"name": "compressed", "compressor": "none", "cf": 1}, 0.008, 0.5, 0.5,
+              experiment=exp, batch_size=64, bytes_per_round=PARAM_BYTES)  # fmt: skip
+    t = experiment_tables(tmp_path / "b")[exp].table
+    assert by_run(t, "dense_run") == {"ddp32": "ddp32", "ddp64": "ddp64", "topk32": "ddp32", "topk64": "ddp64", "none64": "none64"}
+    assert by_run(t, "bytes_vs_dense") == pytest.approx({"ddp32": 1.0, "ddp64": 1.0, "topk32": 0.1, "topk64": 0.05, "none64": 1.0})
+
+    # no dense run: n/a
+    t = experiment_tables([results / EXP / "run_h8", results / EXP / "run_topk"])[EXP].table
+    assert t["bytes_vs_dense"].isna().all() and t["dense_run"].isna().all()
+    rows = parse_markdown_tables(write_report([results / EXP / "run_h8"], tmp_path / "r2").read_text())[0]
+    assert rows[0]["bytes vs dense"] == "n/a"
+
+
+def test_modeled_time_at_1_and_10_gbps(results, tmp_path, no_figures):
+    # 100 rounds of a ring all-reduce over 4 workers: a = 2 * 3 * 100 = 600 latencies,
+    # b = 2 * 3/4 * 4 MB * 100 = 6e8 bytes; compute = 0.8 * wall * 100 = 80 s (wall 1 s/step).
+    a, b, compute = 600, 6e8, 80.0
+    write_run(results, "run_ab", {"name": "ddp", "bucket_cap_mb": 25}, 0.009, 1.0, 2.0, alpha_beta=True)  # latency 50 us
+    write_run(results, "run_ab_default", {"name": "ddp", "bucket_cap_mb": 50}, 0.009, 1.0, 2.0, alpha_beta=True,
+              network={"name": "custom", "bandwidth_gbps": 10.0})  # no latency_us: 10 us  # fmt: skip
+    write_run(results, "run_ab_running", {"name": "ddp", "bucket_cap_mb": 100}, 0.009, 1.0, 2.0, alpha_beta=True, with_summary=False)
+    t = experiment_tables(results)[EXP].table
+    for run, lat_us in (("run_ab", 50), ("run_ab_default", 10), ("run_ab_running", 50)):  # running: from its last record
+        assert by_run(t, "modeled_1gbps_s")[run] == pytest.approx(compute + a * lat_us * 1e-6 + b * 8 / 1e9)
+        assert by_run(t, "modeled_10gbps_s")[run] == pytest.approx(compute + a * lat_us * 1e-6 + b * 8 / 10e9)
+    assert by_run(t, "modeled_1gbps_s")["run_ab"] == pytest.approx(84.83)
+    assert by_run(t, "modeled_10gbps_s")["run_ab"] == pytest.approx(80.51)
+    assert math.isnan(by_run(t, "modeled_1gbps_s")["run_h8"])  # older run: no alpha-beta terms
+    rows = {r["run"]: r for r in parse_markdown_tables(write_report(results, tmp_path / "r").read_text())[0]}
+    assert rows["run_ab"]["modeled @1 Gbps (s)"] == "84.8" and rows["run_ab"]["modeled @10 Gbps (s)"] == "80.5"
+    assert rows["run_h8"]["modeled @1 Gbps (s)"] == ""
+    # an experiment where no run has the terms gets no such columns
+    old = parse_markdown_tables(write_report(results / EXP / "run_h8", tmp_path / "old").read_text())[0]
+    assert not any(k.startswith("modeled @") for k in old[0])
+
+
+def test_batch_scaling_table_and_report_section(results, tmp_path, no_figures):
+    # final acc = rate * 100; effective batch = batch_size x world size
+    exp = "adasum_study"
+    root = tmp_path / "res"
+    ddp, adasum = {"name": "ddp"}, {"name": "adasum", "target": "delta"}
+    for run_id, algo, rate, bs, world, scaling, status in (
+        ("ddp_128", ddp, 0.0090, 32, 4, "linear", "completed"),
+        ("ddp_256", ddp, 0.0080, 64, 4, "linear", "completed"),
+        ("ddp_512", ddp, 0.0010, 64, 8, "linear", "diverged"),
+        ("ada_128", adasum, 0.0091, 32, 4, "adasum", "completed"),
+        ("ada_256_a", adasum, 0.0088, 64, 4, "adasum", "completed"),
+        ("ada_256_b", adasum, 0.0086, 32, 8, "adasum", "completed"),  # same effective batch: mean
+        ("ada_512", adasum, 0.0085, 64, 8, "adasum", "completed"),
+        ("adag_128", {"name": "adasum", "target": "gradient"}, 0.0089, 32, 4, "adasum", "completed"),
+    ):
+        write_run(root, run_id, algo, rate, 1.0, 1.0, experiment=exp, batch_size=bs, world=world,
+                  optim={"lr_scaling": scaling}, status=status)  # fmt: skip
+    tab = batch_scaling_table(load_summaries(root))
+    assert list(tab.columns) == [128, 256, 512] and tab.attrs["metric"] == "test_acc"
+    ada, adag, d = "adasum (delta), lr_scaling=adasum", "adasum (gradient), lr_scaling=adasum", "ddp, lr_scaling=linear"
+    assert list(tab.index) == [ada, adag, d]
+    expected = {
+        ada: [0.91, (0.88 + 0.86) / 2, 0.85],
+        adag: [0.89, math.nan, math.nan],
+        d: [0.90, 0.80, math.nan],  # the diverged run is left out
+    }
+    for method, values in expected.items():
+        assert tab.loc[method].tolist() == pytest.approx(values, nan_ok=True)
+    # without lr_scaling differing: the label is the method alone; world size from summary.json
+    tab = batch_scaling_table(load_summaries([root / exp / r for r in ("ddp_128", "ddp_256")]))
+    assert list(tab.index) == ["ddp"] and tab.loc["ddp"].to_dict() == pytest.approx({128: 0.9, 256: 0.8})
+
+    text = write_report(root, tmp_path / "report").read_text()
+    assert "### accuracy vs effective batch" in text
+    main, scaling = parse_markdown_tables(text)
+    assert len(main) == 8
+    cells = {r["method"]: r for r in scaling}
+    assert cells[ada] == {"method": ada, "128": "0.9100", "256": "0.8700", "512": "0.8500"}
+    assert cells[d]["512"] == "diverged" and cells[adag]["256"] == ""
+    # the main set has one effective batch: no such table
+    assert "effective batch" not in write_report(results, tmp_path / "main").read_text()
+    assert experiment_tables(results)[EXP].batch_scaling is None
+
+
+def test_compression_figure(results, tmp_path, monkeypatch):
+    write_run(results, "run_gravac", GRAVAC, 0.0088, 0.5, 0.5, compression=gravac_row)
+    write_run(results, "run_acc", ACCORDION, 0.0087, 0.5, 0.5, compression=accordion_row)
+    out = tmp_path / "plots"
+    files = {p.name for p in plot_runs(results, out)}
+    assert {f"{EXP}_compression.png", f"{EXP}_compression.svg"} <= files
+    assert len(files) == 2 * (len(FIGURES) + 1)
+    assert (out / f"{EXP}_compression.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = (out / f"{EXP}_compression.svg").read_text()
+    assert "algo.name=gravac" in svg and "algo.name=accordion" in svg and "cf_candidate" in svg
+    assert "algo.name=ddp" not in svg  # no compression rows
+    # referenced from the report (only the compression figure drawn again, to keep the test fast)
+    monkeypatch.setattr("lsgd.analysis.plots.plot_experiment", lambda *args, **kwargs: {})
+    text = write_report(results, tmp_path / "report").read_text()
+    assert f"figures/{EXP}_compression.png" in text and f"figures/{EXP}_compression.svg" in text
+
+
+def test_resumed_metrics_with_compression_rows(tmp_path):
+    # logged up to step 20, resumed from step 10: the rows of steps 11-20 are superseded, both kinds
+    run = write_run(tmp_path, "r", GRAVAC, 0.009, 1.0, 1.0, steps=20, compression=gravac_row)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    again = [json.dumps({**json.loads(l), "resumed": True}) for l in lines if json.loads(l)["step"] > 10]
+    (run / "metrics.jsonl").write_text("\n".join(lines + again) + "\n")
+    assert [(r["step"], "resumed" in r) for r in read_metrics(run)] == [(5, False), (10, False), (15, True), (20, True)]
+    comp = load_compression(run)
+    assert comp["step"].tolist() == list(range(1, 21)) and comp["resumed"].isna().tolist() == [True] * 10 + [False] * 10
