@@ -5,9 +5,13 @@
 
 from __future__ import annotations
 
+from lsgd.algorithms.accordion import Accordion
+from lsgd.algorithms.adasum import Adasum
 from lsgd.algorithms.base import Algorithm
+from lsgd.algorithms.compressed import Compressed
 from lsgd.algorithms.ddp import DDP
 from lsgd.algorithms.diloco import DiLoCo
+from lsgd.algorithms.gravac import GraVAC
 from lsgd.algorithms.local_sgd import LocalSGD
 from lsgd.algorithms.post_local_sgd import PostLocalSGD
 from lsgd.algorithms.slowmo import SlowMo
@@ -15,7 +19,7 @@ from lsgd.comm import Communicator
 from lsgd.errors import ConfigError
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (DDP, LocalSGD, PostLocalSGD, SlowMo, DiLoCo)
+    cls.name: cls for cls in (DDP, LocalSGD, PostLocalSGD, SlowMo, DiLoCo, Compressed, GraVAC, Accordion, Adasum)
 }
 
 

@@ -132,7 +132,7 @@ class Compressed(DDP):
             items.append(c)
         return items
 
-    def compression_hook(self, _state, bucket) -> torch.futures.Future:
+    def compression_hook(self, _state, bucket):  # no return annotation: DDP inspects it
         """Compress, exchange and average one DDP bucket (returns a completed future)."""
         grads = bucket.gradients()
         keys = [self.param_index[id(p)] for p in bucket.parameters()]

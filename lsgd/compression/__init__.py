@@ -9,3 +9,46 @@ Public API (see the submodules for details):
 * adaptive controllers: GraVAC and Accordion (``lsgd.compression.adaptive``).
 * torch's PowerSGD comm hook with exact byte accounting (``lsgd.compression.powersgd``).
 """
+
+from lsgd.compression.compressors import (
+    COMPRESSORS,
+    DGC,
+    FP16,
+    QSGD,
+    SPARSIFIERS,
+    Compressed,
+    Compressor,
+    NoCompression,
+    RandomK,
+    RedSync,
+    Sparsifier,
+    TopK,
+    build,
+    num_kept,
+    topk_indices,
+)
+from lsgd.compression.exchange import exchange
+from lsgd.compression.memory import DGCMemory, ErrorFeedback, Memory, NoMemory
+
+__all__ = [
+    "COMPRESSORS",
+    "DGC",
+    "FP16",
+    "QSGD",
+    "SPARSIFIERS",
+    "Compressed",
+    "Compressor",
+    "DGCMemory",
+    "ErrorFeedback",
+    "Memory",
+    "NoCompression",
+    "NoMemory",
+    "RandomK",
+    "RedSync",
+    "Sparsifier",
+    "TopK",
+    "build",
+    "exchange",
+    "num_kept",
+    "topk_indices",
+]

@@ -97,7 +97,7 @@ class PowerSGD:
     def rank(self) -> int:
         return self.state.matrix_approximation_rank
 
-    def hook(self, _unused_state, bucket) -> torch.futures.Future:
+    def hook(self, _unused_state, bucket):  # no return annotation: DDP inspects it
         """DDP comm hook: run torch's ``powerSGD_hook`` on ``bucket`` and count its all-reduces."""
         state = self.state
         buf = bucket.buffer()

@@ -1,0 +1,665 @@
+"""Gradient compressors: what one worker sends for one tensor, and how to read it back.
+
+Every compressor maps a tensor ``x`` (any shape, floating dtype, at most 2**31 - 1 elements) to a
+:class:`Compressed` payload and back to a dense tensor of the same shape and dtype:
+
+========  ==========================================  ===============  ==========  ==========================
+name      payload (n = x.numel(), k = ceil(n / cf))   bytes (float32)  exchange    source
+========  ==========================================  ===============  ==========  ==========================
+none      x                                           4 n              all-reduce  dense baseline
+fp16      x.half() (or bfloat16)                      2 n              all-reduce  torch fp16_compress_hook
+topk      k largest |x|: values, int32 indices        8 k              all-gather  GRACE; Aji & Heafield 2017
+randomk   k random coordinates (shared seed): values  4 k              all-reduce  GRACE; Stich et al. 2018
+dgc       sampled-threshold top-k: values, indices    8 selected       all-gather  Lin et al., ICLR 2018
+redsync   trimmed top-k threshold search              8 selected       all-gather  Fang et al., JPDC 2019
+qsgd      int8 sign * level, float32 norm             n + 4            all-gather  Alistarh et al., NIPS 2017
+========  ==========================================  ===============  ==========  ==========================
+
+``powersgd`` is in :data:`COMPRESSORS` (config validation) but runs as torch's DDP comm hook
+(:mod:`lsgd.compression.powersgd`); :func:`build` refuses it.
+
+The compression factor ``cf`` (theta in GraVAC) is dense size / compressed size: a sparsifier keeps
+``k = ceil(n / cf)`` elements (at least 1) of every tensor. ``cf`` may be overridden per call
+(``compress(x, cf=...)``), which GraVAC and Accordion use to vary it from step to step, and the
+sparsifiers support GraVAC's "multi-level" compression (:meth:`Compressor.compress_further`: select
+again inside an earlier selection, cheaper than starting from the dense tensor).
+
+Randomness (randomk's indices, dgc's threshold sample, qsgd's stochastic rounding) comes from a
+``torch.Generator`` on the tensor's device seeded by a 63-bit mix of ``(seed, step, key, ...)``, so it
+is reproducible and, for randomk and dgc, identical on every worker that compresses the same
+``(step, key)``; qsgd also mixes in the worker's rank so its rounding noise is independent across
+workers. Selected indices are returned sorted ascending.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+COMPRESSORS = ("none", "fp16", "topk", "randomk", "dgc", "redsync", "qsgd", "powersgd")
+SPARSIFIERS = ("topk", "randomk", "dgc", "redsync")
+
+_MASK64 = (1 << 64) - 1
+
+
+# -- payload ------------------------------------------------------------------------------------
+@dataclass
+class Compressed:
+    """One worker's compressed payload of one tensor.
+
+    Attributes:
+        values: 1-D payload values (float32 / float16 / bfloat16 / int8, ...).
+        indices: 1-D int32 flat indices into the flattened original tensor, ascending, one per value
+            (sparsifiers); ``None`` for dense payloads (none, fp16, qsgd).
+        shape: the original tensor's shape.
+        dtype: the original tensor's dtype.
+        scale: qsgd: float32 tensor of one element, the L2 norm of the original tensor; else None.
+        send_indices: False when the receivers regenerate the indices themselves (randomk: the
+            indices follow from the seed shared by all workers), so they are not sent.
+    """
+
+    values: torch.Tensor
+    indices: torch.Tensor | None
+    shape: torch.Size
+    dtype: torch.dtype
+    scale: torch.Tensor | None = None
+    send_indices: bool = True
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes that travel: values, plus indices when present and sent, plus the scale."""
+        total = self.values.numel() * self.values.element_size()
+        if self.indices is not None and self.send_indices:
+            total += self.indices.numel() * self.indices.element_size()
+        if self.scale is not None:
+            total += self.scale.numel() * self.scale.element_size()
+        return total
+
+    @property
+    def numel(self) -> int:
+        """Number of elements of the original tensor."""
+        return math.prod(self.shape)
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def _splitmix64(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def mix_seed(*values: int) -> int:
+    """A 63-bit seed mixed from integers (splitmix64 chain); the same on every process and run.
+
+    Python's ``hash`` of a tuple of ints is also stable, but this keeps the mixing explicit and
+    well spread for consecutive steps and keys.
+    """
+    h = 0
+    for v in values:
+        h = _splitmix64(h ^ (int(v) & _MASK64))
+    return h & ((1 << 63) - 1)
+
+
+def _generator(device: torch.device, *values: int) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(mix_seed(*values))
+    return g
+
+
+def num_kept(n: int, cf: float) -> int:
+    """Elements a sparsifier keeps of an ``n``-element tensor at compression factor ``cf``.
+
+    ``k = ceil(n / cf)``, at least 1 (for ``n >= 1``) and at most ``n``; 0 for an empty tensor.
+    """
+    if n <= 0:
+        return 0
+    return min(n, max(1, math.ceil(n / cf)))
+
+
+def _check_cf(cf: float) -> float:
+    if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not cf >= 1:
+        raise ValueError(f"cf (compression factor) must be a number >= 1, got {cf!r}")
+    return float(cf)
+
+
+def topk_indices(a: torch.Tensor, k: int) -> torch.Tensor:
+    """Ascending int64 indices of the ``k`` largest entries of the 1-D tensor ``a``.
+
+    Ties are broken deterministically: with ``v`` the k-th largest value, every element ``> v`` is
+    taken, and the remaining places go to the lowest-index elements equal to ``v``. Uses
+    ``torch.topk`` (no full sort) plus one equality pass; only when the boundary value ``v`` has
+    ties that topk split does it redo the choice with two masks.
+    """
+    n = a.numel()
+    if k >= n:
+        return torch.arange(n, device=a.device)
+    if k <= 0:
+        return torch.empty(0, dtype=torch.long, device=a.device)
+    vals, idx = torch.topk(a, k, sorted=False)
+    v = vals.min()
+    if int((a == v).count_nonzero()) != int((vals == v).count_nonzero()):
+        mask = a > v
+        eq = (a == v).nonzero().squeeze(1)[: k - int(mask.count_nonzero())]
+        mask[eq] = True
+        return mask.nonzero().squeeze(1)
+    return _ascending(idx, n)
+
+
+def _ascending(idx: torch.Tensor, n: int) -> torch.Tensor:
+    """The distinct indices ``idx`` (into a range of ``n``) in ascending order.
+
+    Sorting costs O(k log k); for ``k >= n / 16`` a boolean mask and ``nonzero`` (O(n)) is faster.
+    """
+    if 16 * idx.numel() < n:
+        return idx.sort().values
+    return _unique(idx, n)
+
+
+def _unique(idx: torch.Tensor, n: int) -> torch.Tensor:
+    """The distinct values of ``idx`` (indices into a range of ``n``), ascending."""
+    if 16 * idx.numel() < n:
+        return torch.unique(idx)
+    mask = torch.zeros(n, dtype=torch.bool, device=idx.device)
+    mask[idx] = True
+    return mask.nonzero().squeeze(1)
+
+
+# -- base ------------------------------------------------------------------------------------------
+class Compressor:
+    """Base class: compress a tensor to a :class:`Compressed` payload and back.
+
+    Attributes:
+        name: the registry name (:data:`COMPRESSORS`).
+        cf: nominal compression factor = dense bytes / payload bytes for a float32 tensor
+            (1 for none); sparsifiers use it as the default of ``compress(..., cf=)``.
+        exchange: ``"all_reduce"`` when the payloads of all workers can be summed element-wise
+            (none, fp16, randomk) or ``"all_gather"`` (topk, dgc, redsync, qsgd);
+            see :mod:`lsgd.compression.exchange`.
+        lossy: whether ``decompress(compress(x)) != x`` in general (error feedback applies).
+        sparse: payloads carry indices (sparsifiers).
+        fixed_size: the payload length of a tensor depends only on its numel and the call's cf
+            (not on its values), so workers that compress the same tensors at the same cf send
+            equal sizes and the all-gather exchange needs no size exchange (topk, randomk, qsgd,
+            none, fp16; not dgc and redsync).
+    """
+
+    name = "base"
+    exchange = "all_reduce"
+    lossy = True
+    sparse = False
+    fixed_size = True
+    predivide = False  # all-reduce exchange: divide by the world size before summing (fp16)
+
+    def __init__(self, cf: float = 1.0):
+        self.cf = _check_cf(cf)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(cf={self.cf:g})"
+
+    def compress(self, tensor: torch.Tensor, *, step: int = 0, key: int = 0, cf: float | None = None) -> Compressed:
+        """Compress ``tensor`` (any shape); ``cf`` overrides :attr:`cf` for this call.
+
+        ``step`` and ``key`` (the tensor's id, e.g. its parameter index) seed randomk's indices,
+        dgc's sample and warm-up, and qsgd's rounding. none, fp16 and qsgd have a fixed payload and
+        ignore ``cf``.
+
+        Raises:
+            ValueError: ``cf < 1`` (sparsifiers).
+        """
+        raise NotImplementedError
+
+    def decompress(self, c: Compressed) -> torch.Tensor:
+        """Dense tensor of ``c.shape`` and ``c.dtype`` (zeros where a sparsifier sent nothing)."""
+        raise NotImplementedError
+
+    def compress_further(self, c: Compressed, cf: float, *, step: int = 0, key: int = 0) -> Compressed:
+        """Compress an earlier payload ``c`` again by ``cf`` (GraVAC's multi-level compression).
+
+        Raises:
+            TypeError: this compressor is not a sparsifier.
+        """
+        raise TypeError(f"compressor {self.name!r} does not support compress_further (sparsifiers only: "
+                        f"{', '.join(SPARSIFIERS)})")
+
+    def add_to(self, out: torch.Tensor, c: Compressed) -> None:
+        """Add ``decompress(c)`` to the flat (1-D, ``c.numel`` elements) tensor ``out`` in place."""
+        out.add_(self.decompress(c).reshape(-1))
+
+    def make_memory(self):
+        """The error-feedback memory for this compressor (:mod:`lsgd.compression.memory`):
+        :class:`NoMemory` for lossless compressors, :class:`ErrorFeedback` for lossy ones."""
+        from lsgd.compression.memory import ErrorFeedback, NoMemory
+
+        return ErrorFeedback() if self.lossy else NoMemory()
+
+
+class NoCompression(Compressor):
+    """``none``: the identity (the dense baseline). ``values`` is the flattened tensor and
+    ``decompress`` reshapes it back: both may share memory with the input. Payload:
+    ``n * element_size`` bytes (4 n for float32)."""
+
+    name = "none"
+    exchange = "all_reduce"
+    lossy = False
+
+    def __init__(self):
+        super().__init__(1.0)
+
+    def compress(self, tensor, *, step=0, key=0, cf=None):
+        return Compressed(tensor.detach().reshape(-1), None, tensor.shape, tensor.dtype)
+
+    def decompress(self, c):
+        return c.values.to(c.dtype).reshape(c.shape)
+
+
+class FP16(Compressor):
+    """``fp16``: cast to float16 (or ``dtype="bfloat16"``), as torch's ``fp16_compress_hook`` /
+    ``bf16_compress_hook`` (torch.distributed.algorithms.ddp_comm_hooks.default_hooks).
+
+    Payload: 2 n bytes; cf = 2 for float32 tensors. Exchanged by all-reduce with the values divided
+    by the world size before the sum (as the torch hook does, to avoid float16 overflow).
+
+    Raises:
+        ValueError: ``dtype`` not float16 / bfloat16.
+    """
+
+    name = "fp16"
+    exchange = "all_reduce"
+    lossy = True
+    predivide = True
+    DTYPES: ClassVar[dict[str, torch.dtype]] = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+    def __init__(self, dtype: str = "float16"):
+        if dtype not in self.DTYPES:
+            raise ValueError(f"fp16 dtype must be one of {', '.join(self.DTYPES)}, got {dtype!r}")
+        super().__init__(2.0)
+        self.half_dtype = self.DTYPES[dtype]
+
+    def compress(self, tensor, *, step=0, key=0, cf=None):
+        return Compressed(tensor.detach().reshape(-1).to(self.half_dtype), None, tensor.shape, tensor.dtype)
+
+    def decompress(self, c):
+        return c.values.to(c.dtype).reshape(c.shape)
+
+
+# -- sparsifiers ----------------------------------------------------------------------------------
+class Sparsifier(Compressor):
+    """Base of the sparsifiers: payload = (values, int32 indices) of selected coordinates.
+
+    Subclasses implement :meth:`select`. ``compress`` selects on ``|x|`` at ``k = ceil(n / cf)``;
+    :meth:`compress_further` applies the same rule to the values of an earlier payload.
+    """
+
+    exchange = "all_gather"
+    sparse = True
+    lossy = True
+    send_indices = True
+
+    def select(self, x: torch.Tensor, k: int, cf: float, *, step: int, key: int, level: int) -> torch.Tensor:
+        """Ascending int64 indices into the 1-D tensor ``x`` to keep (nominally ``k`` of them).
+
+        ``level`` is 0 for :meth:`compress` and 1 for :meth:`compress_further` (mixed into seeds).
+        """
+        raise NotImplementedError
+
+    def _effective_cf(self, cf: float | None, step: int) -> float:
+        return self.cf if cf is None else _check_cf(cf)
+
+    def compress(self, tensor, *, step=0, key=0, cf=None):
+        cf = self._effective_cf(cf, step)
+        flat = tensor.detach().reshape(-1)
+        k = num_kept(flat.numel(), cf)
+        idx = self.select(flat, k, cf, step=step, key=key, level=0)
+        return Compressed(flat[idx], idx.to(torch.int32), tensor.shape, tensor.dtype, send_indices=self.send_indices)
+
+    def compress_further(self, c, cf, *, step=0, key=0):
+        """Select again inside ``c`` with ``k2 = ceil(len(c.values) / cf)`` (GraVAC's multi-level
+        compression, papers.md section 2): the result is a payload of the original tensor whose
+        indices are ``c.indices[sub]``, total CF about ``CF(c) * cf``.
+
+        Raises:
+            ValueError: ``cf < 1``; TypeError: ``c`` carries no indices.
+        """
+        cf = _check_cf(cf)
+        if c.indices is None:
+            raise TypeError("compress_further needs a sparse payload (with indices)")
+        k2 = num_kept(c.values.numel(), cf)
+        sub = self.select(c.values, k2, cf, step=step, key=key, level=1)
+        return Compressed(c.values[sub], c.indices[sub], c.shape, c.dtype, send_indices=c.send_indices)
+
+    def _scale(self, c: Compressed) -> float:
+        return 1.0
+
+    def decompress(self, c):
+        out = torch.zeros(c.numel, dtype=c.dtype, device=c.values.device)
+        self.add_to(out, c)
+        return out.reshape(c.shape)
+
+    def add_to(self, out, c):
+        if c.values.numel() == 0:
+            return
+        vals = c.values.to(out.dtype)
+        s = self._scale(c)
+        if s != 1.0:
+            vals = vals * s
+        out.index_add_(0, c.indices.to(torch.long), vals)
+
+
+class TopK(Sparsifier):
+    """``topk``: exact top-k by magnitude of each tensor (GRACE's TopKCompressor; Aji and Heafield
+    2017; the GraVAC study's main sparsifier).
+
+    ``k = ceil(n / cf)``; ties at the k-th largest magnitude go to the lowest indices
+    (:func:`topk_indices`). Payload: k values + k int32 indices (8 k bytes for float32).
+    """
+
+    name = "topk"
+
+    def __init__(self, cf: float = 10.0):
+        super().__init__(cf)
+
+    def select(self, x, k, cf, *, step, key, level):
+        return topk_indices(x.abs(), k)
+
+
+class RandomK(Sparsifier):
+    """``randomk``: ``k = ceil(n / cf)`` coordinates drawn uniformly without replacement (GRACE's
+    RandomKCompressor; Stich, Cordonnier and Jaggi, NeurIPS 2018).
+
+    The indices come from a generator seeded by ``(seed, step, key)`` (plus the level for
+    :meth:`compress_further`), identical on every worker, so they are not sent
+    (``send_indices=False``; payload 4 k bytes for float32) and the payloads of all workers can be
+    summed by an all-reduce. ``unbiased=True`` multiplies by ``n / k`` on decompression
+    (E[D(C(x))] = x); the default (biased, as GRACE with error feedback) does not.
+
+    Sampling: for ``4 k <= n`` i.i.d. draws are de-duplicated and a random k-subset of the distinct
+    ones is kept (a uniform k-subset by symmetry, without the O(n) ``randperm``); otherwise
+    ``randperm(n)[:k]``.
+    """
+
+    name = "randomk"
+    exchange = "all_reduce"
+    send_indices = False
+
+    def __init__(self, cf: float = 10.0, seed: int = 0, unbiased: bool = False):
+        super().__init__(cf)
+        self.seed = int(seed)
+        self.unbiased = bool(unbiased)
+
+    def select(self, x, k, cf, *, step, key, level):
+        n = x.numel()
+        if k >= n:
+            return torch.arange(n, device=x.device)
+        g = _generator(x.device, self.seed, step, key, level, 0x52414E44)
+        if 4 * k > n:
+            return _ascending(torch.randperm(n, generator=g, device=x.device)[:k], n)
+        distinct = torch.empty(0, dtype=torch.long, device=x.device)
+        while distinct.numel() < k:
+            m = k - distinct.numel() + k // 8 + 16
+            draws = torch.randint(0, n, (m,), generator=g, device=x.device)
+            distinct = _unique(torch.cat([distinct, draws]), n)
+        if distinct.numel() > k:
+            keep = torch.randperm(distinct.numel(), generator=g, device=x.device)[:k]
+            distinct = distinct[_ascending(keep, distinct.numel())]
+        return distinct
+
+    def _scale(self, c):
+        return c.numel / c.values.numel() if self.unbiased and c.values.numel() else 1.0
+
+
+class DGC(Sparsifier):
+    """``dgc``: Deep Gradient Compression's sampled-threshold top-k (Lin, Han, Mao, Wang and Dally,
+    "Deep Gradient Compression", ICLR 2018, Sec. 3; public code github.com/synxlin/deep-gradient-compression).
+
+    Selection rule at ``k = ceil(n / cf)`` (documented here as this implementation's choice):
+
+    1. sample ``s = min(n, max(ceil(sample_ratio * n), 1000))`` magnitudes uniformly with
+       replacement (generator seeded by ``(seed, step, key, level)``); when ``s >= n`` the sample
+       would be the whole tensor and exact top-k is used;
+    2. threshold = the ``ceil(s / cf)``-th largest sampled magnitude; select ``|x| >= threshold``;
+    3. if fewer than ``ceil(k / 2)`` are selected, halve the threshold and count again, at most 3
+       times, then fall back to exact top-k;
+    4. if more than ``k`` are selected, keep the exact top-k among them (ties as :class:`TopK`).
+
+    So ``ceil(k/2) <= selected <= k`` and the selected set is always the top-``selected`` set of
+    ``|x|``. Payload: 8 * selected bytes for float32 (it varies across steps and workers).
+
+    Density warm-up (Sec. 3.4): for ``step < warmup_steps`` the effective compression factor is
+    ``warmup_cf * (cf / warmup_cf) ** (step / warmup_steps)`` (an exponential ramp, e.g. densities
+    25%, 6.25%, ...) applied to the call's target ``cf``; no ramp when ``cf <= warmup_cf``.
+    Momentum correction and factor masking (Sec. 3.2): ``momentum > 0`` makes :meth:`make_memory`
+    return :class:`lsgd.compression.memory.DGCMemory`.
+    """
+
+    name = "dgc"
+    fixed_size = False
+    MIN_SAMPLE = 1000
+    RETRIES = 3
+
+    def __init__(self, cf: float = 10.0, sample_ratio: float = 0.01, warmup_steps: int = 0,
+                 warmup_cf: float = 4.0, momentum: float = 0.0, seed: int = 0):
+        super().__init__(cf)
+        self.sample_ratio = float(sample_ratio)
+        self.warmup_steps = int(warmup_steps)
+        self.warmup_cf = float(warmup_cf)
+        self.momentum = float(momentum)
+        self.seed = int(seed)
+
+    def effective_cf(self, step: int, cf: float | None = None) -> float:
+        """The compression factor used at ``step`` for target ``cf`` (default :attr:`cf`)."""
+        cf = self.cf if cf is None else cf
+        if step >= self.warmup_steps or cf <= self.warmup_cf:
+            return cf
+        return self.warmup_cf * (cf / self.warmup_cf) ** (step / self.warmup_steps)
+
+    def _effective_cf(self, cf, step):
+        return self.effective_cf(step, super()._effective_cf(cf, step))
+
+    def select(self, x, k, cf, *, step, key, level):
+        n = x.numel()
+        if k >= n:
+            return torch.arange(n, device=x.device)
+        a = x.abs()
+        s = min(n, max(math.ceil(self.sample_ratio * n), self.MIN_SAMPLE))
+        if s >= n:
+            return topk_indices(a, k)
+        g = _generator(x.device, self.seed, step, key, level, 0x444743)
+        sample = a[torch.randint(0, n, (s,), generator=g, device=x.device)]
+        k_s = max(1, math.ceil(s / cf))
+        threshold = torch.topk(sample, k_s, sorted=False).values.min()
+        need = math.ceil(k / 2)
+        idx = (a >= threshold).nonzero().squeeze(1)
+        for _ in range(self.RETRIES):
+            if idx.numel() >= need:
+                break
+            threshold = threshold * 0.5
+            idx = (a >= threshold).nonzero().squeeze(1)
+        if idx.numel() < need:
+            return topk_indices(a, k)
+        if idx.numel() > k:
+            idx = idx[topk_indices(a[idx], k)]
+        return idx
+
+    def make_memory(self):
+        """:class:`DGCMemory` (momentum correction) when ``momentum > 0``, else error feedback."""
+        from lsgd.compression.memory import DGCMemory
+
+        return DGCMemory(self.momentum) if self.momentum > 0 else super().make_memory()
+
+
+class RedSync(Sparsifier):
+    """``redsync``: RedSync's trimmed top-k threshold search (Fang, Fu, Yang and Cheng, "RedSync:
+    Reducing synchronization bandwidth for distributed deep learning training system", JPDC 2019,
+    Sec. 4; the GraVAC study's Redsync compressor).
+
+    Rule at ``k = ceil(n / cf)`` (this implementation's choice): with ``m = mean(|x|)`` and
+    ``M = max(|x|)`` the threshold is ``m + ratio * (M - m)``, ``ratio = 1, 1/2, 1/4, ...`` (at
+    most 30 halvings, then ``ratio = 0``) until ``|x| >= threshold`` selects at least ``k``
+    elements. When ``ratio = 1/16`` still selects fewer, ``ratio = 0`` (the mean) is tried once, and
+    if even that selects fewer than ``k`` (cf close to 1, or very heavy tails) exact top-k is
+    used. If the accepted ratio selects more than ``2 k``, bisect
+    ``ratio`` between the last two tries (at most 10 steps) for a count in ``[k, 2k]``, and if still
+    above ``2 k`` keep the exact top-k of the selected ones. Hence ``k <= selected <= 2k``; each try
+    is one pass over ``|x|``. Payload 8 * selected bytes (float32).
+    """
+
+    name = "redsync"
+    fixed_size = False
+    MAX_HALVINGS = 30
+    CHECK_MEAN_BELOW = 1 / 16
+    MAX_BISECTIONS = 10
+
+    def __init__(self, cf: float = 10.0):
+        super().__init__(cf)
+
+    def select(self, x, k, cf, *, step, key, level):
+        n = x.numel()
+        if k >= n:
+            return torch.arange(n, device=x.device)
+        a = x.abs()
+        mean, top = a.mean(), a.max()
+        mask = torch.empty(n, dtype=torch.bool, device=x.device)
+
+        def count(ratio: float) -> int:
+            return int(torch.ge(a, mean + ratio * (top - mean), out=mask).count_nonzero())
+
+        hi, ratio, c = None, 1.0, count(1.0)
+        for _ in range(self.MAX_HALVINGS):
+            if c >= k:
+                break
+            if ratio == self.CHECK_MEAN_BELOW and count(0.0) < k:
+                return topk_indices(a, k)
+            hi, ratio = ratio, ratio * 0.5
+            c = count(ratio)
+        if c < k:
+            ratio, c = 0.0, count(0.0)
+        if c > 2 * k and hi is not None:
+            lo, mask_is_lo = ratio, True
+            for _ in range(self.MAX_BISECTIONS):
+                mid = 0.5 * (lo + hi)
+                cm = count(mid)
+                if cm < k:
+                    hi, mask_is_lo = mid, False
+                else:
+                    lo, c, mask_is_lo = mid, cm, True
+                    if cm <= 2 * k:
+                        break
+            if not mask_is_lo:  # the mask holds a rejected try: recompute it at the accepted ratio
+                count(lo)
+        idx = mask.nonzero().squeeze(1)
+        if idx.numel() > 2 * k:
+            idx = idx[topk_indices(a[idx], k)]
+        return idx
+
+
+# -- quantizer ----------------------------------------------------------------------------------
+class QSGD(Compressor):
+    """``qsgd``: stochastic quantization to ``levels`` levels (Alistarh, Grubic, Li, Tomioka and
+    Vojnovic, "QSGD: Communication-Efficient SGD via Gradient Quantization and Encoding", NIPS 2017,
+    Sec. 3.1; GRACE's QSGDCompressor), without the Elias coding.
+
+    With ``s = levels`` and ``norm = ||x||_2``: ``l_i = floor(s |x_i| / norm + u_i)``,
+    ``u_i ~ U[0, 1)``; payload ``values = int8(sign(x_i) * l_i)`` (``s <= 127``) and
+    ``scale = norm`` (float32, 1 element); ``decompress = norm / s * values``. Unbiased:
+    ``E[D(C(x))] = x``, with variance ``sum_i (norm/s)^2 p_i (1 - p_i) <= n (norm / s)^2 / 4``
+    (``p_i`` the fractional part of ``s |x_i| / norm``). Payload: ``n + 4`` bytes; nominal cf 4 for
+    float32. The rounding noise ``u`` comes from a generator seeded by ``(seed, step, key, rank)``,
+    ``rank`` = the torch.distributed rank when initialized (or the ``rank`` argument), so workers
+    round independently. Exchanged by all-gather.
+
+    Raises:
+        ValueError: ``levels`` not an integer in [1, 127].
+    """
+
+    name = "qsgd"
+    exchange = "all_gather"
+    lossy = True
+
+    def __init__(self, levels: int = 127, seed: int = 0, rank: int | None = None):
+        if isinstance(levels, bool) or not isinstance(levels, int) or not 1 <= levels <= 127:
+            raise ValueError(f"qsgd levels must be an integer in [1, 127] (int8 payload), got {levels!r}")
+        super().__init__(4.0)
+        self.levels = levels
+        self.seed = int(seed)
+        self.rank = rank
+
+    def _rank(self) -> int:
+        if self.rank is not None:
+            return int(self.rank)
+        import torch.distributed as dist
+
+        return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+    def compress(self, tensor, *, step=0, key=0, cf=None):
+        flat = tensor.detach().reshape(-1).float()
+        norm = flat.norm()
+        s = self.levels
+        g = _generator(flat.device, self.seed, step, key, self._rank(), 0x51534744)
+        u = torch.rand(flat.numel(), generator=g, device=flat.device)
+        if float(norm) > 0:
+            level = torch.floor(flat.abs() * (s / norm) + u).clamp_(max=s)
+            values = (torch.sign(flat) * level).to(torch.int8)
+        else:
+            values = torch.zeros(flat.numel(), dtype=torch.int8, device=flat.device)
+        return Compressed(values, None, tensor.shape, tensor.dtype, scale=norm.reshape(1).to(torch.float32))
+
+    def decompress(self, c):
+        out = c.values.to(torch.float32) * (c.scale.to(torch.float32) / self.levels)
+        return out.to(c.dtype).reshape(c.shape)
+
+
+# -- registry -------------------------------------------------------------------------------------
+_CLASSES = {"none": NoCompression, "fp16": FP16, "topk": TopK, "randomk": RandomK, "dgc": DGC,
+            "redsync": RedSync, "qsgd": QSGD}
+_PARAMS = {
+    "none": (),
+    "fp16": ("dtype",),
+    "topk": ("cf",),
+    "randomk": ("cf", "seed", "unbiased"),
+    "dgc": ("cf", "sample_ratio", "warmup_steps", "warmup_cf", "momentum", "seed"),
+    "redsync": ("cf",),
+    "qsgd": ("levels", "seed", "rank"),
+}
+
+
+def build(name: str, **params) -> Compressor:
+    """The compressor ``name`` (one of :data:`COMPRESSORS` except powersgd) with ``params``.
+
+    Parameters per compressor: none: -; fp16: ``dtype`` (float16 | bfloat16); topk, redsync:
+    ``cf``; randomk: ``cf``, ``seed``, ``unbiased``; dgc: ``cf``, ``sample_ratio`` (0, 1],
+    ``warmup_steps`` >= 0, ``warmup_cf`` >= 1, ``momentum`` [0, 1), ``seed``; qsgd: ``levels``
+    [1, 127], ``seed``, ``rank``.
+
+    Raises:
+        ValueError: unknown name (the message lists the allowed ones), ``powersgd`` (it runs as
+            torch's DDP comm hook, :mod:`lsgd.compression.powersgd`), an unknown parameter (the
+            message lists the allowed ones), ``cf < 1``, qsgd ``levels`` outside [1, 127], or another
+            parameter out of range; each message names the offending key.
+    """
+    if name == "powersgd":
+        raise ValueError("compressor 'powersgd' is not built by lsgd.compression.build: it runs as torch's DDP "
+                         "comm hook (lsgd.compression.powersgd.PowerSGD)")
+    if name not in _CLASSES:
+        raise ValueError(f"unknown compressor {name!r}; allowed: {', '.join(COMPRESSORS)}")
+    allowed = _PARAMS[name]
+    for key in params:
+        if key not in allowed:
+            raise ValueError(f"unknown parameter {key!r} for compressor {name!r}; allowed: "
+                             f"{', '.join(allowed) if allowed else '(none)'}")
+    if "cf" in params:
+        _check_cf(params["cf"])
+    if name == "dgc":
+        sr = params.get("sample_ratio", 0.01)
+        if not 0 < float(sr) <= 1:
+            raise ValueError(f"dgc sample_ratio must be in (0, 1], got {sr!r}")
+        if int(params.get("warmup_steps", 0)) < 0:
+            raise ValueError(f"dgc warmup_steps must be >= 0, got {params['warmup_steps']!r}")
+        if not float(params.get("warmup_cf", 4.0)) >= 1:
+            raise ValueError(f"dgc warmup_cf must be >= 1, got {params['warmup_cf']!r}")
+        if not 0 <= float(params.get("momentum", 0.0)) < 1:
+            raise ValueError(f"dgc momentum must be in [0, 1), got {params['momentum']!r}")
+    return _CLASSES[name](**params)

@@ -1,0 +1,155 @@
+"""Average compressed payloads over workers, coalesced, through the accounting communicator.
+
+:func:`exchange` takes this worker's payloads of several tensors (one :class:`Compressed` per
+tensor, in the same order on every worker) and returns, per tensor, the dense average over the
+``p`` workers of ``decompress(payload)``. It issues one collective per payload part per call, never
+one per tensor, all through :class:`lsgd.comm.Communicator` so the bytes are counted.
+
+``compressor.exchange == "all_reduce"`` (none, fp16, randomk; the payloads can be summed element-wise):
+    the values of all items are concatenated (one buffer per values dtype, in practice one) and
+    all-reduced once; fp16 divides by ``p`` before the sum to avoid float16 overflow (as torch's
+    ``fp16_compress_hook``), the others divide the float sum by ``p`` after it. randomk requires the
+    same indices on every worker (same seed, step, key and cf), which its shared-seed generator
+    ensures. Counted bytes: the concatenated values, ``sum_i c_i.nbytes`` (randomk's indices are
+    not sent).
+
+``compressor.exchange == "all_gather"`` (topk, dgc, redsync, qsgd):
+    1. sizes: when the payload sizes may differ across workers (``uniform=False``; by default
+       ``not compressor.fixed_size``: dgc and redsync select a data-dependent count), all-gather the
+       per-item value counts, one int64 tensor of ``len(items)`` elements (``8 * len(items)``
+       bytes). For fixed-size compressors (topk, qsgd: the count follows from the tensor's numel
+       and the cf, which every lsgd algorithm uses alike on all workers) the counts are known and
+       this collective is skipped;
+    2. concatenate values (promoted to one dtype), int32 indices (sparsifiers) and float32 scales
+       (qsgd); pad values and indices with zeros to the largest total count over the workers
+       (gloo's all-gather needs equal sizes), and all-gather each part once;
+    3. split each worker's buffers by its counts, accumulate every worker's decompressed items in
+       rank order and divide by ``p``.
+
+    Counted bytes, what this worker actually hands to the collectives::
+
+        [8 m]  +  M * (values element size + [4 for indices])  +  [4 m for qsgd scales]
+
+    with ``m = len(items)``, ``[8 m]`` only when sizes are exchanged, and ``M`` the maximum over
+    workers of the total values count (padding included; ``M = sum_i c_i.values.numel()`` for
+    fixed-size compressors, so the count equals ``sum_i c_i.nbytes``). When ``M == 0`` (every item
+    empty on every worker) the values and indices are not exchanged.
+
+With world size 1 (torch.distributed not initialized) nothing is communicated and the
+decompressed items are returned. An empty ``items`` list returns ``[]`` without communicating;
+every worker must then pass an empty list (the item count must agree across workers).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from lsgd.comm import Communicator
+from lsgd.compression.compressors import Compressed, Compressor
+
+
+def exchange(comm: Communicator, compressor: Compressor, items: list[Compressed], *,
+             uniform: bool | None = None) -> list[torch.Tensor]:
+    """Per item, the dense average over workers of ``compressor.decompress(item)``.
+
+    Args:
+        comm: the accounting communicator (its ``world_size``, ``all_reduce``, ``all_gather``).
+        compressor: the compressor that produced ``items`` (picks the collective by its
+            ``exchange`` attribute).
+        items: this worker's payloads, one per tensor, in the same order on all workers.
+        uniform: all-gather exchange only: True when every worker's item ``i`` has the same
+            values count (no size exchange), False to exchange the sizes; None (default):
+            ``compressor.fixed_size``. Must be the same on all workers.
+
+    Returns:
+        One tensor per item, of the item's original shape and dtype.
+
+    Raises:
+        ValueError: ``compressor.exchange`` is neither ``all_reduce`` nor ``all_gather``.
+    """
+    if not items:
+        return []
+    p = comm.world_size
+    if p == 1:
+        return [compressor.decompress(c) for c in items]
+    if compressor.exchange == "all_reduce":
+        return _exchange_all_reduce(comm, compressor, items, p)
+    if compressor.exchange == "all_gather":
+        uniform = compressor.fixed_size if uniform is None else uniform
+        return _exchange_all_gather(comm, compressor, items, p, uniform)
+    raise ValueError(f"compressor.exchange must be 'all_reduce' or 'all_gather', got {compressor.exchange!r}")
+
+
+def _exchange_all_reduce(comm, compressor, items, p):
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, c in enumerate(items):
+        by_dtype.setdefault(c.values.dtype, []).append(i)
+    summed: list[torch.Tensor | None] = [None] * len(items)
+    for positions in by_dtype.values():
+        flat = torch.cat([items[i].values.reshape(-1) for i in positions])
+        if compressor.predivide:
+            flat.div_(p)
+        comm.all_reduce(flat)
+        if not compressor.predivide:
+            if flat.is_floating_point():
+                flat.div_(p)
+            else:
+                flat = flat.double().div_(p)
+        offset = 0
+        for i in positions:
+            n = items[i].values.numel()
+            summed[i] = flat[offset : offset + n]
+            offset += n
+    out = []
+    for c, values in zip(items, summed):
+        avg = Compressed(values, c.indices, c.shape, c.dtype, scale=c.scale, send_indices=c.send_indices)
+        out.append(compressor.decompress(avg))
+    return out
+
+
+def _exchange_all_gather(comm, compressor, items, p, uniform):
+    device = items[0].values.device
+    own_counts = [c.values.numel() for c in items]
+    if uniform:
+        all_counts = [own_counts] * p
+    else:
+        counts = torch.tensor(own_counts, dtype=torch.int64, device=device)
+        all_counts = torch.stack(comm.all_gather(counts)).tolist()  # [p][m]
+    longest = max(sum(row) for row in all_counts)
+
+    values_dtype = functools.reduce(torch.promote_types, [c.values.dtype for c in items])
+    send_indices = compressor.sparse and items[0].send_indices
+    with_scale = items[0].scale is not None
+
+    gathered_values = gathered_indices = gathered_scales = None
+    if longest > 0:
+        values = torch.zeros(longest, dtype=values_dtype, device=device)
+        own = torch.cat([c.values.reshape(-1).to(values_dtype) for c in items])
+        values[: own.numel()] = own
+        gathered_values = comm.all_gather(values)
+        if send_indices:
+            indices = torch.zeros(longest, dtype=torch.int32, device=device)
+            own_idx = torch.cat([c.indices.reshape(-1).to(torch.int32) for c in items])
+            indices[: own_idx.numel()] = own_idx
+            gathered_indices = comm.all_gather(indices)
+    if with_scale:
+        scales = torch.cat([c.scale.reshape(-1).to(torch.float32) for c in items])
+        gathered_scales = comm.all_gather(scales)
+
+    accs = [torch.zeros(c.numel, dtype=c.dtype, device=device) for c in items]
+    for r in range(p):
+        offset = 0
+        for i, c in enumerate(items):
+            n = all_counts[r][i]
+            vals = gathered_values[r][offset : offset + n] if gathered_values is not None else c.values[:0]
+            if send_indices:
+                idx = gathered_indices[r][offset : offset + n] if gathered_indices is not None else c.indices[:0]
+            else:
+                idx = c.indices
+            scale = gathered_scales[r][i : i + 1] if gathered_scales is not None else None
+            offset += n
+            other = Compressed(vals, idx, c.shape, c.dtype, scale=scale, send_indices=c.send_indices)
+            compressor.add_to(accs[i], other)
+    return [acc.div_(p).reshape(c.shape) for acc, c in zip(accs, items)]

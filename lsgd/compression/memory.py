@@ -1,0 +1,190 @@
+"""Error-feedback memories: what a worker keeps of the compression error, per tensor.
+
+A memory holds state per tensor ``key`` (an int, e.g. the parameter's index in
+``model.parameters()``). Each step, for each tensor::
+
+    g_ef = memory.compensate(key, g)        # g plus what was not sent before
+    c    = compressor.compress(g_ef)
+    memory.update(key, g_ef, compressor.decompress(c))   # remember what was not sent
+
+* :class:`NoMemory`: no feedback (lossless compressors, or ``error_feedback=false``).
+* :class:`ErrorFeedback`: the residual ``r`` (Seide, Fu, Droppo, Li and Yu, "1-bit SGD",
+  Interspeech 2014; Karimireddy, Rebjock, Stich and Jaggi, "Error Feedback Fixes SignSGD", ICML 2019,
+  Algorithm 2 EF-SGD): ``g_ef = g + r``, ``r <- g_ef - sent``. Over T steps,
+  ``sum_t sent_t + r_T == sum_t g_t``: nothing is lost, only delayed.
+* :class:`DGCMemory`: DGC's momentum correction with factor masking (Lin et al., ICLR 2018,
+  Sec. 3.2 and Algorithm 1 lines 7-12).
+
+All state is kept as tensors on the gradient's device and saved by :meth:`Memory.state_dict`
+(checkpoints); tensors passed in are never modified.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Memory:
+    """Base error-feedback memory (interface); per-key state, checkpointable."""
+
+    def compensate(self, key: int, grad: torch.Tensor) -> torch.Tensor:
+        """The tensor to compress for ``grad`` of tensor ``key`` (same shape; ``grad`` untouched)."""
+        raise NotImplementedError
+
+    def update(self, key: int, g_ef: torch.Tensor, sent: torch.Tensor) -> None:
+        """Record what was sent: ``sent`` = decompress of this worker's own payload of ``g_ef``
+        (dense, same shape as ``g_ef``)."""
+        raise NotImplementedError
+
+    def reset(self, key: int | None = None) -> None:
+        """Zero the state of tensor ``key`` (of every tensor if None)."""
+        raise NotImplementedError
+
+    def residual(self, key: int) -> torch.Tensor | None:
+        """The error carried to the next step for tensor ``key`` (None if nothing is kept)."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
+
+def _check_shape(key: int, have: torch.Tensor, want: torch.Tensor) -> None:
+    if have.shape != want.shape:
+        raise ValueError(f"memory key {key}: stored state has shape {tuple(have.shape)}, "
+                         f"the tensor has shape {tuple(want.shape)}")
+
+
+class NoMemory(Memory):
+    """No error feedback: ``compensate`` returns ``grad`` itself, ``update`` does nothing."""
+
+    def compensate(self, key, grad):
+        return grad
+
+    def update(self, key, g_ef, sent):
+        return None
+
+    def reset(self, key=None):
+        return None
+
+    def residual(self, key):
+        return None
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        return None
+
+
+class ErrorFeedback(Memory):
+    """Residual error feedback (Seide et al. 2014; Karimireddy et al. 2019, EF-SGD).
+
+    ``compensate``: ``g_ef = g + r`` (a new tensor; ``r = 0`` at first);
+    ``update``: ``r <- g_ef - sent``.
+
+    Raises:
+        ValueError: the stored residual of ``key`` has another shape than the tensor.
+    """
+
+    def __init__(self):
+        self.residuals: dict[int, torch.Tensor] = {}
+
+    def compensate(self, key, grad):
+        r = self.residuals.get(key)
+        if r is None:
+            return grad.detach().clone()
+        _check_shape(key, r, grad)
+        return grad.detach() + r.to(device=grad.device, dtype=grad.dtype)
+
+    def update(self, key, g_ef, sent):
+        _check_shape(key, sent, g_ef)
+        self.residuals[key] = (g_ef.detach() - sent.detach().to(g_ef.dtype))
+
+    def reset(self, key=None):
+        if key is None:
+            for r in self.residuals.values():
+                r.zero_()
+        elif key in self.residuals:
+            self.residuals[key].zero_()
+
+    def residual(self, key):
+        return self.residuals.get(key)
+
+    def state_dict(self):
+        return {"residuals": {k: v.clone() for k, v in self.residuals.items()}}
+
+    def load_state_dict(self, state):
+        self.residuals = {int(k): v.clone() for k, v in state.get("residuals", {}).items()}
+
+
+class DGCMemory(Memory):
+    """DGC's momentum correction and factor masking (Lin et al., ICLR 2018, Sec. 3.2, Algorithm 1).
+
+    With momentum ``m``, per tensor: velocity ``u`` and accumulation ``v`` (both 0 at first).
+
+    * ``compensate(g)``: ``u <- m u + g``; ``v <- v + u``; returns ``g_ef = v`` (a copy).
+    * ``update(g_ef, sent)``: factor masking on the sent coordinates ``mask = sent != 0``:
+      ``v <- g_ef`` with ``v[mask] = 0``, ``u[mask] = 0``. (The mask is taken from the dense
+      ``sent``: a coordinate that was selected with value exactly 0 keeps its velocity; its
+      accumulation is 0 either way.)
+    * ``reset``: zeroes ``u`` and ``v``.
+
+    ``residual(key)`` is ``v``. The optimizer must then run without momentum (the memory applies it).
+
+    Raises:
+        ValueError: ``momentum`` outside [0, 1); stored state of another shape than the tensor.
+    """
+
+    def __init__(self, momentum: float):
+        if not 0 <= momentum < 1:
+            raise ValueError(f"DGCMemory momentum must be in [0, 1), got {momentum!r}")
+        self.momentum = float(momentum)
+        self.u: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
+
+    def compensate(self, key, grad):
+        g = grad.detach()
+        u, v = self.u.get(key), self.v.get(key)
+        if u is None:
+            u, v = g.clone(), g.clone()
+        else:
+            _check_shape(key, u, g)
+            u = u.to(device=g.device, dtype=g.dtype).mul_(self.momentum).add_(g)
+            v = v.to(device=g.device, dtype=g.dtype).add_(u)
+        self.u[key], self.v[key] = u, v
+        return v.clone()
+
+    def update(self, key, g_ef, sent):
+        _check_shape(key, sent, g_ef)
+        mask = sent != 0
+        self.v[key] = g_ef.detach().masked_fill(mask, 0)
+        if key in self.u:
+            self.u[key].masked_fill_(mask, 0)
+        else:
+            self.u[key] = torch.zeros_like(g_ef)
+
+    def reset(self, key=None):
+        keys = list(self.u) if key is None else [key]
+        for k in keys:
+            if k in self.u:
+                self.u[k].zero_()
+            if k in self.v:
+                self.v[k].zero_()
+
+    def residual(self, key):
+        return self.v.get(key)
+
+    def state_dict(self):
+        return {
+            "momentum": self.momentum,
+            "u": {k: t.clone() for k, t in self.u.items()},
+            "v": {k: t.clone() for k, t in self.v.items()},
+        }
+
+    def load_state_dict(self, state):
+        self.momentum = float(state.get("momentum", self.momentum))
+        self.u = {int(k): t.clone() for k, t in state.get("u", {}).items()}
+        self.v = {int(k): t.clone() for k, t in state.get("v", {}).items()}

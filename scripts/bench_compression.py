@@ -1,0 +1,191 @@
+"""Cost of the compressors, measured side by side in one run.
+
+    python scripts/bench_compression.py [--sizes 1000000 25000000] [--reps 7] [--workers 4]
+                                        [--threads N] [--device cpu|cuda] [--quick]
+
+Prints three tables (times are medians over ``--reps`` repetitions after one warm-up, in ms):
+
+(a) per compressor (none, fp16, topk@10, topk@1000, randomk@10, dgc@10, dgc@1000, redsync@1000,
+    qsgd) and tensor size (float32 elements): encode+decode time, the payload bytes, and the ratio
+    (encode+decode) / (dense all-reduce of the same tensor on ``--workers`` gloo ranks, spawned with
+    torch.multiprocessing in the same run, one thread each);
+(b) DGC's sampled-threshold top-k vs exact top-k at CF 1000 on the largest size (encode only):
+    the speedup (target >= 3x; Lin et al., ICLR 2018, Sec. 3 motivates the sampling by this cost);
+(c) GraVAC's multi-level compression (papers.md section 2): ``compress_further(topk@10 output, 100)``
+    vs top-k from scratch at 1000 on the raw tensor, and the same for dgc: time ratio
+    scratch / multi-level (GraVAC, Table 3: 1.4-1.8x for Top-k).
+
+``--quick`` uses sizes 100000 and 1000000 and 3 repetitions (a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from lsgd.compression import build
+
+CONFIGS = [
+    ("none", "none", {}),
+    ("fp16", "fp16", {}),
+    ("topk@10", "topk", {"cf": 10}),
+    ("topk@1000", "topk", {"cf": 1000}),
+    ("randomk@10", "randomk", {"cf": 10}),
+    ("dgc@10", "dgc", {"cf": 10}),
+    ("dgc@1000", "dgc", {"cf": 1000}),
+    ("redsync@1000", "redsync", {"cf": 1000}),
+    ("qsgd", "qsgd", {}),
+]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_time(fn, reps: int, device: torch.device) -> float:
+    """Median seconds of ``fn()`` over ``reps`` calls after one warm-up call."""
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def paired_times(fa, fb, reps: int, device: torch.device) -> tuple[float, float]:
+    """Median seconds of ``fa()`` and of ``fb()``, called alternately (a, b, a, b, ...) after one
+    warm-up each, so drifting load on a shared machine hits both alike."""
+    fa()
+    fb()
+    _sync(device)
+    ta, tb = [], []
+    for _ in range(reps):
+        for fn, times in ((fa, ta), (fb, tb)):
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(ta), statistics.median(tb)
+
+
+# -- dense all-reduce on gloo ranks ---------------------------------------------------------------
+def _allreduce_worker(rank, world, port, sizes, reps, queue):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=600))
+    try:
+        out = {}
+        for n in sizes:
+            x = torch.randn(n)
+            dist.all_reduce(x)  # warm-up
+            times = []
+            for _ in range(reps):
+                dist.barrier()
+                t0 = time.perf_counter()
+                dist.all_reduce(x)
+                times.append(time.perf_counter() - t0)
+            out[n] = statistics.median(times)
+        if rank == 0:
+            queue.put(out)
+    finally:
+        dist.destroy_process_group()
+
+
+def allreduce_times(sizes: list[int], reps: int, world: int) -> dict[int, float]:
+    """Median seconds of a dense float32 all-reduce of each size on ``world`` gloo ranks."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.start_processes(_allreduce_worker, args=(world, port, sizes, reps, queue), nprocs=world, join=True,
+                       start_method="spawn")
+    return queue.get()
+
+
+# -- tables -------------------------------------------------------------------------------------------
+def table(headers: list[str], rows: list[list]) -> str:
+    cells = [[str(c) for c in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    line = "  ".join(h.rjust(w) for h, w in zip(headers, widths))
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line, sep] + ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells])
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 25_000_000],
+                        help="tensor sizes in float32 elements")
+    parser.add_argument("--reps", type=int, default=7, help="timed repetitions per measurement")
+    parser.add_argument("--workers", type=int, default=4, help="gloo ranks of the dense all-reduce")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads for the compressors")
+    parser.add_argument("--device", default="cpu", help="device of the compressor timings")
+    parser.add_argument("--quick", action="store_true", help="sizes 100000 and 1000000, 3 repetitions")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes, args.reps = [100_000, 1_000_000], 3
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    sizes = sorted(args.sizes)
+
+    t_start = time.perf_counter()
+    ar = allreduce_times(sizes, args.reps, args.workers)
+    print(f"device {device}, {torch.get_num_threads()} torch threads for compression; dense all-reduce on "
+          f"{args.workers} gloo ranks (1 thread each); medians of {args.reps} reps\n")
+
+    rows = []
+    for n in sizes:
+        x = torch.randn(n, generator=torch.Generator().manual_seed(0)).to(device)
+        for label, name, params in CONFIGS:
+            comp = build(name, **params)
+            c = comp.compress(x, step=1, key=0)
+
+            def enc_dec(comp=comp, x=x):
+                comp.decompress(comp.compress(x, step=1, key=0))
+
+            t = median_time(enc_dec, args.reps, device)
+            rows.append([label, f"{n:,}", f"{t * 1e3:.1f}", f"{c.nbytes:,}", f"{ar[n] * 1e3:.1f}",
+                         f"{t / ar[n]:.2f}"])
+    print("(a) encode+decode vs dense all-reduce")
+    print(table(["compressor", "size", "enc+dec ms", "payload B", "allreduce ms", "ratio"], rows))
+
+    n = sizes[-1]
+    x = torch.randn(n, generator=torch.Generator().manual_seed(1)).to(device)
+    topk, dgc = build("topk", cf=1000), build("dgc", cf=1000)
+    t_topk, t_dgc = paired_times(lambda: topk.compress(x), lambda: dgc.compress(x, step=1), args.reps, device)
+    print(f"\n(b) sampled vs exact top-k at CF 1000 on {n:,} floats (encode)")
+    print(table(["exact topk ms", "dgc ms", "speedup"],
+                [[f"{t_topk * 1e3:.1f}", f"{t_dgc * 1e3:.1f}", f"{t_topk / t_dgc:.2f}x"]]))
+
+    rows = []
+    for label, name in (("topk", "topk"), ("dgc", "dgc")):
+        comp = build(name, cf=10)
+        first = comp.compress(x, step=1)
+        t_further, t_scratch = paired_times(lambda comp=comp, first=first: comp.compress_further(first, 100, step=1),
+                                            lambda comp=comp: comp.compress(x, step=1, cf=1000), args.reps, device)
+        t_first = median_time(lambda comp=comp: comp.compress(x, step=1), args.reps, device)
+        rows.append([label, f"{t_first * 1e3:.1f}", f"{t_further * 1e3:.1f}", f"{t_scratch * 1e3:.1f}",
+                     f"{t_scratch / t_further:.2f}x"])
+    print(f"\n(c) GraVAC multi-level on {n:,} floats: compress_further(@10 output, 100) vs from scratch @1000")
+    print(table(["compressor", "@10 ms", "further ms", "scratch@1000 ms", "scratch/further"], rows))
+    print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

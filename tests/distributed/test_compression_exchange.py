@@ -1,0 +1,126 @@
+"""exchange() of compressed payloads on real 2- and 4-rank gloo groups against single-process references.
+
+Every rank compresses its own data (seeded by rank); the reference recomputes all ranks' payloads
+locally and averages their decompressions. Byte counts are checked against the analytic padded sizes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from gloo import run_gloo
+
+from lsgd.comm import Communicator
+from lsgd.compression import Compressed, build, exchange
+
+SHAPES = [(5, 7), (13,), (3000,), (3, 4, 2)]
+STEP = 3
+CASES = [
+    ("none", {}),
+    ("fp16", {}),
+    ("randomk", {"cf": 10, "seed": 7}),
+    ("topk", {"cf": 10}),
+    ("dgc", {"cf": 20, "seed": 7}),
+    ("redsync", {"cf": 10}),
+    ("qsgd", {"levels": 16, "seed": 7}),
+]
+
+
+def data(rank: int, key: int, shape) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * rank + key)
+    x = torch.randn(*shape, generator=g)
+    return x * torch.rand(*shape, generator=g).pow(4) * 10  # spread magnitudes: dgc/redsync counts vary
+
+
+def payloads(name: str, params: dict, rank: int) -> list[Compressed]:
+    extra = {"rank": rank} if name == "qsgd" else {}
+    comp = build(name, **params, **extra)
+    return [comp.compress(data(rank, key, shape), step=STEP, key=key) for key, shape in enumerate(SHAPES)]
+
+
+def expected_bytes(comp, per_rank: list[list[Compressed]], rank: int) -> int:
+    """Analytic bytes this rank hands to the collectives (docs of lsgd.compression.exchange)."""
+    mine = per_rank[rank]
+    if comp.exchange == "all_reduce":
+        return sum(c.values.numel() * c.values.element_size() for c in mine)
+    m = len(mine)
+    sizes = 0 if comp.fixed_size else 8 * m  # topk / qsgd: sizes known, not exchanged
+    longest = max(sum(c.values.numel() for c in items) for items in per_rank)
+    per_element = mine[0].values.element_size() + (4 if comp.sparse else 0)
+    scales = 4 * m if mine[0].scale is not None else 0
+    return sizes + longest * per_element + scales
+
+
+def _worker(rank, world):
+    for name, params in CASES:
+        comm = Communicator()
+        comp = build(name, **params)  # qsgd: rank from torch.distributed
+        mine = [comp.compress(data(rank, key, shape), step=STEP, key=key) for key, shape in enumerate(SHAPES)]
+        per_rank = [payloads(name, params, r) for r in range(world)]
+        # this rank's payloads are the ones the reference recomputes for it
+        for a, b in zip(mine, per_rank[rank]):
+            assert torch.equal(a.values, b.values), name
+        outs = exchange(comm, comp, mine)
+        for i, out in enumerate(outs):
+            ref = sum(comp.decompress(items[i]) for items in per_rank) / world
+            assert out.shape == SHAPES[i] and out.dtype == torch.float32
+            tol = {"rtol": 2e-3, "atol": 2e-3} if name == "fp16" else {"rtol": 1e-5, "atol": 1e-6}
+            assert torch.allclose(out, ref, **tol), (name, i, (out - ref).abs().max())
+        assert comm.stats.comm_bytes == expected_bytes(comp, per_rank, rank), (name, comm.stats.comm_bytes)
+        if comp.fixed_size:  # no padding, no size exchange: exactly the payload bytes
+            assert comm.stats.comm_bytes == sum(c.nbytes for c in mine), name
+        if name in ("dgc", "redsync"):
+            counts = [sum(c.values.numel() for c in items) for items in per_rank]
+            assert len(set(counts)) > 1, (name, counts)  # the unequal-size path was exercised
+
+    # randomk: the indices are the same on every rank (gathered raw, uncounted)
+    comp = build("randomk", cf=10, seed=7)
+    c = comp.compress(data(rank, 2, (3000,)), step=STEP, key=2)
+    got = [torch.empty_like(c.indices) for _ in range(world)]
+    dist.all_gather(got, c.indices)
+    assert all(torch.equal(g, c.indices) for g in got)
+
+    _crafted_unequal(rank, world)
+
+
+def _crafted_unequal(rank, world):
+    """Hand-made payloads of unequal sizes (exchanged with ``uniform=False``): item 0 has k = rank
+    (k = 0 on rank 0), item 1 has 3 - rank elements (none on rank 3), item 2 is empty everywhere;
+    then a call where every item is empty everywhere."""
+    comp = build("topk", cf=10)
+
+    def item(r, n, k, key):
+        idx = torch.arange(k, dtype=torch.int32) * 2 + r % 2
+        vals = torch.arange(1, k + 1, dtype=torch.float32) * (r + 1) + key
+        return Compressed(vals, idx, torch.Size([n]), torch.float32)
+
+    def items(r):
+        return [item(r, 20, r, 0), item(r, 9, max(0, 3 - r), 1), item(r, 6, 0, 2)]
+
+    comm = Communicator()
+    outs = exchange(comm, comp, items(rank), uniform=False)
+    for i, out in enumerate(outs):
+        ref = sum(comp.decompress(items(r)[i]) for r in range(world)) / world
+        assert torch.allclose(out, ref), (i, out, ref)
+    longest = max(sum(c.values.numel() for c in items(r)) for r in range(world))
+    assert comm.stats.comm_bytes == 8 * 3 + longest * 8
+
+    comm = Communicator()
+    empty = [item(rank, 4, 0, 0), item(rank, 5, 0, 1)]
+    outs = exchange(comm, comp, empty, uniform=False)
+    assert all(torch.equal(o, torch.zeros(n)) for o, n in zip(outs, (4, 5)))
+    assert comm.stats.comm_bytes == 8 * 2  # only the counts travel
+    assert exchange(comm, comp, []) == [] and comm.stats.comm_bytes == 16
+    # the same payloads through dgc (variable size: sizes exchanged by default)
+    comm = Communicator()
+    dgc = build("dgc", cf=10)
+    outs = exchange(comm, dgc, items(rank))
+    for i, out in enumerate(outs):
+        assert torch.allclose(out, sum(dgc.decompress(items(r)[i]) for r in range(world)) / world)
+    assert comm.stats.comm_bytes == 8 * 3 + longest * 8
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_exchange_matches_single_process_mean(world):
+    run_gloo(_worker, world)
