@@ -7,6 +7,9 @@ torch's ``powerSGD_hook`` on every DDP bucket. This module only wraps the hook t
 sends, following the hook's own rules (``torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py``):
 
 * before ``start_powerSGD_iter`` iterations: one all-reduce of the whole bucket (vanilla DDP);
+* on gloo each bucket's chain of all-reduces completes inside the hook (torch issues the P and Q
+  all-reduces from future callbacks, which with several buckets in flight can reach gloo in a
+  different order on different ranks, a collective mismatch); on NCCL it overlaps backward;
 * afterwards, per bucket, three all-reduces: the concatenation of the tensors that are not worth
   compressing (vectors, and matrices failing ``(n + m) r min_compression_rate < n m``), the
   concatenated P factors (``n x r`` per compressed ``n x m`` matrix, ``r = min(n, m, rank)``),
@@ -27,6 +30,7 @@ from __future__ import annotations
 import time
 
 import torch
+import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
 
 from lsgd.comm import Communicator
@@ -90,6 +94,10 @@ class PowerSGD:
             warm_start=bool(warm_start),
             random_seed=int(seed),
         )
+        # torch's hook issues the P and Q all-reduces from future callbacks; with several buckets in
+        # flight on gloo the ranks can issue them in different orders (a collective mismatch that
+        # aborts gloo), so on gloo each bucket's chain completes inside the hook.
+        self.overlap = dist.is_initialized() and dist.get_backend(comm.group) == "nccl"
         self.dense_bytes = 0  # bytes of the buckets handed to the hook (what plain DDP would send)
         self.sent_bytes = 0   # bytes the hook all-reduced
 
@@ -123,10 +131,13 @@ class PowerSGD:
         def _done(f):
             seconds = time.perf_counter() - t0
             for n in sizes:
-                self.comm.record("all_reduce", n * esize, seconds / len(sizes), overlapped=True)
+                self.comm.record("all_reduce", n * esize, seconds / len(sizes), overlapped=self.overlap)
             return f.value()
 
-        return fut.then(_done)
+        fut = fut.then(_done)
+        if not self.overlap:
+            fut.wait()
+        return fut
 
     def state_dict(self) -> dict:
         """torch's PowerSGD state without the process group (error, P and Q memories, iter, RNG)."""

@@ -218,7 +218,7 @@ def test_gravac_writes_per_step_rows_and_resumes_exactly(tmp_path):
 
 
 def test_compression_study_sweep_and_report(tmp_path):
-    res = lsgd(["train", "-m", *TINY, "variant=dense,topk_10x,gravac_eps0.7", "algo.window=5",
+    res = lsgd(["train", "-m", *TINY, "variant=dense,topk_10x,gravac_eps0.7",
                 f"results_dir={tmp_path}/r"], tmp_path, timeout=400)
     _ok(res)
     runs = {yaml.safe_load((r / "config.yaml").read_text())["algo"]["name"]: r for r in run_dirs(tmp_path / "r")}

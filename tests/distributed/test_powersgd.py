@@ -45,7 +45,12 @@ def _worker(rank, world):
         process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=START,
         min_compression_rate=2.0, use_error_feedback=True, warm_start=True, random_seed=0,
     )
-    ddp.register_comm_hook(state, torch_powersgd.powerSGD_hook)
+    def hook(state, bucket):  # torch's hook, each bucket completed in turn (gloo needs one collective order)
+        fut = torch_powersgd.powerSGD_hook(state, bucket)
+        fut.wait()
+        return fut
+
+    ddp.register_comm_hook(state, hook)
     ref = train(ddp, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), rank)
 
     # lsgd: algo=compressed, compressor=powersgd; count the bytes torch's all_reduce really receives
