@@ -38,8 +38,8 @@ evaluation, checkpoint barriers) are executed but not counted: they are measurem
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import torch
 import torch.distributed as dist

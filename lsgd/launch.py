@@ -20,9 +20,9 @@ import re
 import shutil
 import socket
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import yaml
 

@@ -27,7 +27,7 @@ step, applied with ``torch.optim.lr_scheduler.LambdaLR`` (its state is checkpoin
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 

@@ -14,7 +14,7 @@ All communication goes through the :class:`lsgd.comm.Communicator` given at cons
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn

@@ -27,7 +27,12 @@ from lsgd.data.catalog import (
     resolve,
 )
 from lsgd.data.loader import ShardedLoader, eval_batches
-from lsgd.data.partition import derive_seed, dirichlet_partition, iid_partition, label_entropy
+from lsgd.data.partition import (
+    derive_seed,
+    dirichlet_partition,
+    iid_partition,
+    label_entropy,
+)
 
 __all__ = [
     "DATASETS",

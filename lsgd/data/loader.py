@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
 from lsgd.data.catalog import resolve
-from lsgd.data.partition import derive_seed, dirichlet_partition, generator, iid_partition
+from lsgd.data.partition import (
+    derive_seed,
+    dirichlet_partition,
+    generator,
+    iid_partition,
+)
 from lsgd.errors import ConfigError
 
 

@@ -8,7 +8,7 @@ CIFAR) and normalized per batch, which costs microseconds.
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F

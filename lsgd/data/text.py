@@ -7,8 +7,8 @@ import functools
 import glob
 import itertools
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 import torch

@@ -8,7 +8,6 @@ import time
 
 import pytest
 import yaml
-
 from runner import TINY, lsgd, metrics, run_dirs, session_processes, summary
 
 

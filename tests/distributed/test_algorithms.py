@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn.functional as F
+from gloo import run_gloo
 from torch import nn
 
-from gloo import run_gloo
 from lsgd.algorithms import build_algorithm
 from lsgd.comm import Communicator, NetworkModel
 from lsgd.optim import build_optimizer

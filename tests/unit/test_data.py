@@ -285,7 +285,7 @@ def _write_cifar10(root: Path, per_batch: int, monkeypatch) -> dict:
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
     written = {}
-    md5 = lambda p: hashlib.md5(p.read_bytes()).hexdigest()  # noqa: E731
+    md5 = lambda p: hashlib.md5(p.read_bytes()).hexdigest()
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         data = rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8)
         labels = rng.integers(0, 10, per_batch).tolist()

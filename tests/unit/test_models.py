@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from lsgd.data import DatasetInfo
-from lsgd.models import DEFAULTS, MODELS, build_model, check_compatible
 from lsgd.errors import ConfigError
+from lsgd.models import DEFAULTS, MODELS, build_model, check_compatible
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "model"
 FASHION = DatasetInfo("fashion_mnist", "classification", (1, 28, 28), 10, 60000)
