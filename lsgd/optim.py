@@ -27,6 +27,7 @@ step, applied with ``torch.optim.lr_scheduler.LambdaLR`` (its state is checkpoin
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterable
 
 import torch
@@ -61,8 +62,8 @@ def scaled_lr(cfg: dict, world_size: int) -> float:
     if rule == "adasum":
         local = 1
         algo = cfg.get("algo", {})
-        if algo.get("hierarchical"):
-            local = int(algo.get("local_size") or 1)
+        if algo.get("hierarchical"):  # workers per node, as lsgd.algorithms.adasum resolves it
+            local = int(algo.get("local_size") or os.environ.get("LOCAL_WORLD_SIZE", 1))
         return lr * min(ratio, float(optim.get("adasum_lr_factor", 2.0))) * local
     raise ConfigError(f"optim.lr_scaling={rule!r} is unknown; allowed: {', '.join(LR_SCALINGS)}")
 SCHEDULES = ("constant", "step", "cosine")
