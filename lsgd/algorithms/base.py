@@ -72,6 +72,13 @@ class Algorithm:
     def after_step(self, step: int) -> None:
         """Called after the optimizer step; ``step`` = completed local steps (1-based)."""
 
+    def broadcast_buffers(self) -> None:
+        """Broadcast the floating-point buffers (BatchNorm statistics) from rank 0 (counted), as
+        DDP's ``broadcast_buffers`` does, so synchronous methods keep identical replicas."""
+        buffers = float_buffers(self.model)
+        if buffers:
+            self.comm.broadcast_(buffers, src=0)
+
     def metrics(self) -> dict:
         """Extra keys merged into every metrics record (e.g. ``cf``); called on every rank at each
         record, so it may reset per-record accumulators."""

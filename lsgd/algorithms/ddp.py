@@ -25,7 +25,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from lsgd.algorithms.base import Algorithm, float_buffers
+from lsgd.algorithms.base import Algorithm
 
 
 class DDP(Algorithm):
@@ -68,9 +68,7 @@ class DDP(Algorithm):
 
     def after_step(self, step: int) -> None:
         self.comm.round()
-        buffers = float_buffers(self.model)
-        if buffers:
-            self.comm.broadcast_(buffers, src=0)
+        self.broadcast_buffers()
 
     @property
     def models_in_sync(self) -> bool:

@@ -38,7 +38,7 @@ import time
 import torch
 from torch import nn
 
-from lsgd.algorithms.base import Algorithm, float_buffers
+from lsgd.algorithms.base import Algorithm
 from lsgd.algorithms.compressed import build_compressor
 from lsgd.compression import compressors as C
 from lsgd.compression.adaptive import GraVACController
@@ -167,9 +167,7 @@ class GraVAC(Algorithm):
 
     def after_step(self, step: int) -> None:
         self.local_step = step
-        buffers = float_buffers(self.model)
-        if buffers:
-            self.comm.broadcast_(buffers, src=0)
+        self.broadcast_buffers()
 
     @property
     def models_in_sync(self) -> bool:
