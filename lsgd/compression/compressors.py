@@ -33,6 +33,7 @@ workers. Selected indices are returned sorted ascending.
 
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -169,7 +170,7 @@ def _unique(idx: torch.Tensor, n: int) -> torch.Tensor:
 
 
 # -- base ------------------------------------------------------------------------------------------
-class Compressor:
+class Compressor(abc.ABC):
     """Base class: compress a tensor to a :class:`Compressed` payload and back.
 
     Attributes:
@@ -200,6 +201,7 @@ class Compressor:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(cf={self.cf:g})"
 
+    @abc.abstractmethod
     def compress(self, tensor: torch.Tensor, *, step: int = 0, key: int = 0, cf: float | None = None) -> Compressed:
         """Compress ``tensor`` (any shape); ``cf`` overrides :attr:`cf` for this call.
 
@@ -212,6 +214,7 @@ class Compressor:
         """
         raise NotImplementedError
 
+    @abc.abstractmethod
     def decompress(self, c: Compressed) -> torch.Tensor:
         """Dense tensor of ``c.shape`` and ``c.dtype`` (zeros where a sparsifier sent nothing)."""
         raise NotImplementedError
@@ -299,6 +302,7 @@ class Sparsifier(Compressor):
     lossy = True
     send_indices = True
 
+    @abc.abstractmethod
     def select(self, x: torch.Tensor, k: int, cf: float, *, step: int, key: int, level: int) -> torch.Tensor:
         """Ascending int64 indices into the 1-D tensor ``x`` to keep (nominally ``k`` of them).
 

@@ -21,32 +21,40 @@ All state is kept as tensors on the gradient's device and saved by :meth:`Memory
 
 from __future__ import annotations
 
+import abc
+
 import torch
 
 
-class Memory:
+class Memory(abc.ABC):
     """Base error-feedback memory (interface); per-key state, checkpointable."""
 
+    @abc.abstractmethod
     def compensate(self, key: int, grad: torch.Tensor) -> torch.Tensor:
         """The tensor to compress for ``grad`` of tensor ``key`` (same shape; ``grad`` untouched)."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def update(self, key: int, g_ef: torch.Tensor, sent: torch.Tensor) -> None:
         """Record what was sent: ``sent`` = decompress of this worker's own payload of ``g_ef``
         (dense, same shape as ``g_ef``)."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def reset(self, key: int | None = None) -> None:
         """Zero the state of tensor ``key`` (of every tensor if None)."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def residual(self, key: int) -> torch.Tensor | None:
         """The error carried to the next step for tensor ``key`` (None if nothing is kept)."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def state_dict(self) -> dict:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def load_state_dict(self, state: dict) -> None:
         raise NotImplementedError
 
