@@ -112,6 +112,16 @@ def _worker(rank, world):
     assert rows[0]["low_fraction"] == 1.0  # the first period is forced low
     assert abs(nbytes - sum(dense / r["cf"] for r in rows)) < 1e-6 * nbytes
 
+    # Accordion over torch's PowerSGD (rank 2 low / rank 1 high), one bucket per layer
+    acc_p = {**acc, "compressor": "powersgd", "rank_low": 2, "rank_high": 1, "bucket_cap_mb": 0.001,
+             "start_iter": 2, "warm_start": True, "min_compression_rate": 1.0}
+    losses, nbytes, algo, _ = train(acc_p, rank, steps_per_epoch=10)
+    check_learns("accordion-powersgd", losses)
+    rows = algo.pop_step_rows()
+    assert rows[0]["low_fraction"] == 1.0
+    assert nbytes < ddp_bytes / 2
+    assert algo.powersgd_high.sent_bytes > 0, "no bucket ever used the high-compression (rank 1) state"
+
 
 def test_every_compression_algorithm_learns_and_sends_fewer_bytes():
     run_gloo(_worker, 4)
