@@ -10,6 +10,11 @@ Public API (see the submodules for details):
 * torch's PowerSGD comm hook with exact byte accounting (``lsgd.compression.powersgd``).
 """
 
+from lsgd.compression.adaptive import (
+    AccordionController,
+    GraVACController,
+    GraVACDecision,
+)
 from lsgd.compression.compressors import (
     COMPRESSORS,
     DGC,
@@ -29,6 +34,7 @@ from lsgd.compression.compressors import (
 )
 from lsgd.compression.exchange import exchange
 from lsgd.compression.memory import DGCMemory, ErrorFeedback, Memory, NoMemory
+from lsgd.compression.powersgd import PowerSGD
 
 __all__ = [
     "COMPRESSORS",
@@ -36,13 +42,17 @@ __all__ = [
     "FP16",
     "QSGD",
     "SPARSIFIERS",
+    "AccordionController",
     "Compressed",
     "Compressor",
     "DGCMemory",
     "ErrorFeedback",
+    "GraVACController",
+    "GraVACDecision",
     "Memory",
     "NoCompression",
     "NoMemory",
+    "PowerSGD",
     "RandomK",
     "RedSync",
     "Sparsifier",
