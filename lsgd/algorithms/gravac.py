@@ -27,6 +27,10 @@ configured network (``network.*``). A laptop run then sees the communication sav
 would, and the throughputs of theta_min and the candidate differ by more than their gains, so the
 settling rule compares real trade-offs.
 
+With ``algo.compressor=dgc`` GraVAC uses DGC's sampled-threshold selection with plain error
+feedback (the gain is defined on ``g_ef = g + r``); DGC's momentum correction and density warm-up
+belong to the static ``compressed`` algorithm, and the optimizer keeps its own momentum here.
+
 Every step writes a compression row (``cf``, ``cf_min``, ``cf_candidate``, ``gain_min``,
 ``gain_candidate``, ``gain``, ``sent``) to metrics.jsonl (docs/run_format.md).
 """
