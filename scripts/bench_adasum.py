@@ -12,14 +12,18 @@ On ``--workers`` gloo ranks (spawned, one thread each) it times, alternating the
 for two lists: ResNet-50's parameter shapes (``torchvision.models.resnet50()``, 161 tensors, 25.6M
 float32) and the leading ResNet-50 shapes up to 1M floats. A repeat's time is the slowest rank's
 (max over ranks); the table shows medians over repeats (ms) and the ratio adasum / all-reduce
-(target <= 1.5; Maleki et al. 2021: "almost as efficient as simply summing"). ``--quick``: 3 repeats
-and the 1M list only.
+(target <= 1.5; Maleki et al. 2021: "almost as efficient as simply summing"), and the CPU time
+(user + system, all threads of the process, mean over ranks and repeats, ms) each method costs one
+rank: when ranks x CPU per rank exceeds cores x wall time the run is CPU-bound (more ranks than
+cores), and the wall ratio is the CPU ratio rather than the network's. ``--quick``: 3 repeats and
+the 1M list only.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import socket
 import statistics
 import time
@@ -56,13 +60,21 @@ def coalesced_all_reduce(tensors: list[torch.Tensor]) -> None:
         offset += t.numel()
 
 
-def timed(fn, tensors) -> float:
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process (all threads: gloo's transport thread too)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def timed(fn, tensors) -> tuple[float, float]:
+    """(wall seconds of the slowest rank, CPU seconds of this rank) of ``fn(tensors)``."""
     dist.barrier()
-    t0 = time.perf_counter()
+    c0, t0 = cpu_seconds(), time.perf_counter()
     fn(tensors)
     dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    cpu = cpu_seconds() - c0
     dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-    return float(dt)
+    return float(dt), cpu
 
 
 def worker(rank: int, world: int, port: int, lists: list[str], repeats: int, queue) -> None:
@@ -75,6 +87,7 @@ def worker(rank: int, world: int, port: int, lists: list[str], repeats: int, que
             ref = [torch.randn(s, generator=g) for s in shapes(which)]
             work = [t.clone() for t in ref]
             times = {"adasum": [], "all_reduce": []}
+            cpu = {"adasum": [], "all_reduce": []}
             fns = {"adasum": adasum_reduce_, "all_reduce": coalesced_all_reduce}
             timed(adasum_reduce_, work)  # warm-up (connections, allocator)
             timed(coalesced_all_reduce, work)
@@ -83,11 +96,17 @@ def worker(rank: int, world: int, port: int, lists: list[str], repeats: int, que
                 for name in order:
                     for w, r in zip(work, ref):
                         w.copy_(r)
-                    times[name].append(timed(fns[name], work))
+                    wall, cpu_s = timed(fns[name], work)
+                    times[name].append(wall)
+                    cpu[name].append(cpu_s)
+            mean_cpu = torch.tensor([statistics.mean(cpu["adasum"]), statistics.mean(cpu["all_reduce"])],
+                                    dtype=torch.float64)
+            dist.all_reduce(mean_cpu)
+            mean_cpu /= world
             if rank == 0:
                 n = sum(t.numel() for t in ref)
                 queue.put((world, which, len(ref), n, statistics.median(times["adasum"]),
-                           statistics.median(times["all_reduce"])))
+                           statistics.median(times["all_reduce"]), *mean_cpu.tolist()))
     finally:
         dist.destroy_process_group()
 
@@ -114,9 +133,11 @@ def main(argv=None) -> None:
         mp.spawn(worker, args=(world, free_port(), args.lists, args.repeats, queue), nprocs=world, join=True)
         while not queue.empty():
             rows.append(queue.get())
-    print(f"{'workers':>7} {'list':>9} {'tensors':>7} {'floats':>10} {'adasum_ms':>10} {'allreduce_ms':>12} {'ratio':>6}")
-    for world, which, k, n, ta, tr in rows:
-        print(f"{world:>7} {which:>9} {k:>7} {n:>10} {ta * 1e3:>10.1f} {tr * 1e3:>12.1f} {ta / tr:>6.2f}")
+    print(f"{'workers':>7} {'list':>9} {'tensors':>7} {'floats':>10} {'adasum_ms':>10} {'allreduce_ms':>12} "
+          f"{'ratio':>6} {'adasum_cpu_ms':>13} {'allreduce_cpu_ms':>16}")
+    for world, which, k, n, ta, tr, ca, cr in rows:
+        print(f"{world:>7} {which:>9} {k:>7} {n:>10} {ta * 1e3:>10.1f} {tr * 1e3:>12.1f} {ta / tr:>6.2f} "
+              f"{ca * 1e3:>13.1f} {cr * 1e3:>16.1f}")
     print(f"(medians of {args.repeats} repeats, slowest rank per repeat; {os.cpu_count()} CPU cores shared by all ranks)")
 
 

@@ -24,9 +24,10 @@ DGC's momentum correction (Lin et al. 2018, Sec. 3.2) takes over the optimizer's
 into the compressor's memory (u <- m u + g; v <- v + u) and the optimizer runs with momentum 0.
 
 Accounting: the exact payload bytes each worker hands to the collectives (``Compressed.nbytes``
-summed, padding of unequal all-gathers included), counted by the communicator; one step = one
-round. The record key ``cf`` is the effective compression factor since the previous record:
-dense gradient bytes / gradient bytes sent.
+summed, plus the size exchange and padding of unequal all-gathers; an item whose sparse payload
+would outgrow the dense tensor travels dense, :mod:`lsgd.compression.exchange`), counted by the
+communicator; one step = one round. The record key ``cf`` is the effective compression factor
+since the previous record: dense gradient bytes / gradient bytes sent.
 """
 
 from __future__ import annotations
@@ -137,9 +138,11 @@ class Compressed(DDP):
         grads = bucket.gradients()
         keys = [self.param_index[id(p)] for p in bucket.parameters()]
         items = self.compress_bucket(grads, keys)
+        before = self.comm.stats.comm_bytes
         outs = exchange(self.comm, self.compressor, items)
         self.dense_bytes += sum(g.numel() * g.element_size() for g in grads)
-        self.sent_bytes += sum(c.nbytes for c in items)
+        # what the exchange handed to collectives (sizes, padding, dense fallback); one worker sends nothing
+        self.sent_bytes += (self.comm.stats.comm_bytes - before) if self.comm.world_size > 1 else sum(c.nbytes for c in items)
         buf = bucket.buffer()
         offset = 0
         for out in outs:

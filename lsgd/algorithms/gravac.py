@@ -142,6 +142,7 @@ class GraVAC(Algorithm):
             t_min = t_cand = wall
         decision = self.controller.observe(gain_min, gain_cand, t_min, samples, t_iter_candidate_s=t_cand)
 
+        before = self.comm.stats.comm_bytes
         if decision.sent == "dense":
             items = [self.dense.compress(g) for g in g_efs]
             outs = exchange(self.comm, self.dense, items)
@@ -152,7 +153,8 @@ class GraVAC(Algorithm):
                 self.memory.update(key, g_ef, self.compressor.decompress(c))
             outs = exchange(self.comm, self.compressor, items)
         dense_bytes = sum(g.numel() * g.element_size() for g in g_efs)
-        sent_bytes = sum(c.nbytes for c in items)
+        # what the exchange handed to collectives; one worker sends nothing
+        sent_bytes = (self.comm.stats.comm_bytes - before) if self.comm.world_size > 1 else sum(c.nbytes for c in items)
         for key, out in zip(keys, outs):
             self.params[key].grad.copy_(out)
         self.comm.round()

@@ -26,14 +26,22 @@ one per tensor, all through :class:`lsgd.comm.Communicator` so the bytes are cou
     3. split each worker's buffers by its counts, accumulate every worker's decompressed items in
        rank order and divide by ``p``.
 
+    Dense format: a sparsifier's item whose largest payload over the workers (values and int32
+    indices) would be at least the dense tensor's size (``max_r count_r * (value size + 4) >=
+    numel * element size``, e.g. top-k keeping 99% as Accordion's low level does) travels dense:
+    the decompressed tensors (zeros where nothing was selected) are all-reduced and divided by
+    ``p``, which is the same average for fewer bytes, so no item ever costs more than the dense
+    all-reduce. Every worker decides from the same counts, so all agree.
+
     Counted bytes, what this worker actually hands to the collectives::
 
         [8 m]  +  M * (values element size + [4 for indices])  +  [4 m for qsgd scales]
 
     with ``m = len(items)``, ``[8 m]`` only when sizes are exchanged, and ``M`` the maximum over
-    workers of the total values count (padding included; ``M = sum_i c_i.values.numel()`` for
-    fixed-size compressors, so the count equals ``sum_i c_i.nbytes``). When ``M == 0`` (every item
-    empty on every worker) the values and indices are not exchanged.
+    workers of the total values count of the items that travel sparse (padding included; ``M =
+    sum_i c_i.values.numel()`` for fixed-size compressors, so the count equals ``sum_i
+    c_i.nbytes``), plus ``numel * element size`` for each item that travels dense. When ``M == 0``
+    (every item empty on every worker) the values and indices are not exchanged.
 
 With world size 1 (torch.distributed not initialized) nothing is communicated and the
 decompressed items are returned. An empty ``items`` list returns ``[]`` without communicating;
@@ -47,7 +55,9 @@ import functools
 import torch
 
 from lsgd.comm import Communicator
-from lsgd.compression.compressors import Compressed, Compressor
+from lsgd.compression.compressors import Compressed, Compressor, NoCompression
+
+_IDENTITY = NoCompression()
 
 
 def exchange(comm: Communicator, compressor: Compressor, items: list[Compressed], *,
@@ -109,6 +119,15 @@ def _exchange_all_reduce(comm, compressor, items, p):
     return out
 
 
+def dense_is_cheaper(c: Compressed, count: int) -> bool:
+    """Whether a sparse payload of ``count`` values (plus int32 indices) of item ``c`` is at least
+    as large as the dense tensor (``numel * element size`` bytes): then it travels dense."""
+    if c.indices is None or not c.send_indices:
+        return False
+    dense = c.numel * torch.empty((), dtype=c.dtype).element_size()
+    return count * (c.values.element_size() + c.indices.element_size()) >= dense
+
+
 def _exchange_all_gather(comm, compressor, items, p, uniform):
     device = items[0].values.device
     own_counts = [c.values.numel() for c in items]
@@ -117,6 +136,26 @@ def _exchange_all_gather(comm, compressor, items, p, uniform):
     else:
         counts = torch.tensor(own_counts, dtype=torch.int64, device=device)
         all_counts = torch.stack(comm.all_gather(counts)).tolist()  # [p][m]
+    dense = [dense_is_cheaper(c, max(row[i] for row in all_counts)) for i, c in enumerate(items)]
+    if not any(dense):
+        return _gather_sparse(comm, compressor, items, all_counts, p)
+    out: list[torch.Tensor | None] = [None] * len(items)
+    pos = [i for i, d in enumerate(dense) if d]
+    as_dense = [Compressed(compressor.decompress(items[i]).reshape(-1), None, items[i].shape, items[i].dtype)
+                for i in pos]
+    for i, t in zip(pos, _exchange_all_reduce(comm, _IDENTITY, as_dense, p)):
+        out[i] = t
+    pos = [i for i, d in enumerate(dense) if not d]
+    if pos:
+        sparse = _gather_sparse(comm, compressor, [items[i] for i in pos], [[row[i] for i in pos] for row in all_counts], p)
+        for i, t in zip(pos, sparse):
+            out[i] = t
+    return out
+
+
+def _gather_sparse(comm, compressor, items, all_counts, p):
+    """All-gather exchange of ``items`` whose values counts on every worker are ``all_counts``."""
+    device = items[0].values.device
     longest = max(sum(row) for row in all_counts)
 
     values_dtype = functools.reduce(torch.promote_types, [c.values.dtype for c in items])

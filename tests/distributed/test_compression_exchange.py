@@ -82,6 +82,7 @@ def _worker(rank, world):
     assert all(torch.equal(g, c.indices) for g in got)
 
     _crafted_unequal(rank, world)
+    _dense_fallback(rank, world)
 
 
 def _crafted_unequal(rank, world):
@@ -119,6 +120,53 @@ def _crafted_unequal(rank, world):
     for i, out in enumerate(outs):
         assert torch.allclose(out, sum(dgc.decompress(items(r)[i]) for r in range(world)) / world)
     assert comm.stats.comm_bytes == 8 * 3 + longest * 8
+
+
+def _dense_fallback(rank, world):
+    """Items whose sparse payload would be at least the dense size travel dense (all-reduce of the
+    decompressed tensor): the same mean, and never more bytes than the dense tensor."""
+    topk = build("topk", cf=1 / 0.99)  # Accordion's low level: 99% kept, 8 bytes per kept element
+    per_rank = [[topk.compress(data(r, key, shape), step=STEP, key=key) for key, shape in enumerate(SHAPES)]
+                for r in range(world)]
+    comm = Communicator()
+    outs = exchange(comm, topk, per_rank[rank])
+    for i, out in enumerate(outs):
+        ref = sum(topk.decompress(items[i]) for items in per_rank) / world
+        assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6), i
+    dense = sum(4 * torch.Size(s).numel() for s in SHAPES)
+    assert comm.stats.comm_bytes == dense  # not 2x dense: no indices travel
+
+    # mixed levels in one call (Accordion: per layer): 99% kept travels dense, 10% kept sparse
+    cfs = [1 / 0.99, 10, 1 / 0.99, 10]
+    mixed = [[topk.compress(data(r, key, shape), step=STEP, key=key, cf=cf)
+              for key, (shape, cf) in enumerate(zip(SHAPES, cfs))] for r in range(world)]
+    comm = Communicator()
+    outs = exchange(comm, topk, mixed[rank])
+    for i, out in enumerate(outs):
+        ref = sum(topk.decompress(items[i]) for items in mixed) / world
+        assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6), i
+    want = sum(4 * c.numel if cf < 2 else c.nbytes for c, cf in zip(mixed[rank], cfs))
+    assert comm.stats.comm_bytes == want
+
+    # variable counts: the largest count over the workers decides, so all ranks agree even when
+    # only some of them would cross the threshold on their own
+    def items(r):
+        n = 8
+        k0 = min(n, 2 * r)  # 0, 2, 4, 6: dense (6 * 8 >= 32) only with 4 ranks
+        k1 = 1
+        return [Compressed(torch.arange(1.0, k0 + 1) * (r + 1), torch.arange(k0, dtype=torch.int32), torch.Size([n]),
+                           torch.float32),
+                Compressed(torch.tensor([float(r + 1)]), torch.tensor([r % 3], dtype=torch.int32), torch.Size([3]),
+                           torch.float32)]
+
+    comm = Communicator()
+    dgc = build("dgc", cf=10)
+    outs = exchange(comm, dgc, items(rank))
+    for i, out in enumerate(outs):
+        assert torch.allclose(out, sum(dgc.decompress(items(r)[i]) for r in range(world)) / world), i
+    k0_max = 2 * (world - 1)
+    item0 = 8 * 4 if k0_max * 8 >= 8 * 4 else k0_max * 8
+    assert comm.stats.comm_bytes == 8 * 2 + item0 + 1 * 8
 
 
 @pytest.mark.parametrize("world", [2, 4])

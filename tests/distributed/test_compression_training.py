@@ -110,6 +110,7 @@ def _worker(rank, world):
     check_learns("accordion", losses)
     rows = algo.pop_step_rows()
     assert rows[0]["low_fraction"] == 1.0  # the first period is forced low
+    assert rows[0]["cf"] == 1.0  # 99% kept travels dense (values + indices would be 2x dense)
     assert abs(nbytes - sum(dense / r["cf"] for r in rows)) < 1e-6 * nbytes
 
     # Accordion over torch's PowerSGD (rank 2 low / rank 1 high), one bucket per layer
