@@ -153,8 +153,10 @@ def plot_compression(
     """The per-step compression figure of one experiment; see :func:`plot_runs`.
 
     Two panels over ``step``: the compression factor ``cf`` actually sent (log y axis; 1 = dense)
-    and the compression gain ``gain``, one solid line per run with compression rows. GraVAC runs
-    add, in the run's color, ``cf_candidate`` (dashed) and ``cf_min`` (dotted) to the CF panel.
+    and the compression gain ``gain`` of what was sent (1 = dense), one solid line per run with
+    compression rows. GraVAC runs add, in the run's color, ``cf_candidate`` (dashed) and ``cf_min``
+    (dotted) to the CF panel, and the smoothed gains the epsilon rule compares, ``gain_candidate``
+    (dashed) and ``gain_min`` (dotted), to the gain panel.
 
     Args:
         compression: :func:`lsgd.analysis.load_compression` rows of the experiment's runs.
@@ -187,6 +189,10 @@ def plot_compression(
                            alpha=0.8, label=f"{label}: {key}", rasterized=raster)  # fmt: skip
         if "gain" in r and r["gain"].notna().any():
             ax_gain.plot(step, r["gain"].to_numpy(float), label=label, rasterized=raster, linewidth=1.2, **style)
+        for key, dash in (("gain_candidate", "--"), ("gain_min", ":")):
+            if key in r and r[key].notna().any():
+                ax_gain.plot(step, r[key].to_numpy(float), color=style["color"], linestyle=dash, linewidth=0.9,
+                             alpha=0.8, rasterized=raster)  # fmt: skip
         lines += 1
     if lines == 0:
         return {}
@@ -196,7 +202,7 @@ def plot_compression(
     ax_cf.set_ylabel("compression factor sent (dense / sent bytes, log scale)")
     ax_cf.set_title(f"{experiment}: compression factor vs step", fontsize="medium")
     ax_gain.set_xlabel(_METRIC_LABELS["step"])
-    ax_gain.set_ylabel("compression gain")
+    ax_gain.set_ylabel("compression gain (dashed: candidate, dotted: theta_min)")
     ax_gain.set_title(f"{experiment}: compression gain vs step", fontsize="medium")
     for ax in (ax_cf, ax_gain):
         ax.grid(True, which="major", alpha=0.3)

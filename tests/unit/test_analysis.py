@@ -637,6 +637,13 @@ def test_compression_figure(results, tmp_path, monkeypatch):
     monkeypatch.setattr("lsgd.analysis.plots.plot_experiment", lambda *args, **kwargs: {})
     text = write_report(results, tmp_path / "report").read_text()
     assert f"figures/{EXP}_compression.png" in text and f"figures/{EXP}_compression.svg" in text
+    # the gain panel also draws GraVAC's smoothed theta_min and candidate gains (the epsilon rule's inputs)
+    figs = []
+    monkeypatch.setattr("lsgd.analysis.plots._save", lambda fig, path: figs.append(fig) or [])
+    plot_runs(results, tmp_path / "again")
+    gain_ax = figs[-1].axes[1]
+    ys = sorted({tuple(line.get_ydata()) for line in gain_ax.get_lines()}, key=len)
+    assert (0.95,) * STEPS in ys and (0.9,) * STEPS in ys
 
 
 def test_resumed_metrics_with_compression_rows(tmp_path):
