@@ -144,6 +144,20 @@ def lr_factor_fn(cfg: dict, steps_per_epoch: int, total_steps: int) -> Callable[
     raise ConfigError(f"schedule.name={name!r} is unknown; allowed: {', '.join(SCHEDULES)}")
 
 
+def lr_decay_steps(cfg: dict, steps_per_epoch: int) -> tuple[int, ...]:
+    """The learning-rate decays of a ``step`` schedule: the local step counts (completed steps,
+    ascending, distinct) from which a milestone's decay applies; empty for ``constant`` and for
+    ``cosine``, whose continuous decay has no milestones (Accordion's decay rule uses these).
+
+    Args:
+        cfg: the ``schedule`` group.
+        steps_per_epoch: local steps per epoch.
+    """
+    if cfg.get("name") != "step" or float(cfg.get("gamma", 0.1)) >= 1.0:
+        return ()
+    return tuple(sorted({int(round(float(m) * steps_per_epoch)) for m in cfg.get("milestones", [])} - {0}))
+
+
 def build_scheduler(optimizer, cfg: dict, steps_per_epoch: int, total_steps: int):
     """``LambdaLR`` over :func:`lr_factor_fn`; call ``.step()`` once per local step."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor_fn(cfg, steps_per_epoch, total_steps))

@@ -36,7 +36,7 @@ from lsgd.comm import Clock, Communicator, Network
 from lsgd.config import resolve_backend, resolve_device
 from lsgd.data import ShardedLoader, build_datasets, dataset_info
 from lsgd.models import build_model
-from lsgd.optim import build_optimizer, build_scheduler, scaled_lr
+from lsgd.optim import build_optimizer, build_scheduler, lr_decay_steps, scaled_lr
 from lsgd.services import Checkpointer, Evaluator, Recorder, loss_fn
 
 log = logging.getLogger("lsgd")
@@ -149,7 +149,8 @@ class Trainer:
             num_workers=self.num_workers, steps_per_epoch=self.steps_per_epoch, total_steps=self.total_steps,
             batch_size=int(cfg["batch_size"]), clock=self.clock, device=self.device,
             data=self.loader if self.role == "worker" else None,
-            lr=lambda: self.optimizer.param_groups[0]["lr"], seed=seed, compute_seconds=self.compute_model.seconds,
+            lr=lambda: self.optimizer.param_groups[0]["lr"], seed=seed,
+            lr_decay_steps=lr_decay_steps(cfg["schedule"], self.steps_per_epoch), compute_seconds=self.compute_model.seconds,
         )
         self.algorithm = build_algorithm(cfg["algo"], self.comm)
         self.net = self.algorithm.setup(self.model, self.optimizer, self.ctx)

@@ -7,8 +7,17 @@ after the exchange, so all workers decide alike without extra communication) is 
 previous period's: a relative change ``|prev - cur| / prev >= eta`` (``algo.eta``, 0.5) marks a
 critical regime and the layer uses the low compression level for the next period, else the high
 level (:class:`lsgd.compression.adaptive.AccordionController`). The first period and every
-learning-rate decay force low compression (a decay switches every layer to low at once, until the
-next period boundary).
+learning-rate decay force low compression.
+
+Learning-rate decays are the milestones of a ``step`` schedule (the paper's decays, e.g. x0.1 at
+epochs 150 and 250; :func:`lsgd.optim.lr_decay_steps`), not every step on which the rate falls.
+A forced low period lasts from the first step run at the decayed rate to the end of the switch
+period the decay falls in: a decay on a period boundary (milestones and periods both in epochs, the
+usual case) makes the whole next period low; a decay inside a period switches every layer to low
+at once for the rest of that period, and the next boundary decides by the norm rule again. Under a
+continuous schedule (``cosine``, warm-up) there are no milestones, so nothing forces low
+compression beyond the first period: only the norm rule switches levels. (Reading every falling
+step as a decay would keep Accordion at low compression for the whole of a cosine run.)
 
 Levels (``algo.compressor``):
 
@@ -65,12 +74,13 @@ class Accordion(Compressed):
         self.cf_high = float(cfg.get("cf_high", 10.0))
         self.eta = float(cfg.get("eta", 0.5))
         self.switch_period = float(cfg.get("switch_period", 10))
-        self.last_lr: float | None = None
+        self.decay_steps: frozenset[int] = frozenset()
         self._step_counters = (0, 0)
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, ctx=None) -> nn.Module:
         if ctx is not None:
             self.steps_per_epoch = ctx.steps_per_epoch
+            self.decay_steps = frozenset(ctx.lr_decay_steps)
         params = list(model.parameters())
         self.controller = AccordionController(num_layers=len(params), eta=self.eta)
         self.accum = [torch.zeros_like(p) for p in params]
@@ -158,9 +168,7 @@ class Accordion(Compressed):
             "sent": "low" if n_low == len(low) else ("high" if n_low == 0 else "mixed"),
             "low_fraction": n_low / len(low),
         })
-        lr = self.optimizer.param_groups[0]["lr"]
-        decayed = self.last_lr is not None and lr < self.last_lr
-        self.last_lr = lr
+        decayed = step in self.decay_steps  # the next step runs at a milestone's decayed rate
         if decayed:
             self.controller.force_low()
         if step % self.period_steps == 0:
@@ -179,7 +187,6 @@ class Accordion(Compressed):
         state.update(
             controller=self.controller.state_dict(),
             accum=[a.clone() for a in self.accum],
-            last_lr=self.last_lr,
             step_counters=self._step_counters,
         )
         if self.powersgd is not None:
@@ -193,7 +200,6 @@ class Accordion(Compressed):
         self.controller.load_state_dict(state["controller"])
         for a, saved in zip(self.accum, state["accum"]):
             a.copy_(saved)
-        self.last_lr = state.get("last_lr")
         self._step_counters = tuple(state.get("step_counters", (0, 0)))
         if self.powersgd is not None and "powersgd_high" in state:
             self.powersgd_high.load_state_dict(state["powersgd_high"])

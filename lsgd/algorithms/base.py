@@ -56,6 +56,9 @@ class RunContext:
         device: where the model lives.
         data: the worker's :class:`lsgd.data.ShardedLoader` (None on a server).
         lr: callable returning the learning rate in use this step.
+        lr_decay_steps: completed-step counts from which a milestone of a step schedule lowers
+            the learning rate (:func:`lsgd.optim.lr_decay_steps`; empty under constant and
+            continuous schedules).
         seed: the run seed.
         compute_seconds: callable mapping FLOPs of extra compute (compression) to seconds on this
             worker's clock (0 in measured mode); None: not modeled.
@@ -73,6 +76,7 @@ class RunContext:
     device: torch.device | None = None
     data: Any = None
     lr: Callable[[], float] | None = None
+    lr_decay_steps: tuple[int, ...] = ()
     seed: int = 0
     compute_seconds: Callable[[float], float] | None = None
 

@@ -35,13 +35,16 @@ class DiLoCo(SlowMo):
         choice(algo, "outer_optimizer", OUTER_OPTIMIZERS, "algo.")
         positive(algo, "outer_lr", "algo.")
 
-    def build_outer_optimizer(self, params):
+    def build_outer_optimizer(self, groups):
+        lr = float(self.cfg.get("outer_lr", 0.7))
         if self.cfg.get("outer_optimizer", "nesterov") == "nesterov":
-            return torch.optim.SGD(params, lr=self.outer_lr(), momentum=float(self.cfg.get("outer_momentum", 0.9)), nesterov=True)
-        return torch.optim.SGD(params, lr=self.outer_lr())
+            return torch.optim.SGD(groups, lr=lr, momentum=float(self.cfg.get("outer_momentum", 0.9)), nesterov=True)
+        return torch.optim.SGD(groups, lr=lr)
 
-    def pseudo_gradient_scale(self) -> float:
+    def pseudo_gradient_scale(self, gamma: float) -> float:
+        """DiLoCo's outer gradient is x_prev - x_avg itself (no division by the inner rate)."""
         return 1.0
 
-    def outer_lr(self) -> float:
+    def outer_lr(self, gamma: float) -> float:
+        """``outer_lr``, independent of the inner learning rate."""
         return float(self.cfg.get("outer_lr", 0.7))

@@ -1,4 +1,9 @@
-"""Algorithms on real 2- and 4-rank gloo groups against single-process closed-form references."""
+"""Algorithms on real 2- and 4-rank gloo groups against single-process closed-form references.
+
+Every run drives the hooks in the trainer's order (lsgd/trainer.py) with a learning-rate schedule
+running: ``after_backward``, ``optimizer_step``, ``scheduler.step()``, ``after_step``. The
+references apply the same schedule: local step ``t`` (0-based) uses ``lr * factor(t)``.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,9 @@ from gloo import run_gloo
 from torch import nn
 
 from lsgd.algorithms import build_algorithm
+from lsgd.algorithms.base import RunContext
 from lsgd.comm import Communicator, NetworkModel, cost_terms
-from lsgd.optim import build_optimizer
+from lsgd.optim import build_optimizer, build_scheduler, lr_decay_steps, lr_factor_fn
 
 IN, HID, OUT, B = 10, 16, 3, 8
 
@@ -30,20 +36,46 @@ def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _worker(rank, world, out, algo_cfg, optim_cfg, steps, bn):
+#: steps per "epoch" of the schedules below (milestones and warm-up are in epochs)
+SPE = 3
+CONSTANT = {"name": "constant"}
+#: decay x0.1 after 3 and 6 steps: on the sync steps of H = 3
+STEP_AT_SYNC = {"name": "step", "milestones": [1, 2], "gamma": 0.1}
+#: linear warm-up over 3 steps from 0.1, then cosine to 0 at the last step
+WARMUP_COSINE = {"name": "cosine", "warmup_epochs": 1, "warmup_start_factor": 0.1, "min_factor": 0.0}
+
+
+def make_optimizer(model, optim_cfg, groups):
+    """The run's optimizer; ``groups``: per-group learning-rate multipliers over the model's
+    parameter tensors split in two halves (None: one group)."""
+    if groups is None:
+        return build_optimizer(model.parameters(), optim_cfg)
+    params = list(model.parameters())
+    half = len(params) // 2
+    opt = build_optimizer([{"params": params[:half]}, {"params": params[half:]}], optim_cfg)
+    for g, mult in zip(opt.param_groups, groups):
+        g["lr"] = optim_cfg["lr"] * mult
+    return opt
+
+
+def _worker(rank, world, out, algo_cfg, optim_cfg, steps, bn, schedule, groups):
     model = make_model(bn)
-    opt = build_optimizer(model.parameters(), optim_cfg)
+    opt = make_optimizer(model, optim_cfg, groups)
+    sched = build_scheduler(opt, schedule, SPE, steps)
     comm = Communicator(NetworkModel(bandwidth_gbps=10, latency_us=10))
     algo = build_algorithm(algo_cfg, comm)
-    net = algo.setup(model, opt)
+    ctx = RunContext(rank=rank, world_size=world, num_workers=world, worker_index=rank, steps_per_epoch=SPE,
+                     total_steps=steps, batch_size=B, lr=lambda: opt.param_groups[0]["lr"], lr_decay_steps=lr_decay_steps(schedule, SPE))
+    net = algo.setup(model, opt, ctx)
     pre_sync = []
-    for step in range(steps):
+    for step in range(steps):  # the trainer's order (lsgd/trainer.py, Trainer.train_step)
         x, y = batch(rank, step)
         loss = F.cross_entropy(net(x), y)
         opt.zero_grad()
         loss.backward()
         algo.after_backward(step)
-        opt.step()
+        algo.optimizer_step()
+        sched.step()
         pre_sync.append([t.detach().clone() for t in list(model.parameters()) + list(model.buffers())])
         algo.after_step(step + 1)
     torch.save(
@@ -53,16 +85,23 @@ def _worker(rank, world, out, algo_cfg, optim_cfg, steps, bn):
             "pre_sync": pre_sync,
             "stats": comm.stats.as_dict(),
             "algo_state": algo.state_dict(),
+            "rows": algo.pop_step_rows(),
         },
         out / f"rank{rank}.pt",
     )
 
 
-def train(tmp_path, name, world, algo_cfg, optim_cfg, steps, bn=False):
+def train(tmp_path, name, world, algo_cfg, optim_cfg, steps, bn=False, schedule=CONSTANT, groups=None):
     out = tmp_path / name
     out.mkdir()
-    run_gloo(_worker, world, out, algo_cfg, optim_cfg, steps, bn)
+    run_gloo(_worker, world, out, algo_cfg, optim_cfg, steps, bn, schedule, groups)
     return [torch.load(out / f"rank{r}.pt") for r in range(world)]
+
+
+def lr_at(optim_cfg, schedule, steps):
+    """Learning rate of 0-based local step ``t`` under ``schedule`` (what the scheduler sets)."""
+    factor = lr_factor_fn(schedule, SPE, steps)
+    return lambda t: optim_cfg["lr"] * factor(t)
 
 
 SGD_M = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": False, "weight_decay": 0.0}
@@ -74,11 +113,13 @@ def assert_close_lists(a, b, atol=1e-6):
         torch.testing.assert_close(x, y, atol=atol, rtol=0)
 
 
-def reference_minibatch(world, steps, optim_cfg):
+def reference_minibatch(world, steps, optim_cfg, schedule=CONSTANT):
     """Single process: SGD on the mean loss of all workers' batches (= one global batch)."""
     model = make_model()
     opt = build_optimizer(model.parameters(), optim_cfg)
+    lr = lr_at(optim_cfg, schedule, steps)
     for step in range(steps):
+        opt.param_groups[0]["lr"] = lr(step)
         loss = sum(F.cross_entropy(model(x), y) for x, y in (batch(r, step) for r in range(world))) / world
         opt.zero_grad()
         loss.backward()
@@ -89,10 +130,11 @@ def reference_minibatch(world, steps, optim_cfg):
 @pytest.mark.parametrize("world", [2, 4])
 def test_local_sgd_h1_equals_ddp_and_minibatch_reference(tmp_path, world):
     steps = 5
-    ddp = train(tmp_path, "ddp", world, {"name": "ddp"}, SGD_M, steps)
+    ddp = train(tmp_path, "ddp", world, {"name": "ddp"}, SGD_M, steps, schedule=WARMUP_COSINE)
     local = train(tmp_path, "local", world,
-                  {"name": "local_sgd", "local_steps": 1, "average_buffers": True, "buffer_policy": "average"}, SGD_M, steps)
-    ref = reference_minibatch(world, steps, SGD_M)
+                  {"name": "local_sgd", "local_steps": 1, "average_buffers": True, "buffer_policy": "average"}, SGD_M, steps,
+                  schedule=WARMUP_COSINE)
+    ref = reference_minibatch(world, steps, SGD_M, WARMUP_COSINE)
     for r in range(world):
         assert_close_lists(ddp[r]["params"], ref)
         assert_close_lists(local[r]["params"], ddp[r]["params"])
@@ -154,52 +196,68 @@ def test_slowmo_alpha1_beta0_equals_local_sgd(tmp_path):
         assert_close_lists(slow[r]["params"], local[r]["params"])
 
 
-def reference_outer(world, H, rounds, optim_cfg, outer):
+def reference_outer(world, H, rounds, optim_cfg, outer, schedule=CONSTANT, groups=None, reset=False):
     """Single process simulation of `world` workers: H local steps each, average, outer step.
 
-    outer(x_prev, x_avg, gamma, state) -> new x (list of tensors), written out by hand.
+    Local step t uses ``lr * factor(t) * multiplier of the tensor's group`` (set by hand, not by a
+    scheduler). outer(x_prev, x_avg, gammas, state) -> new x (list of tensors), written out by
+    hand; ``gammas[i]``: the learning rate tensor i used in the round's steps (its last step).
     """
+    steps = H * rounds
+    lr = lr_at(optim_cfg, schedule, steps)
     workers = [make_model() for _ in range(world)]
     x_prev = [p.detach().clone() for p in workers[0].parameters()]
-    opts = [build_optimizer(w.parameters(), optim_cfg) for w in workers]
+    opts = [make_optimizer(w, optim_cfg, groups) for w in workers]
+    mults = groups or [1.0]
+    tensor_mult = [m for g, m in zip(opts[0].param_groups, mults) for _ in g["params"]]
     state: dict = {}
     step = 0
     for _ in range(rounds):
         for _ in range(H):
             for r, (w, o) in enumerate(zip(workers, opts)):
+                for g, m in zip(o.param_groups, mults):
+                    g["lr"] = lr(step) * m
                 x, y = batch(r, step)
                 loss = F.cross_entropy(w(x), y)
                 o.zero_grad()
                 loss.backward()
                 o.step()
             step += 1
+        gammas = [lr(step - 1) * m for m in tensor_mult]
         x_avg = [torch.stack(ps).mean(0) for ps in zip(*[[p.detach() for p in w.parameters()] for w in workers])]
-        x_new = outer(x_prev, x_avg, optim_cfg["lr"], state)
+        x_new = outer(x_prev, x_avg, gammas, state)
         for w in workers:
             with torch.no_grad():
                 for p, v in zip(w.parameters(), x_new):
                     p.copy_(v)
+        if reset:
+            for o in opts:
+                o.state.clear()
         x_prev = [v.clone() for v in x_new]
-        yield x_prev, opts
+    return x_prev
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_slowmo_rounds_equal_hand_computed_update(tmp_path, world):
-    H, rounds, alpha, beta = 3, 2, 0.8, 0.5
+@pytest.mark.parametrize(("world", "schedule", "groups"), [
+    (2, CONSTANT, None),
+    (4, CONSTANT, None),
+    (2, STEP_AT_SYNC, None),       # decays on sync steps 3 and 6
+    (2, WARMUP_COSINE, None),
+    (2, STEP_AT_SYNC, (0.5, 1.0)),  # two param groups with their own learning rates
+], ids=["constant-w2", "constant-w4", "step_at_sync", "warmup_cosine", "step_at_sync-2groups"])
+def test_slowmo_rounds_equal_hand_computed_update(tmp_path, world, schedule, groups):
+    H, rounds, alpha, beta = 3, 3, 0.8, 0.5
 
-    def slowmo(x_prev, x_avg, gamma, state):
+    def slowmo(x_prev, x_avg, gammas, state):
+        # SlowMo Algorithm 1: gamma is the base learning rate the round's steps used
         u = state.setdefault("u", [torch.zeros_like(t) for t in x_prev])
         for i in range(len(u)):
-            u[i] = beta * u[i] + (x_prev[i] - x_avg[i]) / gamma
-        return [xp - alpha * gamma * ui for xp, ui in zip(x_prev, u)]
+            u[i] = beta * u[i] + (x_prev[i] - x_avg[i]) / gammas[i]
+        return [xp - alpha * g * ui for xp, ui, g in zip(x_prev, u, gammas)]
 
-    ref_iter = reference_outer(world, H, rounds, SGD_M, slowmo)
-    want = None
-    for want, opts in ref_iter:
-        for o in opts:  # buffer_policy=reset
-            o.state.clear()
+    want = reference_outer(world, H, rounds, SGD_M, slowmo, schedule, groups, reset=True)
     got = train(tmp_path, "slow", world, {"name": "slowmo", "local_steps": H, "slow_lr": alpha, "slow_momentum": beta,
-                                          "average_buffers": True, "buffer_policy": "reset"}, SGD_M, H * rounds)
+                                          "average_buffers": True, "buffer_policy": "reset"}, SGD_M, H * rounds,
+                schedule=schedule, groups=groups)
     for r in range(world):
         assert_close_lists(got[r]["params"], want, atol=1e-5)
     assert got[0]["stats"]["comm_rounds"] == rounds
@@ -210,7 +268,7 @@ def test_diloco_outer_step_is_nesterov_on_averaged_pseudo_gradient(tmp_path):
     world, H, rounds, lr, mu = 2, 4, 2, 0.7, 0.9
     adamw = {"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
 
-    def nesterov(x_prev, x_avg, gamma, state):
+    def nesterov(x_prev, x_avg, gammas, state):
         b = state.setdefault("b", [torch.zeros_like(t) for t in x_prev])
         out = []
         for i in range(len(b)):
@@ -219,12 +277,10 @@ def test_diloco_outer_step_is_nesterov_on_averaged_pseudo_gradient(tmp_path):
             out.append(x_prev[i] - lr * (delta + mu * b[i]))
         return out
 
-    want = None
-    for want, _ in reference_outer(world, H, rounds, adamw, nesterov):
-        pass
+    want = reference_outer(world, H, rounds, adamw, nesterov, WARMUP_COSINE)
     got = train(tmp_path, "diloco", world, {"name": "diloco", "local_steps": H, "outer_optimizer": "nesterov",
                                             "outer_lr": lr, "outer_momentum": mu, "average_buffers": True,
-                                            "buffer_policy": "maintain"}, adamw, H * rounds)
+                                            "buffer_policy": "maintain"}, adamw, H * rounds, schedule=WARMUP_COSINE)
     for r in range(world):
         assert_close_lists(got[r]["params"], want, atol=1e-5)
 
@@ -243,3 +299,32 @@ def test_ddp_broadcasts_batchnorm_buffers_and_counts_every_bucket(tmp_path):
     # rank 0 is the broadcast root: on 2 ranks the binomial tree sends the buffers once (MPICH)
     assert s["wire_bytes"] == pytest.approx(steps * (p_bytes * 2 * (world - 1) / world + b_bytes))
     assert s["comm_rounds"] == steps
+
+
+ACCORDION = {"name": "accordion", "compressor": "topk", "cf_low": 1 / 0.99, "cf_high": 10.0, "switch_period": 1,
+             "eta": 100.0, "error_feedback": True, "bucket_cap_mb": 25}
+
+
+@pytest.mark.parametrize(("schedule", "low_steps"), [
+    # the first two periods (steps 1-6) are low: the first, and the one after it (no previous norm
+    # to compare with); cosine has no milestones, so from then on the norm rule alone decides (eta
+    # is too large to call anything critical): steps 7-12 are high
+    (WARMUP_COSINE, set(range(1, 7))),
+    # a milestone on the boundary after step 9: the whole next period (steps 10-12) is low
+    ({"name": "step", "milestones": [3], "gamma": 0.1}, set(range(1, 7)) | {10, 11, 12}),
+    # a milestone inside the third period (from step 9 on, 8 completed): low from the decay to the
+    # period's end (step 9), then the norm rule again (high)
+    ({"name": "step", "milestones": [8 / 3], "gamma": 0.1}, set(range(1, 7)) | {9}),
+], ids=["warmup_cosine", "step_on_boundary", "step_inside_period"])
+def test_accordion_forces_low_compression_at_milestones_only(tmp_path, schedule, low_steps):
+    """Accordion (Agarwal et al. 2021): the first switch period and each learning-rate decay of a
+    step schedule force low compression; switch period = 1 epoch = 3 steps."""
+    steps = 12
+    res = train(tmp_path, "acc", 2, ACCORDION, SGD_M, steps, schedule=schedule)
+    rows = [r for r in res[0]["rows"] if r["kind"] == "compression"]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    got_low = {r["step"] for r in rows if r["low_fraction"] == 1.0}
+    assert got_low == low_steps
+    assert all(r["low_fraction"] in (0.0, 1.0) for r in rows)
+    for r in range(1, 2):
+        assert_close_lists(res[r]["params"], res[0]["params"], atol=0)
