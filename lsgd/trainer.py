@@ -150,7 +150,8 @@ class Trainer:
             batch_size=int(cfg["batch_size"]), clock=self.clock, device=self.device,
             data=self.loader if self.role == "worker" else None,
             lr=lambda: self.optimizer.param_groups[0]["lr"], seed=seed,
-            lr_decay_steps=lr_decay_steps(cfg["schedule"], self.steps_per_epoch), compute_seconds=self.compute_model.seconds,
+            lr_decay_steps=lr_decay_steps(cfg["schedule"], self.steps_per_epoch),
+            step_compute_s=lambda: self.step_compute_s, compute_seconds=self.compute_model.seconds,
         )
         self.algorithm = build_algorithm(cfg["algo"], self.comm)
         self.net = self.algorithm.setup(self.model, self.optimizer, self.ctx)
@@ -167,6 +168,7 @@ class Trainer:
         self.wall_offset_s = 0.0
         self.diverged = False
         self.start_time = time.perf_counter()
+        self.step_compute_s = (0.0, 0.0)  # (modeled, measured) forward + backward of the current step
 
     # -- the loop ---------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -245,6 +247,7 @@ class Trainer:
         loss.backward()
         t2 = self._sync_time()
         st = self.compute_model.step(t1 - t0, t2 - t1)
+        self.step_compute_s = (st.forward_s + st.backward_s, t2 - t0)
         self.clock.compute(st.forward_s)
         self.clock.backward(st.backward_s)
         self.algorithm.after_backward(self.step)

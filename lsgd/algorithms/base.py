@@ -62,6 +62,10 @@ class RunContext:
         seed: the run seed.
         compute_seconds: callable mapping FLOPs of extra compute (compression) to seconds on this
             worker's clock (0 in measured mode); None: not modeled.
+        step_compute_s: callable returning ``(modeled, measured)`` seconds of the current step's
+            forward and backward pass: what the clock was charged (the FLOP profile in
+            ``cluster.compute=profile`` mode, deterministic; the measured time otherwise) and the
+            measured wall time; None: not known (hand-driven hooks).
     """
 
     rank: int = 0
@@ -79,6 +83,7 @@ class RunContext:
     lr_decay_steps: tuple[int, ...] = ()
     seed: int = 0
     compute_seconds: Callable[[float], float] | None = None
+    step_compute_s: Callable[[], tuple[float, float]] | None = None
 
 
 def float_buffers(model: nn.Module) -> list[torch.Tensor]:

@@ -9,8 +9,9 @@ this runs after backward rather than per DDP bucket):
    ("multi-level" compression: the theta_min output is compressed again, cheaper than compressing
    g_ef from scratch at theta_c).
 2. Compression gains with error feedback in numerator and denominator,
-   ``gain = sum ||c||^2 / sum ||g_ef||^2`` over all tensors and all workers (the three float64 sums
-   are all-reduced, 24 counted bytes, so every worker takes the same decision).
+   ``gain = sum ||c||^2 / sum ||g_ef||^2`` over all tensors and all workers (the sums are all-reduced
+   with the payload sizes and the time term below, 48 counted bytes, so every worker takes the
+   same decision).
 3. :class:`lsgd.compression.adaptive.GraVACController` smooths the gains (EWMA), applies the
    epsilon rule (candidate, else theta_min, else dense with the residuals reset), records the
    compression throughput ``T = T_system * gain`` per CF and every ``window`` steps scales theta_s,
@@ -19,13 +20,28 @@ this runs after backward rather than per DDP bucket):
    sparsifiers; all-reduce for random-k with shared indices; dense all-reduce for the fallback),
    the residual becomes ``g_ef - D(sent)``, and the averaged gradient replaces ``p.grad``.
 
-``t_iter`` of ``T_system = N b / t_iter``: with ``algo.throughput_time=measured`` the paper's
-single measured wall-clock time of the iteration (compression included) for both CFs; with
-``modeled`` (default; our reading) each CF gets its own time, the previous iteration's measured
-compute time (compression included) plus the modeled time to exchange that CF's payload on the
-configured network (``network.*``). A laptop run then sees the communication savings a cluster
-would, and the throughputs of theta_min and the candidate differ by more than their gains, so the
-settling rule compares real trade-offs.
+``t_iter`` of ``T_system = N b / t_iter`` (``algo.throughput_time``):
+
+* ``modeled`` (default; our reading): every iteration both CFs get a throughput sample, each with
+  its own time: this step's modeled compute (forward and backward from the clock's compute
+  profile, ``cluster.compute=profile``: FLOP-counted, so the same seed takes the same decisions
+  on any machine) plus the modeled time to exchange that CF's payload on the configured network
+  (``network.*``). A laptop run then sees the communication savings a cluster would, and the
+  throughputs of theta_min and the candidate differ by more than their gains, so the settling
+  rule compares real trade-offs. With ``cluster.compute=measured`` the compute term is measured
+  and decisions are no longer reproducible.
+* ``measured`` (the paper): each iteration's wall time (its measured forward and backward,
+  compression and exchange; not the evaluation or checkpoint that may follow) is a throughput
+  sample for the CF it actually sent, so a higher CF's shorter iterations count for it (dense
+  iterations record nothing). Decisions follow timing noise: not reproducible by design.
+
+Every value a decision depends on is the same on every worker: the three squared norms, the
+payload sizes of both CFs and the time term are summed in one all-reduce (6 float64, 48 counted
+bytes) and averaged over workers (compute and payloads can differ across workers: heterogeneous
+speeds, DGC's variable selection). A measured time is known only after the exchange, so it rides
+on the next iteration's all-reduce; the last iteration of each window therefore counts in no
+window. The controller's state, the residuals and the pending measured sample are checkpointed,
+so a resumed run takes the decisions of an uninterrupted one (modeled mode).
 
 With ``algo.compressor=dgc`` GraVAC uses DGC's sampled-threshold selection with plain error
 feedback (the gain is defined on ``g_ef = g + r``); DGC's momentum correction and density warm-up
@@ -37,6 +53,7 @@ Every step writes a compression row (``cf``, ``cf_min``, ``cf_candidate``, ``gai
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -45,14 +62,12 @@ from torch import nn
 from lsgd.algorithms.base import Algorithm
 from lsgd.algorithms.compressed import build_compressor, validate_compressor_keys
 from lsgd.compression import compressors as C
-from lsgd.compression.adaptive import GraVACController
+from lsgd.compression.adaptive import POLICIES, GraVACController
 from lsgd.compression.exchange import exchange
 from lsgd.compression.memory import ErrorFeedback, NoMemory
 from lsgd.config import choice, in_interval, int_at_least, number_at_least
 from lsgd.errors import ConfigError
 
-SPARSIFIERS = ("topk", "dgc", "redsync", "randomk")
-POLICIES = ("exponential", "geometric")
 THROUGHPUT_TIMES = ("modeled", "measured")
 
 
@@ -70,7 +85,7 @@ class GraVAC(Algorithm):
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
         w = "algo."
-        choice(algo, "compressor", SPARSIFIERS, w)
+        choice(algo, "compressor", C.SPARSIFIERS, w)
         in_interval(algo, "epsilon", 0, 1, w)
         number_at_least(algo, "cf_min", 1, w)
         number_at_least(algo, "cf_max", float(algo["cf_min"]), w)
@@ -100,8 +115,9 @@ class GraVAC(Algorithm):
         self.dense = C.build("none")
         self.memory = ErrorFeedback() if cfg.get("error_feedback", True) else NoMemory()
         self.modeled = cfg.get("throughput_time", "modeled") == "modeled"
-        self.local_step = 0
-        self._mark: tuple[float, float, float] | None = None
+        # measured mode: (cf sent, its smoothed gain, observation count, local seconds) of the
+        # previous iteration, whose time joins this iteration's all-reduce
+        self.pending: tuple[float, float, int, float] | None = None
         self.last: dict = {}
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, ctx=None) -> nn.Module:
@@ -109,28 +125,25 @@ class GraVAC(Algorithm):
         self.params = list(model.parameters())
         return model
 
-    def _previous_iteration(self) -> tuple[float, float]:
-        """(wall seconds, compute seconds) of the previous iteration: from the previous call to
-        this one, compute = wall minus the communication measured in between (NaN, NaN at first)."""
-        now = time.perf_counter()
-        measured = self.comm.stats.comm_time_s
-        mark, self._mark = self._mark, (now, measured, 0.0)
-        if mark is None:
-            return float("nan"), float("nan")
-        wall = now - mark[0]
-        return wall, max(wall - (measured - mark[1]), 1e-9)
-
     def _transfer_s(self, nbytes: int) -> float:
         """Modeled seconds to exchange a gradient payload of ``nbytes`` per worker."""
         kind = self.compressor.exchange
         return getattr(self.comm.network, kind)(nbytes, self.comm.world_size)
 
+    def _step_compute_s(self) -> tuple[float, float]:
+        """(modeled, measured) seconds of this step's forward and backward (NaN: unknown)."""
+        if self.ctx.step_compute_s is None:
+            return math.nan, math.nan
+        return self.ctx.step_compute_s()
+
     @torch.no_grad()
     def after_backward(self, step: int) -> None:
-        wall, compute = self._previous_iteration()
+        t_start = time.perf_counter()
+        modeled_s, measured_s = self._step_compute_s()
         cf_min, cf_cand = self.controller.plan()
         keys, g_efs, mins, cands = [], [], [], []
-        sums = torch.zeros(3, dtype=torch.float64, device=self.params[0].device)
+        device = self.params[0].device
+        norms = torch.zeros(3, dtype=torch.float64, device=device)
         for key, p in enumerate(self.params):
             if p.grad is None:
                 continue
@@ -141,23 +154,33 @@ class GraVAC(Algorithm):
                 if cf_cand > cf_min
                 else c_min
             )
-            sums[0] += g_ef.double().pow(2).sum()
-            sums[1] += self.compressor.decompress(c_min).double().pow(2).sum()
-            sums[2] += self.compressor.decompress(c_cand).double().pow(2).sum()
+            norms[0] += g_ef.double().pow(2).sum()
+            norms[1] += self.compressor.decompress(c_min).double().pow(2).sum()
+            norms[2] += self.compressor.decompress(c_cand).double().pow(2).sum()
             keys.append(key)
             g_efs.append(g_ef)
             mins.append(c_min)
             cands.append(c_cand)
-        self.comm.all_reduce(sums)
-        ef2, min2, cand2 = sums.tolist()
+        # one all-reduce of everything the decision reads: squared norms, payload bytes of both
+        # CFs, and the time term (modeled: this step's compute; measured: the previous iteration)
+        pending = self.pending
+        t_local = (modeled_s if self.modeled else (pending[3] if pending is not None else 0.0))
+        shared = torch.cat([norms, torch.tensor(
+            [sum(c.nbytes for c in mins), sum(c.nbytes for c in cands), t_local],  # NaN: unknown
+            dtype=torch.float64, device=device)])
+        self.comm.all_reduce(shared)
+        n = self.comm.world_size
+        ef2, min2, cand2 = shared[:3].tolist()
+        bytes_min, bytes_cand, t_mean = (v / n for v in shared[3:].tolist())
         gain_min = min2 / ef2 if ef2 > 0 else 1.0
         gain_cand = cand2 / ef2 if ef2 > 0 else 1.0
-        samples = self.comm.world_size * (self.batch_size or 1)
-        if self.modeled:  # each CF's iteration time on the configured network
-            t_min = compute + self._transfer_s(sum(c.nbytes for c in mins))
-            t_cand = compute + self._transfer_s(sum(c.nbytes for c in cands))
-        else:  # the paper: one measured t_iter for both
-            t_min = t_cand = wall
+        samples = n * (self.batch_size or 1)
+        t_min = t_cand = math.nan
+        if self.modeled and not math.isnan(modeled_s):  # each CF's iteration time on the configured network
+            t_min = t_mean + self._transfer_s(bytes_min)
+            t_cand = t_mean + self._transfer_s(bytes_cand)
+        elif not self.modeled and pending is not None:  # the paper: the sent CF's measured iteration
+            self.controller.record_throughput(pending[0], t_mean, pending[1], samples, pending[2])
         decision = self.controller.observe(gain_min, gain_cand, t_min, samples, t_iter_candidate_s=t_cand)
 
         before = self.comm.stats.comm_bytes
@@ -172,10 +195,13 @@ class GraVAC(Algorithm):
             outs = exchange(self.comm, self.compressor, items)
         dense_bytes = sum(g.numel() * g.element_size() for g in g_efs)
         # what the exchange handed to collectives; one worker sends nothing
-        sent_bytes = (self.comm.stats.comm_bytes - before) if self.comm.world_size > 1 else sum(c.nbytes for c in items)
+        sent_bytes = (self.comm.stats.comm_bytes - before) if n > 1 else sum(c.nbytes for c in items)
         for key, out in zip(keys, outs):
             self.params[key].grad.copy_(out)
         self.comm.round()
+        if not self.modeled:
+            self.pending = (decision.cf, decision.gain, self.controller.observations,
+                            measured_s + time.perf_counter() - t_start)
         self.last = {
             "kind": "compression",
             "step": step + 1,
@@ -187,10 +213,11 @@ class GraVAC(Algorithm):
             "gain_candidate": decision.gain_candidate,
             "gain": decision.gain,
         }
+        if not math.isnan(t_min):
+            self.last.update(t_iter_min_s=t_min, t_iter_candidate_s=t_cand)
         self.step_rows.append(self.last)
 
     def after_step(self, step: int) -> None:
-        self.local_step = step
         self.broadcast_buffers()
 
     @property
@@ -201,9 +228,11 @@ class GraVAC(Algorithm):
         return {k: self.last[k] for k in ("cf", "cf_min", "cf_candidate", "gain") if k in self.last}
 
     def state_dict(self) -> dict:
-        return {"controller": self.controller.state_dict(), "memory": self.memory.state_dict(), "local_step": self.local_step}
+        return {"controller": self.controller.state_dict(), "memory": self.memory.state_dict(),
+                "pending": self.pending, "last": dict(self.last)}
 
     def load_state_dict(self, state: dict) -> None:
         self.controller.load_state_dict(state["controller"])
         self.memory.load_state_dict(state["memory"])
-        self.local_step = int(state.get("local_step", 0))
+        self.pending = None if state.get("pending") is None else tuple(state["pending"])
+        self.last = dict(state.get("last", {}))

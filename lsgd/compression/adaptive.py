@@ -89,12 +89,21 @@ class GraVACController:
        ``gain_c >= eps``; else theta_min's output if ``gain_min >= eps``; else dense, with
        ``reset_residual=True``.
     3. Compression throughput (paper: ``T = T_system * gain``, ``T_system = N b / t_iter`` with
-       t_iter including compression): ``T_system = samples / t_iter_s`` (samples/s); for each CF
-       tried this step (theta_min and the candidate) ``T_system * smoothed gain`` of that CF joins
-       that CF's running mean over the current window. The throughput table maps each CF to the
-       mean of the latest window in which it was tried (kept across windows). If theta_min and
-       the candidate are the same CF, both samples join its mean (our reading). A NaN
-       ``t_iter_s`` (no measurement, e.g. the first iteration) records no throughput that step.
+       t_iter including compression): a sample ``T_system * gain`` with ``T_system = samples /
+       t_iter_s`` (samples/s) joins its CF's running mean over the current window. The throughput
+       table maps each CF to the mean of the latest window in which it got samples (kept across
+       windows). Samples come in two ways:
+
+       * :meth:`observe` with a time: one sample for theta_min (``t_iter_s``, its smoothed gain)
+         and one for the candidate (``t_iter_candidate_s``, its smoothed gain) every iteration:
+         the times an iteration sending each CF takes (lsgd's ``throughput_time=modeled``);
+         if theta_min and the candidate are the same CF both samples join its mean;
+       * :meth:`record_throughput`: one sample for the CF an iteration actually sent, with that
+         iteration's measured time (the paper's measured throughput, ``throughput_time=measured``:
+         a CF's shorter iterations count for it alone). A sample of an iteration whose window
+         has already ended is dropped (a measured time is known only after the exchange).
+
+       A NaN time records nothing; dense iterations (CF 1) are never in the table.
     4. Window end (Algorithm 1, every ``window`` iterations: when ``observations % window == 0``),
        in this order:
 
@@ -252,12 +261,12 @@ class GraVACController:
             gain_min: raw gain ``||C(g_ef, theta_min)||^2 / ||g_ef||^2`` of this iteration (the
                 same on every worker), >= 0.
             gain_candidate: raw gain of the candidate CF, >= 0.
-            t_iter_s: seconds of this iteration including compression, > 0; NaN when not
-                measured (no throughput is recorded then).
+            t_iter_s: seconds an iteration sending theta_min takes, compression included, > 0;
+                NaN records no throughput at this call (measured mode: the sent CF's sample
+                comes through :meth:`record_throughput` instead).
             samples: samples processed by all workers this iteration (N * b), >= 0.
-            t_iter_candidate_s: seconds an iteration would take sending the candidate CF (None:
-                ``t_iter_s``, the paper's single measured t_iter). With it, ``t_iter_s`` is the
-                time when sending theta_min; lsgd's ``gravac`` passes modeled times for both.
+            t_iter_candidate_s: seconds an iteration sending the candidate CF takes (None:
+                ``t_iter_s``). lsgd's ``gravac`` passes modeled times for both.
 
         Raises:
             ValueError: a gain negative or not finite, ``t_iter_s`` <= 0 or infinite, or
@@ -299,14 +308,46 @@ class GraVACController:
 
         for cf, gain, t in ((cf_min, s_min, t_iter_s), (cf_cand, s_cand, t_cand_s)):
             if not math.isnan(t):
-                t_system = samples / t
-                self._window_sum[cf] = self._window_sum.get(cf, 0.0) + t_system * gain
-                self._window_count[cf] = self._window_count.get(cf, 0) + 1
-                self._throughput[cf] = self._window_sum[cf] / self._window_count[cf]
+                self._add_sample(cf, samples / t * gain)
 
         if self._observations % self.window == 0:
             self._window_end(s_min, s_cand, cf_cand)
         return decision
+
+    def record_throughput(self, cf: float, t_iter_s: float, gain: float, samples: int, observation: int) -> bool:
+        """Add the throughput sample ``samples / t_iter_s * gain`` of an iteration that sent ``cf``
+        (rule 3, measured mode); returns whether it was recorded.
+
+        Args:
+            cf: the CF that iteration sent (1.0, dense, is ignored), >= 1.
+            t_iter_s: that iteration's seconds including compression and communication, > 0
+                (NaN: nothing is recorded).
+            gain: the smoothed gain of what it sent (``GraVACDecision.gain``), >= 0.
+            samples: samples processed by all workers in it (N * b), >= 0.
+            observation: :attr:`observations` right after that iteration's :meth:`observe`
+                (1-based); a sample from a window that has already ended is dropped.
+
+        Raises:
+            ValueError: ``t_iter_s`` <= 0 or infinite, a gain negative or not finite, ``samples`` < 0.
+        """
+        t_iter_s = float(t_iter_s)
+        if math.isnan(t_iter_s):
+            return False
+        if not (math.isfinite(t_iter_s) and t_iter_s > 0.0):
+            raise ValueError(f"t_iter_s must be > 0 seconds (or NaN when not measured), got {t_iter_s!r}")
+        gain = _check_gain("gain", gain)
+        if samples < 0:
+            raise ValueError(f"samples must be >= 0, got {samples!r}")
+        ended = (self._observations // self.window) * self.window  # observations at the last window end
+        if float(cf) <= 1.0 or self.settled or observation <= ended:
+            return False
+        self._add_sample(float(cf), samples / t_iter_s * gain)
+        return True
+
+    def _add_sample(self, cf: float, value: float) -> None:
+        self._window_sum[cf] = self._window_sum.get(cf, 0.0) + value
+        self._window_count[cf] = self._window_count.get(cf, 0) + 1
+        self._throughput[cf] = self._window_sum[cf] / self._window_count[cf]
 
     # ---------------------------------------------------------------- window end
     def _capped_scale(self, cf_min: float, theta_s: float) -> float:

@@ -102,7 +102,7 @@ def _worker(rank, world):
     rows = algo.pop_step_rows()
     assert len(rows) == STEPS and [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert all(r["sent"] in ("candidate", "min", "dense") for r in rows)
-    gradient_bytes = nbytes - STEPS * 24  # minus the three float64 gain sums all-reduced per step
+    gradient_bytes = nbytes - STEPS * 48  # minus the six float64 decision values all-reduced per step
     assert ddp_bytes / gradient_bytes > 4
     assert abs(gradient_bytes - sum(dense / r["cf"] for r in rows)) < 1e-6 * gradient_bytes
 

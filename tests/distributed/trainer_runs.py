@@ -35,14 +35,26 @@ def _train(rank, world, cfg, run_dir):
                 "buffers": [b.clone() for b in trainer.model.buffers()]}, Path(run_dir) / f"rank{rank}.pt")
 
 
+def run(tmp_path: Path, overrides: list[str], world: int = 2, name: str = "run", resume: bool = False) -> Path:
+    """Train on ``world`` ranks in ``tmp_path / name`` (``resume``: from its last checkpoint);
+    returns the run directory. A failing rank raises (torch.multiprocessing.ProcessRaisedException)."""
+    cfg = compose_cfg([*TINY, f"launcher.nproc_per_node={world}", f"results_dir={tmp_path}", *overrides])
+    cfg["run_id"] = name
+    cfg["resume"] = resume
+    run_dir = tmp_path / name
+    run_dir.mkdir(exist_ok=resume)
+    run_gloo(_train, world, cfg, str(run_dir))
+    return run_dir
+
+
+def records(run_dir: Path) -> list[dict]:
+    """Every line of metrics.jsonl: the records and the per-step rows (``kind``)."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def train(tmp_path: Path, overrides: list[str], world: int = 2, name: str = "run") -> tuple[list[dict], list[dict]]:
     """Train on ``world`` ranks; returns (metrics records without per-step rows, per-rank final
     parameters and buffers)."""
-    cfg = compose_cfg([*TINY, f"launcher.nproc_per_node={world}", f"results_dir={tmp_path}", *overrides])
-    cfg["run_id"] = name
-    run_dir = tmp_path / name
-    run_dir.mkdir()
-    run_gloo(_train, world, cfg, str(run_dir))
-    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    run_dir = run(tmp_path, overrides, world, name)
     models = [torch.load(run_dir / f"rank{r}.pt") for r in range(world)]
-    return [r for r in recs if "kind" not in r], models
+    return [r for r in records(run_dir) if "kind" not in r], models

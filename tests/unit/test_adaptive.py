@@ -310,3 +310,81 @@ def test_per_cf_iteration_times_give_separate_throughputs():
     assert ctl.throughput[20.0] == pytest.approx(100 / 1.0 * 0.6)
     with pytest.raises(ValueError, match="t_iter_candidate_s"):
         ctl.observe(0.8, 0.6, 2.0, 100, t_iter_candidate_s=0.0)
+
+
+# ---------------------------------------------- GraVAC Algorithm 1 on scripted regimes (paper)
+def comm_bound_time(cf: float) -> float:
+    """Seconds of an iteration sending CF ``cf``: 1 s of compute plus 10 s of dense
+    communication shrunk by the CF (a communication-bound regime)."""
+    return 1.0 + 10.0 / cf
+
+
+#: gains stay close (equal) at every CF, the candidate always passes epsilon, omega 5%. By
+#: Algorithm 1, with T(cf) = N / t(cf) * 0.95 and t(cf) = 1 + 10 / cf:
+#:   T(10) = 0.475 N, T(20) = 0.633 N, T(40) = 0.760 N, T(80) = 0.844 N, T(160) = 0.894 N,
+#:   T(320) = 0.921 N. At every window end the gains agree, so theta_min rises to the candidate;
+#:   the two best throughputs differ by 25%, 16.7%, 10%, 5.6% (> omega) after windows 1-4 and by
+#:   2.9% (<= omega) after window 5, which settles on the lower CF of that pair, 160.
+RISING_PLANS = [(10.0, 20.0), (20.0, 40.0), (40.0, 80.0), (80.0, 160.0), (160.0, 320.0)]
+
+
+def close_gains_controller(window: int) -> GraVACController:
+    return GraVACController(cf_min=10, cf_max=1000, epsilon=0.5, window=window, omega=0.05,
+                            policy="exponential", ratio=2, scale_start=2, ewma=0)
+
+
+def test_close_gains_raise_theta_min_until_throughputs_agree_modeled_times():
+    """Each CF's own iteration time (throughput_time=modeled): theta_min must rise while a larger
+    CF still buys throughput, then settle on the lower CF of the two best."""
+    ctrl = close_gains_controller(window=2)
+    plans = []
+    for _ in range(len(RISING_PLANS)):
+        plans.append(ctrl.plan())
+        for _ in range(ctrl.window):
+            cf_min, cf_cand = ctrl.plan()
+            d = ctrl.observe(0.95, 0.95, comm_bound_time(cf_min), 1, t_iter_candidate_s=comm_bound_time(cf_cand))
+            assert d.sent == "candidate"
+    assert plans == RISING_PLANS
+    assert ctrl.settled and ctrl.plan() == (160.0, 160.0)
+
+
+def test_close_gains_raise_theta_min_until_throughputs_agree_measured_times():
+    """The paper's measured throughput: each iteration's time counts only for the CF it sent,
+    and is known one iteration later (then the last iteration of a window counts in none)."""
+    ctrl = close_gains_controller(window=3)
+    plans, pending = [], None
+    for _ in range(len(RISING_PLANS)):
+        plans.append(ctrl.plan())
+        for _ in range(ctrl.window):
+            if pending is not None:
+                ctrl.record_throughput(*pending)
+            d = ctrl.observe(0.95, 0.95, NAN, 1)
+            assert d.sent == "candidate"
+            pending = (d.cf, comm_bound_time(d.cf), d.gain, 1, ctrl.observations)
+    assert plans == RISING_PLANS
+    assert ctrl.settled and ctrl.plan() == (160.0, 160.0)
+    # theta_min itself was never sent, so the table holds only the candidates' CFs
+    assert sorted(ctrl.throughput) == [20.0, 40.0, 80.0, 160.0, 320.0]
+    assert ctrl.throughput[20.0] == pytest.approx(0.95 / comm_bound_time(20.0))
+
+
+def test_measured_sample_of_an_ended_window_or_of_dense_is_dropped():
+    ctrl = close_gains_controller(window=2)
+    ctrl.observe(0.95, 0.95, NAN, 1)
+    ctrl.observe(0.95, 0.95, NAN, 1)  # window end at observation 2
+    assert not ctrl.record_throughput(20.0, 1.5, 0.95, 1, observation=2)  # belonged to window 1
+    assert not ctrl.record_throughput(1.0, 1.0, 1.0, 1, observation=3)    # dense: never a candidate CF
+    assert ctrl.record_throughput(40.0, 1.25, 0.95, 1, observation=3)
+    assert ctrl.throughput == {40.0: pytest.approx(0.95 / 1.25)}
+    with pytest.raises(ValueError, match="t_iter_s"):
+        ctrl.record_throughput(40.0, 0.0, 0.95, 1, observation=3)
+
+
+def test_equal_times_for_both_cfs_settle_on_the_old_theta_min():
+    """Why one shared t_iter cannot work (the old reading of measured mode): with equal times
+    and gains within omega the throughputs agree too, and Algorithm 1 settles on the lower CF at
+    the very first window end: theta_min never gets to rise."""
+    ctrl = close_gains_controller(window=2)
+    for _ in range(2):
+        ctrl.observe(0.95, 0.95, 1.0, 1)
+    assert ctrl.settled and ctrl.plan() == (10.0, 10.0)
