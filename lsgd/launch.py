@@ -220,12 +220,13 @@ def run(cfg_node) -> dict | None:
     launch_env = detect_launch_env(os.environ) if _join_mode(cfg_node) else None
     hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
     cfg = OmegaConf.to_container(cfg_node, resolve=True, throw_on_missing=True)
+    if launch_env is not None:  # before validation: it reads LOCAL_WORLD_SIZE (hierarchical Adasum's nodes)
+        launch_env.export(os.environ)
     validate(cfg, launch_env.world_size if launch_env else None)
 
     if launch_env is not None and launch_env.rank != 0:
         from lsgd.trainer import worker_main
 
-        launch_env.export(os.environ)
         worker_main(cfg, None)
         return None
 
@@ -248,7 +249,6 @@ def run(cfg_node) -> dict | None:
     if launch_env is not None:
         from lsgd.trainer import worker_main
 
-        launch_env.export(os.environ)
         worker_main(cfg, str(run_dir))
     else:
         try:

@@ -551,14 +551,31 @@ class Adasum(Algorithm):
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
+        """Also, with ``hierarchical``: the node size (``local_size``; null: the launcher's
+        ``LOCAL_WORLD_SIZE``, and in a local launch, where it is not set yet, all workers on this
+        machine) must divide the world size and leave at least two nodes (on one node the
+        hierarchy is a plain average: Adasum of a single node mean)."""
         choice(algo, "target", TARGETS, "algo.")
         if algo.get("local_size") is not None:
             int_at_least(algo, "local_size", 1, "algo.")
-            if algo.get("hierarchical") and world_size % algo["local_size"]:
-                raise ConfigError(
-                    f"algo.local_size={algo['local_size']} must divide the world size {world_size} "
-                    "(algo.hierarchical=true: nodes of local_size ranks)"
-                )
+        if not algo.get("hierarchical"):
+            return
+        node = algo.get("local_size")
+        source = "algo.local_size"
+        if node is None:
+            env = os.environ.get("LOCAL_WORLD_SIZE")
+            node, source = (int(env), "LOCAL_WORLD_SIZE") if env else (world_size, "one machine")
+        if world_size % node:
+            raise ConfigError(
+                f"algo.hierarchical=true needs nodes of equal size: node size {node} ({source}) does not "
+                f"divide the world size {world_size}; set algo.local_size to a divisor of {world_size}"
+            )
+        if node >= world_size and world_size > 1:
+            raise ConfigError(
+                f"algo.hierarchical=true on a single node (node size {node} from {source}, world size "
+                f"{world_size}) is plain averaging, not Adasum; set algo.local_size to a divisor of "
+                f"{world_size} below it (nodes of that many ranks), or algo.hierarchical=false"
+            )
 
     def __init__(self, cfg: dict, comm: Communicator):
         super().__init__(cfg, comm)

@@ -109,6 +109,12 @@ def test_slurm_launcher_composes():
         (["algo=accordion", "algo.compressor=dgc"], "algo.compressor"),
         (["algo=accordion", "algo.compressor=powersgd", "algo.rank_high=0"], "algo.rank_high"),
         (["algo=adasum", "algo.target=weights"], "algo.target"),
+        # hierarchical Adasum: one node (local launch, no local_size) or nodes that do not divide
+        (["algo=adasum", "algo.hierarchical=true", "launcher.nproc_per_node=4"], "algo.hierarchical"),
+        (["algo=adasum", "algo.hierarchical=true", "algo.local_size=4", "launcher.nproc_per_node=4"],
+         "algo.hierarchical"),
+        (["algo=adasum", "algo.hierarchical=true", "algo.local_size=2", "launcher.nproc_per_node=3"],
+         "algo.hierarchical"),
         (["algo=param_server", "launcher.nproc_per_node=1"], "launcher.nproc_per_node"),
         (["cluster.compute=simulated"], "cluster.compute"),
         (["cluster.speeds=[1.0]"], "cluster.speeds"),
@@ -131,3 +137,19 @@ def test_every_variant_composes_with_its_study(variant):
     assert cfg["algo"]["name"] == expected
     assert cfg["experiment_name"] == experiment
     validate(cfg)
+
+
+def test_hierarchical_adasum_with_two_nodes_validates():
+    validate(load(["debug=default", "algo=adasum", "algo.hierarchical=true", "algo.local_size=2",
+                   "launcher.nproc_per_node=4"]))
+
+
+def test_diloco_selects_adamw_unless_optim_is_given():
+    """algo=diloco picks the paper's inner optimizer (AdamW, lr 4e-4, wd 0.1, betas 0.9/0.95,
+    Douillard et al. 2023) through its defaults list; an explicit optim= still wins."""
+    cfg = load(["algo=diloco"])
+    assert cfg["optim"]["name"] == "adamw"
+    assert (cfg["optim"]["lr"], cfg["optim"]["weight_decay"], list(cfg["optim"]["betas"])) == (4e-4, 0.1, [0.9, 0.95])
+    assert load(["algo=diloco", "optim=sgd"])["optim"]["name"] == "sgd"
+    assert load(["optim=lamb", "algo=diloco"])["optim"]["name"] == "lamb"
+    assert load(["algo=slowmo"])["optim"]["name"] == "sgd"
