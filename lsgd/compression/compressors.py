@@ -25,8 +25,8 @@ sparsifiers support GraVAC's "multi-level" compression (:meth:`Compressor.compre
 again inside an earlier selection, cheaper than starting from the dense tensor).
 
 Randomness (randomk's indices, dgc's threshold sample, qsgd's stochastic rounding) comes from a
-``torch.Generator`` on the tensor's device seeded by a 63-bit mix of ``(seed, step, key, ...)``, so it
-is reproducible and, for randomk and dgc, identical on every worker that compresses the same
+``torch.Generator`` on the tensor's device seeded by :func:`lsgd.seeding.derive_seed` of
+``(name, seed, step, key, ...)`` (the same mixer as the data partition's), so it is reproducible and, for randomk and dgc, identical on every worker that compresses the same
 ``(step, key)``; qsgd also mixes in the worker's rank so its rounding noise is independent across
 workers. Selected indices are returned sorted ascending.
 """
@@ -40,11 +40,10 @@ from typing import ClassVar
 
 import torch
 
+from lsgd.seeding import derive_seed
+
 COMPRESSORS = ("none", "fp16", "topk", "randomk", "dgc", "redsync", "qsgd", "powersgd")
 SPARSIFIERS = ("topk", "randomk", "dgc", "redsync")
-
-_MASK64 = (1 << 64) - 1
-
 
 # -- payload ------------------------------------------------------------------------------------
 @dataclass
@@ -86,28 +85,11 @@ class Compressed:
 
 
 # -- helpers -------------------------------------------------------------------------------------
-def _splitmix64(z: int) -> int:
-    z = (z + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
-def mix_seed(*values: int) -> int:
-    """A 63-bit seed mixed from integers (splitmix64 chain); the same on every process and run.
-
-    Python's ``hash`` of a tuple of ints is also stable, but this keeps the mixing explicit and
-    well spread for consecutive steps and keys.
-    """
-    h = 0
-    for v in values:
-        h = _splitmix64(h ^ (int(v) & _MASK64))
-    return h & ((1 << 63) - 1)
-
-
-def _generator(device: torch.device, *values: int) -> torch.Generator:
+def _generator(device: torch.device, *parts: object) -> torch.Generator:
+    """A generator on ``device`` seeded by :func:`lsgd.seeding.derive_seed` of ``parts``
+    (the compressor's name first, then its seed, the step, the tensor key, ...)."""
     g = torch.Generator(device=device)
-    g.manual_seed(mix_seed(*values))
+    g.manual_seed(derive_seed(*parts))
     return g
 
 
@@ -398,7 +380,7 @@ class RandomK(Sparsifier):
         n = x.numel()
         if k >= n:
             return torch.arange(n, device=x.device)
-        g = _generator(x.device, self.seed, step, key, level, 0x52414E44)
+        g = _generator(x.device, "randomk", self.seed, step, key, level)
         if 4 * k > n:
             return _ascending(torch.randperm(n, generator=g, device=x.device)[:k], n)
         distinct = torch.empty(0, dtype=torch.long, device=x.device)
@@ -471,7 +453,7 @@ class DGC(Sparsifier):
         s = min(n, max(math.ceil(self.sample_ratio * n), self.MIN_SAMPLE))
         if s >= n:
             return topk_indices(a, k)
-        g = _generator(x.device, self.seed, step, key, level, 0x444743)
+        g = _generator(x.device, "dgc", self.seed, step, key, level)
         sample = a[torch.randint(0, n, (s,), generator=g, device=x.device)]
         k_s = max(1, math.ceil(s / cf))
         threshold = torch.topk(sample, k_s, sorted=False).values.min()
@@ -602,7 +584,7 @@ class QSGD(Compressor):
         flat = tensor.detach().reshape(-1).float()
         norm = flat.norm()
         s = self.levels
-        g = _generator(flat.device, self.seed, step, key, self._rank(), 0x51534744)
+        g = _generator(flat.device, "qsgd", self.seed, step, key, self._rank())
         u = torch.rand(flat.numel(), generator=g, device=flat.device)
         if float(norm) > 0:
             level = torch.floor(flat.abs() * (s / norm) + u).clamp_(max=s)
