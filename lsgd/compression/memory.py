@@ -13,7 +13,7 @@ A memory holds state per tensor ``key`` (an int, e.g. the parameter's index in
   Algorithm 2 EF-SGD): ``g_ef = g + r``, ``r <- g_ef - sent``. Over T steps,
   ``sum_t sent_t + r_T == sum_t g_t``: nothing is lost, only delayed.
 * :class:`DGCMemory`: DGC's momentum correction with factor masking (Lin et al., ICLR 2018,
-  Sec. 3.2 and Algorithm 1 lines 7-12).
+  Sec. 3.2 and Algorithm 1), plain or Nesterov as in the authors' ``DGCSGDMemory``.
 
 All state is kept as tensors on the gradient's device and saved by :meth:`Memory.state_dict`
 (checkpoints); tensors passed in are never modified.
@@ -131,12 +131,17 @@ class ErrorFeedback(Memory):
 class DGCMemory(Memory):
     """DGC's momentum correction and factor masking (Lin et al., ICLR 2018, Sec. 3.2, Algorithm 1).
 
-    With momentum ``m``, per tensor: velocity ``u`` and accumulation ``v`` (both 0 at first).
+    With momentum ``m``, per tensor: momentum ``u`` and accumulation ``v`` (both 0 at first), both
+    in gradient units and of the gradient's shape. As the authors' ``DGCSGDMemory.compensate``
+    (github.com/synxlin/deep-gradient-compression, dgc/memory.py):
 
-    * ``compensate(g)``: ``u <- m u + g``; ``v <- v + u``; returns ``g_ef = v`` (a copy).
+    * ``compensate(g)``, plain momentum: ``u <- m u + g``; ``v <- v + u``.
+      Nesterov (``nesterov=True``): ``u <- m (u + g)``; ``v <- v + u + g``. (With ``b`` torch
+      SGD's Nesterov buffer, ``b <- m b + g`` and update ``g + m b``, this ``u`` is ``m b``.)
+      Returns ``g_ef = v`` (a copy).
     * ``update(g_ef, sent)``: factor masking on the sent coordinates ``mask = sent != 0``:
       ``v <- g_ef`` with ``v[mask] = 0``, ``u[mask] = 0``. (The mask is taken from the dense
-      ``sent``: a coordinate that was selected with value exactly 0 keeps its velocity; its
+      ``sent``: a coordinate that was selected with value exactly 0 keeps its momentum; its
       accumulation is 0 either way.)
     * ``reset``: zeroes ``u`` and ``v``.
 
@@ -146,10 +151,11 @@ class DGCMemory(Memory):
         ValueError: ``momentum`` outside [0, 1); stored state of another shape than the tensor.
     """
 
-    def __init__(self, momentum: float):
+    def __init__(self, momentum: float, nesterov: bool = False):
         if not 0 <= momentum < 1:
             raise ValueError(f"DGCMemory momentum must be in [0, 1), got {momentum!r}")
         self.momentum = float(momentum)
+        self.nesterov = bool(nesterov)
         self.u: dict[int, torch.Tensor] = {}
         self.v: dict[int, torch.Tensor] = {}
 
@@ -157,11 +163,16 @@ class DGCMemory(Memory):
         g = grad.detach()
         u, v = self.u.get(key), self.v.get(key)
         if u is None:
-            u, v = g.clone(), g.clone()
+            u, v = torch.zeros_like(g), torch.zeros_like(g)
         else:
             _check_shape(key, u, g)
-            u = u.to(device=g.device, dtype=g.dtype).mul_(self.momentum).add_(g)
-            v = v.to(device=g.device, dtype=g.dtype).add_(u)
+            u, v = u.to(device=g.device, dtype=g.dtype), v.to(device=g.device, dtype=g.dtype)
+        if self.nesterov:
+            u = u.add_(g).mul_(self.momentum)
+            v = v.add_(u).add_(g)
+        else:
+            u = u.mul_(self.momentum).add_(g)
+            v = v.add_(u)
         self.u[key], self.v[key] = u, v
         return v.clone()
 
@@ -188,11 +199,13 @@ class DGCMemory(Memory):
     def state_dict(self):
         return {
             "momentum": self.momentum,
+            "nesterov": self.nesterov,
             "u": {k: t.clone() for k, t in self.u.items()},
             "v": {k: t.clone() for k, t in self.v.items()},
         }
 
     def load_state_dict(self, state):
         self.momentum = float(state.get("momentum", self.momentum))
+        self.nesterov = bool(state.get("nesterov", self.nesterov))
         self.u = {int(k): t.clone() for k, t in state.get("u", {}).items()}
         self.v = {int(k): t.clone() for k, t in state.get("v", {}).items()}
