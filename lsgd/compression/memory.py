@@ -8,12 +8,26 @@ A memory holds state per tensor ``key`` (an int, e.g. the parameter's index in
     memory.update(key, g_ef, compressor.decompress(c))   # remember what was not sent
 
 * :class:`NoMemory`: no feedback (lossless compressors, or ``error_feedback=false``).
-* :class:`ErrorFeedback`: the residual ``r`` (Seide, Fu, Droppo, Li and Yu, "1-bit SGD",
-  Interspeech 2014; Karimireddy, Rebjock, Stich and Jaggi, "Error Feedback Fixes SignSGD", ICML 2019,
-  Algorithm 2 EF-SGD): ``g_ef = g + r``, ``r <- g_ef - sent``. Over T steps,
-  ``sum_t sent_t + r_T == sum_t g_t``: nothing is lost, only delayed.
+* :class:`ErrorFeedback`: the residual ``r`` in gradient units (Seide, Fu, Droppo, Li and Yu,
+  "1-Bit Stochastic Gradient Descent and its Application to Data-Parallel Distributed Training of
+  Speech DNNs", Interspeech 2014: the quantization error is added to the next minibatch's
+  gradient, "error feedback"): ``g_ef = g + r``,
+  ``r <- g_ef - sent``. Over T steps, ``sum_t sent_t + r_T == sum_t g_t``: nothing is lost,
+  only delayed.
 * :class:`DGCMemory`: DGC's momentum correction with factor masking (Lin et al., ICLR 2018,
   Sec. 3.2 and Algorithm 1), plain or Nesterov as in the authors' ``DGCSGDMemory``.
+
+Units: every memory here keeps what was not sent in *gradient* units, before the learning rate is
+applied (the optimizer multiplies the averaged result by the learning rate of the step that
+finally sends it). This is the residual of 1-bit SGD, of GRACE's ``ResidualMemory`` (Xu et al.,
+"GRACE: A Compressed Communication Framework for Distributed Machine Learning", ICDCS 2021), of
+DGC's accumulation ``v`` (Algorithm 1), and the residual the GraVAC paper's compression gain is
+defined on (``g_ef = g + residual``, papers.md section 2). It is *not* EF-SGD (Karimireddy,
+Rebjock, Stich and Jaggi, "Error Feedback Fixes SignSGD and other Gradient Compression Schemes",
+ICML 2019, Algorithm 2), which compresses ``p_t = lr_t g_t + e_t`` and keeps ``e`` in
+learning-rate-scaled (parameter) units: with a constant learning rate the two give the same
+updates, but at a learning-rate decay from lr to lr' a residual carried across it is applied at
+lr' here and at the old lr in EF-SGD.
 
 All state is kept as tensors on the gradient's device and saved by :meth:`Memory.state_dict`
 (checkpoints); tensors passed in are never modified.
@@ -88,10 +102,11 @@ class NoMemory(Memory):
 
 
 class ErrorFeedback(Memory):
-    """Residual error feedback (Seide et al. 2014; Karimireddy et al. 2019, EF-SGD).
+    """Residual error feedback in gradient units (Seide et al. 2014, 1-bit SGD; GRACE's residual
+    memory; see the module docstring for why this is not EF-SGD's learning-rate-scaled error).
 
     ``compensate``: ``g_ef = g + r`` (a new tensor; ``r = 0`` at first);
-    ``update``: ``r <- g_ef - sent``.
+    ``update``: ``r <- g_ef - sent``. ``r`` has the units and shape of the gradient.
 
     Raises:
         ValueError: the stored residual of ``key`` has another shape than the tensor.
