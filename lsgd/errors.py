@@ -8,6 +8,3 @@ class ConfigError(ValueError):
     e.g. ``algo.local_steps must be an integer >= 1, got 0``.
     """
 
-
-class DivergedError(RuntimeError):
-    """Training produced a NaN or inf loss; the run ends with status ``diverged``."""

@@ -19,18 +19,60 @@ workers and the step), all-gather of (values, int32 indices) for the others. The
 result becomes the bucket's gradient. ``powersgd`` runs torch's own PowerSGD hook instead
 (:mod:`lsgd.compression.powersgd`: rank, start iteration, error feedback, warm start).
 
-DGC's momentum correction (Lin et al. 2018, Sec. 3.2) takes over the optimizer's momentum: with
-``algo.compressor=dgc`` and ``algo.momentum_correction=true`` the SGD momentum m of ``optim`` moves
-into the compressor's memory (u <- m u + g; v <- v + u) and the optimizer runs with momentum 0.
+DGC (Lin, Han, Mao, Wang and Dally, "Deep Gradient Compression", ICLR 2018; the authors' code
+github.com/synxlin/deep-gradient-compression): with ``algo.compressor=dgc``,
+``algo.momentum_correction=true`` and ``algo.error_feedback=true`` the SGD optimizer's
+``momentum`` m, ``nesterov`` flag and ``weight_decay`` wd move into the comm hook (the optimizer's
+param groups get momentum 0, nesterov false, weight decay 0, so its step is ``w <- w - lr * G``
+with G the averaged, decompressed result). Per tensor of worker k, in this order::
+
+    g <- g * min(1, c / (||g|| + 1e-6))   local gradient clipping (Sec. 3.3), c = clip_norm * sqrt(N)
+    g <- g + wd * w                  weight decay, part of the gradient that is corrected
+    u <- m u + g;  v <- v + u        momentum correction (Sec. 3.2; Nesterov: u <- m (u + g);
+                                     v <- v + u + g, as the authors' DGCSGDMemory)
+    c = C(v)                         sampled-threshold top-k at the (warmed-up) cf
+    v[sent] = 0;  u[sent] = 0        factor masking
+
+(:class:`lsgd.compression.memory.DGCMemory`). ``algo.error_feedback=false`` turns all of it off
+but the clipping: no memory, nothing accumulated, and the optimizer keeps its own momentum and
+weight decay (it then applies them to the averaged sparse gradient). ``momentum_correction=true``
+needs ``optim.name=sgd`` (TypeError at setup otherwise: ``validate_config`` sees the algo group
+only).
+
+Weight decay: the paper does not mention it; its Algorithm 1 corrects the gradient of the loss, and
+here ``wd * w`` is part of that gradient (the regularized loss), so momentum applies to it as in
+momentum SGD. (Leaving it to a momentum-free optimizer, as lsgd did before, scales the effective
+weight decay by about 1 - m.) The authors' code reaches the same effective decay differently: its
+``DGCSGD`` optimizer (dgc/optim/sgd.py) applies ``wd * w`` locally with a momentum buffer of its
+own, dense and never compressed.
+
+Local gradient clipping (``algo.clip_norm``, null: off; dgc only): the threshold ``clip_norm`` is
+the one of single-worker clipping, on the gradient averaged over all N workers. The paper clips
+each worker's share ``G_k = g_k / N`` (Algorithm 1 accumulates ``1/(N b)`` of each sample's
+gradient) at ``clip_norm * N**-1/2``; here ``g_k`` is the worker's mean gradient, so it is clipped
+at ``clip_norm * N**(1/2)`` (the same rule). The norm is per tensor, as in the authors' code (the
+memory applies its ``gradient_clipping`` to each parameter's gradient; dgc/clip_grad.py
+``clip_grad_norm_``, scale ``max_norm / (norm + 1e-6)`` when below 1); the comm hook compresses a
+bucket before later gradients exist, so a whole-model norm is not available. It precedes the
+weight decay, as torch's ``clip_grad_norm_`` on ``.grad`` precedes the optimizer's weight decay.
+
+Density warm-up (Sec. 3.4): ``algo.warmup_epochs`` W (0: off) epochs with compression factor
+``cf ** ((e + 1) / (W + 1))`` in epoch e (:class:`lsgd.compression.compressors.DGC`), converted to
+steps with the run's ``steps_per_epoch``; the study's variants ``dgc_10x`` / ``dgc_1000x`` use
+the paper's W = 4.
 
 Accounting: the exact payload bytes each worker hands to the collectives (``Compressed.nbytes``
 summed, plus the size exchange and padding of unequal all-gathers; an item whose sparse payload
 would outgrow the dense tensor travels dense, :mod:`lsgd.compression.exchange`), counted by the
 communicator; one step = one round. The record key ``cf`` is the effective compression factor
-since the previous record: dense gradient bytes / gradient bytes sent.
+since the previous record: dense gradient bytes / gradient bytes handed to the collectives, both
+summed over the steps since the previous record on this worker (rank 0's value is recorded;
+1.0 when nothing was sent).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -38,15 +80,16 @@ from torch import nn
 from lsgd.algorithms.ddp import DDP
 from lsgd.compression import compressors as C
 from lsgd.compression.exchange import exchange
+from lsgd.compression.memory import DGCMemory, ErrorFeedback, NoMemory
 from lsgd.compression.powersgd import PowerSGD
-from lsgd.config import choice, in_interval, int_at_least, number_at_least
+from lsgd.config import choice, in_interval, int_at_least, number_at_least, positive
 from lsgd.errors import ConfigError
 
 # compressor-specific keys of the algo group that are passed to lsgd.compression.build
 COMPRESSOR_PARAMS = {
     "topk": (),
     "randomk": ("seed",),
-    "dgc": ("sample_ratio", "warmup_steps", "warmup_cf", "seed"),
+    "dgc": ("sample_ratio", "warmup_epochs", "seed"),
     "redsync": (),
     "qsgd": ("levels", "seed"),
     "fp16": (),
@@ -55,7 +98,8 @@ COMPRESSOR_PARAMS = {
 
 
 def validate_compressor_keys(algo: dict) -> None:
-    """Checks shared by the compression algorithms: PowerSGD's start, QSGD's levels, DGC's sampling.
+    """Checks shared by the compression algorithms: PowerSGD's start, QSGD's levels, DGC's sampling
+    and warm-up.
 
     Raises:
         ConfigError: the first invalid key with its allowed values.
@@ -69,14 +113,19 @@ def validate_compressor_keys(algo: dict) -> None:
             raise ConfigError(f"algo.levels must be an integer in [1, 127] (int8 payload), got {levels!r}")
     if compressor == "dgc" and algo.get("sample_ratio") is not None:
         in_interval(algo, "sample_ratio", 0, 1, "algo.")
+    if compressor == "dgc" and algo.get("warmup_epochs") is not None:
+        int_at_least(algo, "warmup_epochs", 0, "algo.")
 
 
-def build_compressor(cfg: dict, cf: float | None = None):
-    """The compressor named by ``cfg['compressor']`` with its parameters from the algo group."""
+def build_compressor(cfg: dict, cf: float | None = None, steps_per_epoch: int | None = None):
+    """The compressor named by ``cfg['compressor']`` with its parameters from the algo group
+    (``steps_per_epoch``: DGC's density warm-up, ``algo.warmup_epochs``)."""
     name = cfg["compressor"]
     params = {k: cfg[k] for k in COMPRESSOR_PARAMS.get(name, ()) if cfg.get(k) is not None}
     if name in ("topk", "randomk", "dgc", "redsync"):
         params["cf"] = float(cf if cf is not None else cfg.get("cf", 1.0))
+    if name == "dgc" and params.get("warmup_epochs"):
+        params["steps_per_epoch"] = steps_per_epoch
     return C.build(name, **params)
 
 
@@ -85,8 +134,8 @@ class Compressed(DDP):
 
     Config keys: ``compressor``, ``cf``, ``error_feedback`` (bool), ``bucket_cap_mb``; powersgd:
     ``rank``, ``start_iter``, ``warm_start``, ``min_compression_rate``; qsgd: ``levels``; dgc:
-    ``momentum_correction``, ``sample_ratio``, ``warmup_steps``, ``warmup_cf``; randomk/dgc/qsgd:
-    ``seed``.
+    ``momentum_correction``, ``clip_norm``, ``sample_ratio``, ``warmup_epochs``; randomk/dgc/qsgd
+    (and powersgd's initial Q): ``seed`` (the run's ``seed`` unless set).
     """
 
     name = "compressed"
@@ -98,6 +147,15 @@ class Compressed(DDP):
         if algo.get("compressor") == "powersgd":
             int_at_least(algo, "rank", 1, "algo.")
         validate_compressor_keys(algo)
+        if "error_feedback" in algo:
+            choice(algo, "error_feedback", (True, False), "algo.")
+        if algo.get("compressor") == "dgc" and "momentum_correction" in algo:
+            choice(algo, "momentum_correction", (True, False), "algo.")
+        if algo.get("clip_norm") is not None:
+            if algo.get("compressor") != "dgc":
+                raise ConfigError(f"algo.clip_norm (DGC's local gradient clipping) applies to algo.compressor=dgc "
+                                  f"only, got algo.compressor={algo.get('compressor')!r}; allowed: null")
+            positive(algo, "clip_norm", "algo.")
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
@@ -109,13 +167,23 @@ class Compressed(DDP):
         self.powersgd: PowerSGD | None = None
         self.compressor = None
         self.memory = None
+        self.weight_decay: dict[int, float] = {}  # DGC: key -> wd taken over from the optimizer
+        self.clip_norm: float | None = None        # DGC: per-tensor threshold on the local gradient
+
+    def compressor_seed(self) -> int:
+        """``algo.seed``, or the run's seed (``RunContext.seed``) when it is null or absent."""
+        seed = self.cfg.get("seed")
+        return int(seed) if seed is not None else int(self.ctx.seed)
 
     # -- setup ------------------------------------------------------------------------------
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, ctx=None) -> nn.Module:
         self.model, self.optimizer = model, optimizer
+        if ctx is not None:
+            self.ctx = ctx
+            self.steps_per_epoch = ctx.steps_per_epoch
         self.param_index = {id(p): i for i, p in enumerate(model.parameters())}
+        cfg = {**self.cfg, "seed": self.compressor_seed()}
         if self.compressor_name == "powersgd":
-            cfg = self.cfg
             self.powersgd = PowerSGD(
                 self.comm,
                 rank=int(cfg.get("rank", 1)),
@@ -123,27 +191,45 @@ class Compressed(DDP):
                 error_feedback=self.error_feedback,
                 warm_start=bool(cfg.get("warm_start", True)),
                 min_compression_rate=float(cfg.get("min_compression_rate", 2.0)),
-                seed=int(cfg.get("seed", 0)),
+                seed=cfg["seed"],
             )
         else:
-            self.compressor = build_compressor(self.cfg)
-            self.memory = self._make_memory(optimizer)
+            self.compressor = build_compressor(cfg, steps_per_epoch=self.steps_per_epoch)
+            self.memory = self._make_memory(model, optimizer)
+            if self.compressor_name == "dgc" and self.cfg.get("clip_norm") is not None:
+                self.clip_norm = float(self.cfg["clip_norm"]) * math.sqrt(self.comm.world_size)
         return super().setup(model, optimizer, ctx)
 
-    def _make_memory(self, optimizer):
-        """Error-feedback memory of the compressor (none when disabled or lossless)."""
-        from lsgd.compression.memory import DGCMemory, NoMemory
+    def _make_memory(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        """The error-feedback memory: none when disabled or lossless; DGC with momentum
+        correction: :class:`DGCMemory`, taking over the SGD optimizer's momentum, Nesterov flag and
+        weight decay (module docstring); else the residual :class:`ErrorFeedback`.
 
-        if self.compressor_name == "dgc" and self.cfg.get("momentum_correction", True):
-            momentum = 0.0
-            for group in optimizer.param_groups:
-                momentum = float(group.get("momentum", 0.0))
-                group["momentum"] = 0.0  # the memory applies the momentum (DGC Sec. 3.2)
-            if momentum > 0:
-                return DGCMemory(momentum)
+        Raises:
+            TypeError: momentum correction with an optimizer other than SGD (optim.name != sgd).
+            ValueError: param groups with different momentum or Nesterov settings.
+        """
         if not self.error_feedback or not self.compressor.lossy:
             return NoMemory()
-        return self.compressor.make_memory()
+        if self.compressor_name != "dgc" or not self.cfg.get("momentum_correction", True):
+            return ErrorFeedback()
+        if not isinstance(optimizer, torch.optim.SGD):
+            raise TypeError(f"algo.momentum_correction=true (DGC) takes over SGD's momentum and needs optim.name=sgd, "
+                              f"got {type(optimizer).__name__}; allowed: optim.name=sgd or algo.momentum_correction=false")
+        settings = {(float(g["momentum"]), bool(g.get("nesterov", False))) for g in optimizer.param_groups}
+        if len(settings) != 1:
+            raise ValueError(f"DGC momentum correction needs one momentum and Nesterov setting for all param groups, "
+                             f"got {sorted(settings)}")
+        (momentum, nesterov), = settings
+        index = {id(p): i for i, p in enumerate(model.parameters())}
+        for group in optimizer.param_groups:
+            wd = float(group.get("weight_decay", 0.0))
+            for p in group["params"]:
+                if wd and id(p) in index:
+                    self.weight_decay[index[id(p)]] = wd
+            # the hook applies them (DGC Sec. 3.2); torch's SGD rejects Nesterov without momentum
+            group["momentum"], group["nesterov"], group["weight_decay"] = 0.0, False, 0.0
+        return DGCMemory(momentum, nesterov=nesterov)
 
     def register_hook(self, ddp) -> None:
         """Compression hook (or torch's PowerSGD hook) instead of DDP's plain all-reduce."""
@@ -155,6 +241,18 @@ class Compressed(DDP):
             return self.powersgd.hook(state, bucket)
 
     # -- the comm hook ----------------------------------------------------------------------
+    def local_gradient(self, key: int, grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+        """DGC's corrections of one local gradient before the memory (module docstring): clipping
+        to ``clip_norm * sqrt(N)`` (per tensor), then ``+ wd * w``. Other compressors: ``grad``."""
+        if self.clip_norm is not None:
+            norm = float(grad.norm())
+            if self.clip_norm / (norm + 1e-6) < 1:
+                grad = grad * (self.clip_norm / (norm + 1e-6))
+        wd = self.weight_decay.get(key)
+        if wd:
+            grad = grad + wd * param.detach()
+        return grad
+
     def compress_bucket(self, grads: list[torch.Tensor], keys: list[int]) -> list:
         """Error feedback and compression of each tensor; returns the Compressed payloads."""
         items = []
@@ -168,7 +266,10 @@ class Compressed(DDP):
     def compression_hook(self, _state, bucket):  # no return annotation: DDP inspects it
         """Compress, exchange and average one DDP bucket (returns a completed future)."""
         grads = bucket.gradients()
-        keys = [self.param_index[id(p)] for p in bucket.parameters()]
+        params = bucket.parameters()
+        keys = [self.param_index[id(p)] for p in params]
+        if self.clip_norm is not None or self.weight_decay:
+            grads = [self.local_gradient(k, g, p) for k, g, p in zip(keys, grads, params)]
         items = self.compress_bucket(grads, keys)
         before = self.comm.stats.comm_bytes
         with self.comm.overlap(self.bucket_ready_at(bucket)):

@@ -25,8 +25,8 @@ sparsifiers support GraVAC's "multi-level" compression (:meth:`Compressor.compre
 again inside an earlier selection, cheaper than starting from the dense tensor).
 
 Randomness (randomk's indices, dgc's threshold sample, qsgd's stochastic rounding) comes from a
-``torch.Generator`` on the tensor's device seeded by a 63-bit mix of ``(seed, step, key, ...)``, so it
-is reproducible and, for randomk and dgc, identical on every worker that compresses the same
+``torch.Generator`` on the tensor's device seeded by :func:`lsgd.seeding.derive_seed` of
+``(name, seed, step, key, ...)`` (the same mixer as the data partition's), so it is reproducible and, for randomk and dgc, identical on every worker that compresses the same
 ``(step, key)``; qsgd also mixes in the worker's rank so its rounding noise is independent across
 workers. Selected indices are returned sorted ascending.
 """
@@ -40,11 +40,10 @@ from typing import ClassVar
 
 import torch
 
+from lsgd.seeding import derive_seed
+
 COMPRESSORS = ("none", "fp16", "topk", "randomk", "dgc", "redsync", "qsgd", "powersgd")
 SPARSIFIERS = ("topk", "randomk", "dgc", "redsync")
-
-_MASK64 = (1 << 64) - 1
-
 
 # -- payload ------------------------------------------------------------------------------------
 @dataclass
@@ -86,28 +85,11 @@ class Compressed:
 
 
 # -- helpers -------------------------------------------------------------------------------------
-def _splitmix64(z: int) -> int:
-    z = (z + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
-def mix_seed(*values: int) -> int:
-    """A 63-bit seed mixed from integers (splitmix64 chain); the same on every process and run.
-
-    Python's ``hash`` of a tuple of ints is also stable, but this keeps the mixing explicit and
-    well spread for consecutive steps and keys.
-    """
-    h = 0
-    for v in values:
-        h = _splitmix64(h ^ (int(v) & _MASK64))
-    return h & ((1 << 63) - 1)
-
-
-def _generator(device: torch.device, *values: int) -> torch.Generator:
+def _generator(device: torch.device, *parts: object) -> torch.Generator:
+    """A generator on ``device`` seeded by :func:`lsgd.seeding.derive_seed` of ``parts``
+    (the compressor's name first, then its seed, the step, the tensor key, ...)."""
     g = torch.Generator(device=device)
-    g.manual_seed(mix_seed(*values))
+    g.manual_seed(derive_seed(*parts))
     return g
 
 
@@ -231,13 +213,6 @@ class Compressor(abc.ABC):
     def add_to(self, out: torch.Tensor, c: Compressed) -> None:
         """Add ``decompress(c)`` to the flat (1-D, ``c.numel`` elements) tensor ``out`` in place."""
         out.add_(self.decompress(c).reshape(-1))
-
-    def make_memory(self):
-        """The error-feedback memory for this compressor (:mod:`lsgd.compression.memory`):
-        :class:`NoMemory` for lossless compressors, :class:`ErrorFeedback` for lossy ones."""
-        from lsgd.compression.memory import ErrorFeedback, NoMemory
-
-        return ErrorFeedback() if self.lossy else NoMemory()
 
 
 class NoCompression(Compressor):
@@ -398,7 +373,7 @@ class RandomK(Sparsifier):
         n = x.numel()
         if k >= n:
             return torch.arange(n, device=x.device)
-        g = _generator(x.device, self.seed, step, key, level, 0x52414E44)
+        g = _generator(x.device, "randomk", self.seed, step, key, level)
         if 4 * k > n:
             return _ascending(torch.randperm(n, generator=g, device=x.device)[:k], n)
         distinct = torch.empty(0, dtype=torch.long, device=x.device)
@@ -432,11 +407,19 @@ class DGC(Sparsifier):
     So ``ceil(k/2) <= selected <= k`` and the selected set is always the top-``selected`` set of
     ``|x|``. Payload: 8 * selected bytes for float32 (it varies across steps and workers).
 
-    Density warm-up (Sec. 3.4): for ``step < warmup_steps`` the effective compression factor is
-    ``warmup_cf * (cf / warmup_cf) ** (step / warmup_steps)`` (an exponential ramp, e.g. densities
-    25%, 6.25%, ...) applied to the call's target ``cf``; no ramp when ``cf <= warmup_cf``.
-    Momentum correction and factor masking (Sec. 3.2): ``momentum > 0`` makes :meth:`make_memory`
-    return :class:`lsgd.compression.memory.DGCMemory`.
+    Density warm-up (Sec. 3.4, "warm-up training"): over the first ``warmup_epochs`` epochs W the
+    density (1 / compression factor) falls exponentially, one level per epoch, to the target: in
+    epoch ``e = step // steps_per_epoch < W`` the compression factor is ``cf ** ((e + 1) / (W + 1))``
+    (density ``(1/cf) ** ((e + 1) / (W + 1))``), from epoch W on ``cf`` itself. This is the
+    authors' rule (``DGCCompressor.warmup_compress_ratio`` in dgc/compression.py:
+    ``warmup_coeff = ratio ** (1 / (W + 1))``, ratio ``warmup_coeff ** (e + 1)`` in epoch e); with
+    the paper's W = 4 and cf = 1000 it gives densities 25.1%, 6.3%, 1.58%, 0.40%, then 0.1%: the
+    paper's "25%, 6.25%, 1.5625%, 0.4%". The ramp applies to the call's target ``cf`` (``compress(...,
+    cf=)``) as well. Momentum correction and factor masking (Sec. 3.2) are error-feedback
+    memories (:class:`lsgd.compression.memory.DGCMemory`), built by the algorithm.
+
+    Raises:
+        ValueError: ``warmup_epochs > 0`` without ``steps_per_epoch >= 1``.
     """
 
     name = "dgc"
@@ -444,21 +427,26 @@ class DGC(Sparsifier):
     MIN_SAMPLE = 1000
     RETRIES = 3
 
-    def __init__(self, cf: float = 10.0, sample_ratio: float = 0.01, warmup_steps: int = 0,
-                 warmup_cf: float = 4.0, momentum: float = 0.0, seed: int = 0):
+    def __init__(self, cf: float = 10.0, sample_ratio: float = 0.01, warmup_epochs: int = 0,
+                 steps_per_epoch: int | None = None, seed: int = 0):
         super().__init__(cf)
         self.sample_ratio = float(sample_ratio)
-        self.warmup_steps = int(warmup_steps)
-        self.warmup_cf = float(warmup_cf)
-        self.momentum = float(momentum)
+        self.warmup_epochs = int(warmup_epochs)
+        if self.warmup_epochs > 0 and (steps_per_epoch is None or int(steps_per_epoch) < 1):
+            raise ValueError(f"dgc warmup_epochs={warmup_epochs} needs steps_per_epoch >= 1, got {steps_per_epoch!r}")
+        self.steps_per_epoch = int(steps_per_epoch) if steps_per_epoch is not None else None
         self.seed = int(seed)
 
     def effective_cf(self, step: int, cf: float | None = None) -> float:
-        """The compression factor used at ``step`` for target ``cf`` (default :attr:`cf`)."""
+        """The compression factor used at local step ``step`` (0-based) for target ``cf``
+        (default :attr:`cf`): ``cf ** ((e + 1) / (W + 1))`` in warm-up epoch ``e < W``, else ``cf``."""
         cf = self.cf if cf is None else cf
-        if step >= self.warmup_steps or cf <= self.warmup_cf:
+        if self.warmup_epochs <= 0:
             return cf
-        return self.warmup_cf * (cf / self.warmup_cf) ** (step / self.warmup_steps)
+        epoch = step // self.steps_per_epoch
+        if epoch >= self.warmup_epochs:
+            return cf
+        return cf ** ((epoch + 1) / (self.warmup_epochs + 1))
 
     def _effective_cf(self, cf, step):
         return self.effective_cf(step, super()._effective_cf(cf, step))
@@ -471,7 +459,7 @@ class DGC(Sparsifier):
         s = min(n, max(math.ceil(self.sample_ratio * n), self.MIN_SAMPLE))
         if s >= n:
             return topk_indices(a, k)
-        g = _generator(x.device, self.seed, step, key, level, 0x444743)
+        g = _generator(x.device, "dgc", self.seed, step, key, level)
         sample = a[torch.randint(0, n, (s,), generator=g, device=x.device)]
         k_s = max(1, math.ceil(s / cf))
         threshold = torch.topk(sample, k_s, sorted=False).values.min()
@@ -487,12 +475,6 @@ class DGC(Sparsifier):
         if idx.numel() > k:
             idx = idx[topk_indices(a[idx], k)]
         return idx
-
-    def make_memory(self):
-        """:class:`DGCMemory` (momentum correction) when ``momentum > 0``, else error feedback."""
-        from lsgd.compression.memory import DGCMemory
-
-        return DGCMemory(self.momentum) if self.momentum > 0 else super().make_memory()
 
 
 class RedSync(Sparsifier):
@@ -602,7 +584,7 @@ class QSGD(Compressor):
         flat = tensor.detach().reshape(-1).float()
         norm = flat.norm()
         s = self.levels
-        g = _generator(flat.device, self.seed, step, key, self._rank(), 0x51534744)
+        g = _generator(flat.device, "qsgd", self.seed, step, key, self._rank())
         u = torch.rand(flat.numel(), generator=g, device=flat.device)
         if float(norm) > 0:
             level = torch.floor(flat.abs() * (s / norm) + u).clamp_(max=s)
@@ -624,7 +606,7 @@ _PARAMS = {
     "fp16": ("dtype",),
     "topk": ("cf",),
     "randomk": ("cf", "seed", "unbiased"),
-    "dgc": ("cf", "sample_ratio", "warmup_steps", "warmup_cf", "momentum", "seed"),
+    "dgc": ("cf", "sample_ratio", "warmup_epochs", "steps_per_epoch", "seed"),
     "redsync": ("cf",),
     "qsgd": ("levels", "seed", "rank"),
 }
@@ -635,7 +617,8 @@ def build(name: str, **params) -> Compressor:
 
     Parameters per compressor: none: -; fp16: ``dtype`` (float16 | bfloat16); topk, redsync:
     ``cf``; randomk: ``cf``, ``seed``, ``unbiased``; dgc: ``cf``, ``sample_ratio`` (0, 1],
-    ``warmup_steps`` >= 0, ``warmup_cf`` >= 1, ``momentum`` [0, 1), ``seed``; qsgd: ``levels``
+    ``warmup_epochs`` (integer >= 0), ``steps_per_epoch`` (needed when ``warmup_epochs > 0``),
+    ``seed``; qsgd: ``levels``
     [1, 127], ``seed``, ``rank``.
 
     Raises:
@@ -660,10 +643,7 @@ def build(name: str, **params) -> Compressor:
         sr = params.get("sample_ratio", 0.01)
         if not 0 < float(sr) <= 1:
             raise ValueError(f"dgc sample_ratio must be in (0, 1], got {sr!r}")
-        if int(params.get("warmup_steps", 0)) < 0:
-            raise ValueError(f"dgc warmup_steps must be >= 0, got {params['warmup_steps']!r}")
-        if not float(params.get("warmup_cf", 4.0)) >= 1:
-            raise ValueError(f"dgc warmup_cf must be >= 1, got {params['warmup_cf']!r}")
-        if not 0 <= float(params.get("momentum", 0.0)) < 1:
-            raise ValueError(f"dgc momentum must be in [0, 1), got {params['momentum']!r}")
+        we = params.get("warmup_epochs", 0)
+        if isinstance(we, bool) or not isinstance(we, int) or we < 0:
+            raise ValueError(f"dgc warmup_epochs must be an integer >= 0, got {we!r}")
     return _CLASSES[name](**params)

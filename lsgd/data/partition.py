@@ -6,22 +6,13 @@ worker can compute every worker's shard without communicating.
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import torch
 
 from lsgd.errors import ConfigError
+from lsgd.seeding import derive_seed
 
-
-def derive_seed(*parts: object) -> int:
-    """A 63-bit seed derived from ``parts`` (ints or strings), stable across processes and runs.
-
-    Unlike ``hash()``, the value does not depend on ``PYTHONHASHSEED``, so all ranks agree.
-    Example: ``derive_seed("iid", seed, epoch)``.
-    """
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+__all__ = ["derive_seed", "dirichlet_partition", "generator", "iid_partition", "label_entropy"]
 
 
 def generator(*parts: object) -> torch.Generator:

@@ -22,7 +22,7 @@ CASES = [
     ("fp16", {}),
     ("randomk", {"cf": 10, "seed": 7}),
     ("topk", {"cf": 10}),
-    ("dgc", {"cf": 20, "seed": 7}),
+    ("dgc", {"cf": 20, "seed": 3}),  # a seed whose samples select unequal counts on ranks 0, 1 (and 2, 3)
     ("redsync", {"cf": 10}),
     ("qsgd", {"levels": 16, "seed": 7}),
 ]

@@ -68,7 +68,7 @@ def _worker(rank, world):
         assert end < 0.7 * start, f"{name}: loss did not fall ({start:.3f} -> {end:.3f})"
 
     base = {"name": "compressed", "error_feedback": True, "bucket_cap_mb": 25, "seed": 0, "momentum_correction": True,
-            "sample_ratio": 0.5, "warmup_steps": 0, "warmup_cf": 4.0, "levels": 127}
+            "sample_ratio": 0.5, "warmup_epochs": 0, "levels": 127}
     expected = {  # compressor, cf -> exact bytes per step (None: bounded instead)
         ("topk", 10): sparse_bytes(sizes, 10, world),
         ("randomk", 10): sum(4 * math.ceil(n / 10) for n in sizes),
