@@ -111,7 +111,7 @@ class GraVAC(Algorithm):
             scale_start=float(cfg.get("scale_start", 2.0)),
             ewma=float(cfg.get("ewma", 0.9)),
         )
-        self.compressor = build_compressor({**cfg, "warmup_steps": 0}, cf=float(cfg.get("cf_min", 10.0)))
+        self.compressor = build_compressor({**cfg, "warmup_epochs": 0}, cf=float(cfg.get("cf_min", 10.0)))
         self.dense = C.build("none")
         self.memory = ErrorFeedback() if cfg.get("error_feedback", True) else NoMemory()
         self.modeled = cfg.get("throughput_time", "modeled") == "modeled"
@@ -119,6 +119,8 @@ class GraVAC(Algorithm):
         # previous iteration, whose time joins this iteration's all-reduce
         self.pending: tuple[float, float, int, float] | None = None
         self.last: dict = {}
+        self.byte_counts = (0, 0)    # (dense gradient bytes, gradient bytes sent) since the start
+        self.recorded_counts = (0, 0)  # the same at the previous record
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, ctx=None) -> nn.Module:
         super().setup(model, optimizer, ctx)
@@ -199,6 +201,7 @@ class GraVAC(Algorithm):
         for key, out in zip(keys, outs):
             self.params[key].grad.copy_(out)
         self.comm.round()
+        self.byte_counts = (self.byte_counts[0] + dense_bytes, self.byte_counts[1] + sent_bytes)
         if not self.modeled:
             self.pending = (decision.cf, decision.gain, self.controller.observations,
                             measured_s + time.perf_counter() - t_start)
@@ -225,14 +228,23 @@ class GraVAC(Algorithm):
         return True
 
     def metrics(self) -> dict:
-        return {k: self.last[k] for k in ("cf", "cf_min", "cf_candidate", "gain") if k in self.last}
+        """``cf`` since the previous record (docs/run_format.md), and the last step's ``cf_min``,
+        ``cf_candidate`` and ``gain``."""
+        (dense, sent), (d0, s0) = self.byte_counts, self.recorded_counts
+        self.recorded_counts = self.byte_counts
+        out = {k: self.last[k] for k in ("cf_min", "cf_candidate", "gain") if k in self.last}
+        out["cf"] = (dense - d0) / (sent - s0) if sent > s0 else 1.0
+        return out
 
     def state_dict(self) -> dict:
         return {"controller": self.controller.state_dict(), "memory": self.memory.state_dict(),
-                "pending": self.pending, "last": dict(self.last)}
+                "pending": self.pending, "last": dict(self.last),
+                "byte_counts": list(self.byte_counts), "recorded_counts": list(self.recorded_counts)}
 
     def load_state_dict(self, state: dict) -> None:
         self.controller.load_state_dict(state["controller"])
         self.memory.load_state_dict(state["memory"])
         self.pending = None if state.get("pending") is None else tuple(state["pending"])
         self.last = dict(state.get("last", {}))
+        self.byte_counts = tuple(state.get("byte_counts", (0, 0)))
+        self.recorded_counts = tuple(state.get("recorded_counts", (0, 0)))

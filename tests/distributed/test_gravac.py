@@ -35,8 +35,8 @@ def topk_payload_bytes(sizes: list[int], cf: float) -> int:
 
 
 def test_same_seed_same_decisions_and_modeled_times_follow_the_profile(tmp_path):
-    a = rows(run(tmp_path, GRAVAC, name="a"))
-    b = rows(run(tmp_path, GRAVAC, name="b"))
+    run_a = run(tmp_path, GRAVAC, name="a")
+    a, b = rows(run_a), rows(run(tmp_path, GRAVAC, name="b"))
     assert [r["step"] for r in a] == list(range(1, 25))
     assert a == b  # every decision, gain and time, bit for bit
     # the regime is not trivial: the candidate changed at window ends, both CFs were sent
@@ -70,3 +70,18 @@ def test_resume_across_window_ends_matches_uninterrupted_run(tmp_path):
     # candidate CF changes there
     cands = {r["step"]: r["cf_candidate"] for r in whole if r.get("kind") == "compression"}
     assert cands[11] < cands[13] < cands[16]
+
+
+def test_record_cf_is_the_byte_ratio_since_the_previous_record(tmp_path):
+    """docs/run_format.md: a record's ``cf`` is dense bytes / sent bytes summed since the previous
+    record. Every step's dense gradient bytes D are equal, so over steps with factors cf_i it is
+    k D / sum(D / cf_i) = k / sum(1 / cf_i) (not the last step's factor)."""
+    recs = records(run(tmp_path, GRAVAC, name="c"))
+    per_step = {r["step"]: r["cf"] for r in recs if r.get("kind") == "compression"}
+    regular = [r for r in recs if "kind" not in r]
+    prev = 0
+    for rec in regular:
+        steps = range(prev + 1, rec["step"] + 1)
+        assert rec["cf"] == pytest.approx(len(steps) / sum(1 / per_step[s] for s in steps), rel=1e-9)
+        prev = rec["step"]
+    assert len({per_step[s] for s in per_step}) > 1  # the factors differ across steps
