@@ -127,6 +127,7 @@ def validate(cfg: dict, world_size: int | None = None) -> None:
     choice(algo, "name", sorted(ALGORITHMS), "algo.")
     cls = ALGORITHMS[algo["name"]]
     cls.validate_config(algo, world)
+    cls.validate_run(cfg, world)
     num_workers = cls.roles(world).count("worker")
     choice(launcher, "backend", ("auto", "gloo", "nccl"), "launcher.")
     device = resolve_device(cfg)

@@ -570,7 +570,7 @@ class Adasum(Algorithm):
                 f"algo.hierarchical=true needs nodes of equal size: node size {node} ({source}) does not "
                 f"divide the world size {world_size}; set algo.local_size to a divisor of {world_size}"
             )
-        if node >= world_size and world_size > 1:
+        if node >= world_size > 1:
             raise ConfigError(
                 f"algo.hierarchical=true on a single node (node size {node} from {source}, world size "
                 f"{world_size}) is plain averaging, not Adasum; set algo.local_size to a divisor of "

@@ -135,6 +135,15 @@ class Algorithm:
             lsgd.errors.ConfigError: naming the key and the allowed values.
         """
 
+    @classmethod
+    def validate_run(cls, cfg: dict, world_size: int) -> None:
+        """Checks that need more of the run's config than the ``algo`` group (e.g. which optimizer
+        an algorithm takes over); default: none. Called after :meth:`validate_config`.
+
+        Raises:
+            lsgd.errors.ConfigError: naming the key and the allowed values.
+        """
+
     def __init__(self, cfg: dict, comm: Communicator):
         self.cfg = dict(cfg)
         self.comm = comm

@@ -36,8 +36,8 @@ with G the averaged, decompressed result). Per tensor of worker k, in this order
 (:class:`lsgd.compression.memory.DGCMemory`). ``algo.error_feedback=false`` turns all of it off
 but the clipping: no memory, nothing accumulated, and the optimizer keeps its own momentum and
 weight decay (it then applies them to the averaged sparse gradient). ``momentum_correction=true``
-needs ``optim.name=sgd`` (TypeError at setup otherwise: ``validate_config`` sees the algo group
-only).
+needs ``optim.name=sgd`` (a ConfigError before any worker starts; TypeError at setup when the
+hooks are driven by hand).
 
 Weight decay: the paper does not mention it; its Algorithm 1 corrects the gradient of the loss, and
 here ``wd * w`` is part of that gradient (the regularized loss), so momentum applies to it as in
@@ -156,6 +156,17 @@ class Compressed(DDP):
                 raise ConfigError(f"algo.clip_norm (DGC's local gradient clipping) applies to algo.compressor=dgc "
                                   f"only, got algo.compressor={algo.get('compressor')!r}; allowed: null")
             positive(algo, "clip_norm", "algo.")
+
+    @classmethod
+    def validate_run(cls, cfg: dict, world_size: int) -> None:
+        """DGC's momentum correction takes over SGD's momentum: it needs ``optim.name=sgd``."""
+        algo = cfg["algo"]
+        if (algo.get("compressor") == "dgc" and algo.get("momentum_correction", True)
+                and algo.get("error_feedback", True) and cfg.get("optim", {}).get("name") != "sgd"):
+            raise ConfigError(
+                f"algo.momentum_correction=true (DGC) takes over SGD's momentum and weight decay and needs "
+                f"optim.name=sgd, got optim.name={cfg.get('optim', {}).get('name')!r}; allowed: optim=sgd, or "
+                "algo.momentum_correction=false")
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)

@@ -109,6 +109,7 @@ def test_slurm_launcher_composes():
         (["algo=accordion", "algo.compressor=dgc"], "algo.compressor"),
         (["algo=accordion", "algo.compressor=powersgd", "algo.rank_high=0"], "algo.rank_high"),
         (["algo=adasum", "algo.target=weights"], "algo.target"),
+        (["algo=compressed", "algo.compressor=dgc", "optim=adamw"], "algo.momentum_correction"),
         # hierarchical Adasum: one node (local launch, no local_size) or nodes that do not divide
         (["algo=adasum", "algo.hierarchical=true", "launcher.nproc_per_node=4"], "algo.hierarchical"),
         (["algo=adasum", "algo.hierarchical=true", "algo.local_size=4", "launcher.nproc_per_node=4"],
