@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import sys
-from datetime import datetime
+from pathlib import Path
+
+from lsgd.resolvers import (
+    register_resolvers as _register_resolvers,  # callers import it from here
+)
+from lsgd.resolvers import run_id  # noqa: F401  (public name, kept)
 
 USAGE = """usage: lsgd <command> [args]
 
@@ -29,24 +33,6 @@ commands:
 
 `lsgd train --help` shows the config groups and their options.
 """
-
-
-def run_id() -> str:
-    """A run folder name that cannot collide: time to the microsecond plus 16 random bits
-    (``20261122-101502-123456-a3f9``). Under SLURM the job id (shared by all tasks of the job)
-    is used, so every task of a multi-node job agrees on one folder."""
-    job = os.environ.get("SLURM_JOB_ID")
-    if job and "SLURM_PROCID" in os.environ:
-        array = os.environ.get("SLURM_ARRAY_JOB_ID")
-        return f"slurm-{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else f"slurm-{job}"
-    return f"{datetime.now():%Y%m%d-%H%M%S-%f}-{secrets.token_hex(2)}"
-
-
-def _register_resolvers() -> None:
-    from omegaconf import OmegaConf
-
-    if not OmegaConf.has_resolver("lsgd_run_id"):
-        OmegaConf.register_new_resolver("lsgd_run_id", run_id)
 
 
 def _config_path() -> str:
@@ -65,15 +51,25 @@ def train(argv: list[str]) -> int:
         # a non-zero rank of an external torchrun/srun launch: no output folder of its own
         argv = argv + ["hydra.output_subdir=null", "hydra.run.dir=."]
 
+    invalid: list[str] = []  # sweep arms rejected by validation
+
     @hydra.main(version_base="1.3", config_path=_config_path(), config_name="config")
     def _train(cfg):
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
         from lsgd.errors import ConfigError
-        from lsgd.launch import run
+        from lsgd.launch import record_invalid, run
 
         try:
             return run(cfg)
         except ConfigError as exc:  # a clear one-line message, no traceback, before any worker
             print(f"lsgd: invalid configuration: {exc}", file=sys.stderr)
+            if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+                # one arm of a sweep: record it as failed with its message, go on with the others
+                record_invalid(cfg, Path(HydraConfig.get().runtime.output_dir), exc)
+                invalid.append(str(exc))
+                return None
             sys.exit(2)
 
     saved = sys.argv
@@ -82,6 +78,10 @@ def train(argv: list[str]) -> int:
         _train()
     finally:
         sys.argv = saved
+    if invalid:
+        print(f"lsgd: {len(invalid)} sweep job(s) had an invalid configuration (status failed in their "
+              "summary.json); the others ran", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -271,6 +271,19 @@ def _only_hydra_files(d: Path) -> bool:
     return d.is_dir() and all(p.name == ".hydra" for p in d.iterdir())
 
 
+def record_invalid(cfg_node, run_dir: Path, exc: BaseException) -> None:
+    """One arm of a sweep failed validation: write its ``config.yaml`` and a ``summary.json`` with
+    status ``failed`` and the message into its folder (``run_dir``), so reports show it and the
+    sweep goes on."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_container(cfg_node, resolve=True)
+    cfg["run_id"] = run_dir.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(run_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
+    _mark_failed(run_dir, cfg, exc)
+
+
 def _mark_failed(run_dir: Path, cfg: dict, exc: BaseException) -> None:
     """Write ``summary.json`` with status ``failed`` unless rank 0 already wrote a final summary."""
     summary = run_dir / "summary.json"

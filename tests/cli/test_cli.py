@@ -240,3 +240,16 @@ def test_compression_study_sweep_and_report(tmp_path):
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "gravac" in text and "dense" in text.lower()
     assert list((tmp_path / "rep").rglob("*compression*.png"))
+
+
+def test_invalid_sweep_arm_is_recorded_failed_and_the_sweep_goes_on(tmp_path):
+    """A config error in one job of a -m sweep no longer aborts the others: the invalid arm gets
+    a failed summary naming the key, the valid arm runs, and lsgd exits 2 at the end."""
+    res = lsgd(["train", "-m", *TINY, "algo=local_sgd", "algo.local_steps=0,2", "max_steps=4",
+                f"results_dir={tmp_path}/r"], tmp_path)
+    assert res.returncode == 2, res.stderr[-3000:]
+    runs = {yaml.safe_load((r / "config.yaml").read_text())["algo"]["local_steps"]: r for r in run_dirs(tmp_path / "r")}
+    assert sorted(runs) == [0, 2]
+    bad, good = summary(runs[0]), summary(runs[2])
+    assert bad["status"] == "failed" and "algo.local_steps" in bad["error"]
+    assert good["status"] == "completed"

@@ -154,3 +154,22 @@ def test_diloco_selects_adamw_unless_optim_is_given():
     assert load(["algo=diloco", "optim=sgd"])["optim"]["name"] == "sgd"
     assert load(["optim=lamb", "algo=diloco"])["optim"]["name"] == "lamb"
     assert load(["algo=slowmo"])["optim"]["name"] == "sgd"
+
+
+def test_resolvers_come_with_the_config_package():
+    """A process that composes lsgd's configs without the CLI (submitit's jobs on SLURM nodes
+    recompose them) resolves ``${lsgd_run_id:}`` in hydra.sweep.subdir: importing lsgd.conf
+    registers it."""
+    import subprocess
+    import sys
+
+    code = (
+        "from hydra import compose, initialize_config_module\n"
+        "from omegaconf import OmegaConf\n"
+        "with initialize_config_module(config_module='lsgd.conf', version_base='1.3'):\n"
+        "    cfg = compose('config', overrides=['debug=default'], return_hydra_config=True)\n"
+        "print(OmegaConf.to_container(cfg.hydra.sweep, resolve=True)['subdir'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert len(out.stdout.strip()) > 10  # a run id such as 20261122-101502-123456-a3f9
