@@ -33,7 +33,7 @@ from lsgd.algorithms import ALGORITHMS, build_algorithm
 from lsgd.algorithms.base import RunContext
 from lsgd.cluster import ComputeModel, resolve_speeds
 from lsgd.comm import Clock, Communicator, Network
-from lsgd.config import resolve_backend, resolve_device
+from lsgd.config import resolve_backend, resolve_device, threads_per_worker
 from lsgd.data import ShardedLoader, build_datasets, dataset_info
 from lsgd.models import build_model
 from lsgd.optim import build_optimizer, build_scheduler, lr_decay_steps, scaled_lr
@@ -73,7 +73,11 @@ def worker_main(cfg: dict, run_dir: str | None) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if device == "cuda":
         torch.cuda.set_device(local_rank)
+    # torch threads: launcher.threads_per_worker, else OMP_NUM_THREADS (set by lsgd's own launch),
+    # else, joining torchrun/srun, the cores shared by this node's tasks (as a local launch does)
     threads = cfg["launcher"].get("threads_per_worker") or int(os.environ.get("OMP_NUM_THREADS", 0) or 0)
+    if not threads and "LOCAL_WORLD_SIZE" in os.environ:
+        threads = threads_per_worker(int(os.environ["LOCAL_WORLD_SIZE"]))
     if threads:
         torch.set_num_threads(threads)
     dist.init_process_group(
