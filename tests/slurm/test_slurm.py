@@ -48,3 +48,26 @@ def test_sbatch_script_trains_on_four_ranks_like_a_local_run(slurm_cluster, tmp_
     for g, w in zip(got, want):
         assert g == w, {k: (g.get(k), w.get(k)) for k in set(g) | set(w) if g.get(k) != w.get(k)}
     assert not slurm_cluster.job_processes()
+
+
+def test_submitit_sweep_runs_each_job_on_both_nodes(slurm_cluster, tmp_path):
+    """`lsgd train -m hydra/launcher=submitit_slurm nodes=2 tasks_per_node=2`: a sweep of 2 jobs,
+    each a 4-rank gloo job over both nodes writing one run folder with world_size 4, whose metrics
+    equal the same job run locally with 4 workers."""
+    args = [*TINY, "max_steps=6", "algo=local_sgd"]
+    res = lsgd(["train", "-m", "hydra/launcher=submitit_slurm", "hydra.launcher.nodes=2",
+                "hydra.launcher.tasks_per_node=2", "hydra.launcher.mem_gb=1", "hydra.launcher.timeout_min=10",
+                f"hydra.launcher.submitit_folder={tmp_path}/submitit/%j", *args, "algo.local_steps=1,3",
+                f"results_dir={tmp_path}/slurm"], tmp_path, timeout=300, env=slurm_cluster.env)
+    assert res.returncode == 0, f"{res.stdout[-3000:]}\n{res.stderr[-5000:]}"
+    runs = {yaml.safe_load((r / "config.yaml").read_text())["algo"]["local_steps"]: r for r in run_dirs(tmp_path / "slurm")}
+    assert sorted(runs) == [1, 3]
+    for h, run in runs.items():
+        assert yaml.safe_load((run / "config.yaml").read_text())["world_size"] == 4
+        assert summary(run)["status"] == "completed"
+        local = lsgd(["train", *args, f"algo.local_steps={h}", "launcher.nproc_per_node=4",
+                      f"results_dir={tmp_path}/local{h}"], tmp_path)
+        assert local.returncode == 0, local.stderr[-3000:]
+        (ref,) = run_dirs(tmp_path / f"local{h}")
+        assert stable(metrics(run)) == stable(metrics(ref))
+    assert not slurm_cluster.job_processes()
