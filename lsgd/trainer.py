@@ -92,6 +92,7 @@ def worker_main(cfg: dict, run_dir: str | None) -> None:
         run_dir = box[0]
         setup_logging(Path(run_dir), rank)
         Trainer(cfg, Path(run_dir), device).fit()
+        dist.barrier()  # nobody tears the group down while a peer's last messages are in flight
     finally:
         dist.destroy_process_group()
 

@@ -23,6 +23,10 @@ def _entry(rank, fn, world_size, port, args):
     )
     try:
         fn(rank, world_size, *args)
+        # every rank is done with the group before any tears it down: a rank destroying its gloo
+        # context while a peer's last messages are in flight can abort the process (SIGABRT,
+        # "terminate called without an active exception", seen once in CI)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
