@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from lsgd.resolvers import (
@@ -47,9 +49,15 @@ def train(argv: list[str]) -> int:
 
     _register_resolvers()
     env = detect_launch_env(os.environ)
-    if env is not None and env.rank != 0 and "-m" not in argv and "--multirun" not in argv:
-        # a non-zero rank of an external torchrun/srun launch: no output folder of its own
-        argv = argv + ["hydra.output_subdir=null", "hydra.run.dir=."]
+    scratch = None
+    if env is not None and env.rank != 0 and env.world_size > 1:
+        # a non-zero rank of an external torchrun/srun launch: no output folders of its own (it
+        # learns each run folder from rank 0); a sweep's folders go to a scratch folder removed at the end
+        if "-m" in argv or "--multirun" in argv:
+            scratch = tempfile.mkdtemp(prefix=f"lsgd-rank{env.rank}-sweep-")
+            argv = argv + [f"hydra.sweep.dir={scratch}", "hydra.output_subdir=null"]
+        else:
+            argv = argv + ["hydra.output_subdir=null", "hydra.run.dir=."]
 
     invalid: list[str] = []  # sweep arms rejected by validation
 
@@ -78,6 +86,8 @@ def train(argv: list[str]) -> int:
         _train()
     finally:
         sys.argv = saved
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     if invalid:
         print(f"lsgd: {len(invalid)} sweep job(s) had an invalid configuration (status failed in their "
               "summary.json); the others ran", file=sys.stderr)

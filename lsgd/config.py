@@ -58,6 +58,25 @@ def resolve_nproc(cfg: dict) -> int:
     return 4
 
 
+def cuda_device_index(local_rank: int, local_world_size: int, device_count: int) -> int:
+    """The CUDA device of a worker: ``local_rank`` when the node's tasks share all its GPUs
+    (``device_count >= local_world_size``), 0 when each task sees only its own GPU (SLURM
+    ``--gpus-per-task=1``, ``CUDA_VISIBLE_DEVICES`` per task).
+
+    Raises:
+        ConfigError: fewer GPUs visible than tasks on the node, but more than one.
+    """
+    if device_count >= local_world_size:
+        return local_rank
+    if device_count == 1:
+        return 0
+    raise ConfigError(
+        f"{local_world_size} workers on this node but {device_count} visible GPUs: each worker needs its own GPU; "
+        f"allowed: at least {local_world_size} visible GPUs shared by the node's tasks, or exactly 1 per task "
+        "(srun --gpus-per-task=1)"
+    )
+
+
 def number_at_least(cfg: dict, key: str, minimum: float, where: str) -> None:
     value = cfg.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= minimum:
@@ -72,11 +91,12 @@ def in_interval(cfg: dict, key: str, lo: float, hi: float, where: str, lo_open: 
         raise ConfigError(f"{where}{key} must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {value!r}")
 
 
-def validate(cfg: dict, world_size: int | None = None) -> None:
+def validate(cfg: dict, world_size: int | None = None, local_world_size: int | None = None) -> None:
     """Check a resolved config (plain dict) and resolve ``launcher.nproc_per_node: auto`` in place.
 
-    ``world_size``: the number of workers when joining an external launch (torchrun, srun);
-    None: ``launcher.nproc_per_node`` local workers.
+    ``world_size``: the number of workers when joining an external launch (torchrun, srun), with
+    ``local_world_size`` of them on this node (then ``launcher.nproc_per_node`` is set to it and the
+    GPU check is :func:`cuda_device_index`'s); None: ``launcher.nproc_per_node`` local workers.
 
     Raises:
         ConfigError: the first invalid key, with the allowed values.
@@ -117,6 +137,8 @@ def validate(cfg: dict, world_size: int | None = None) -> None:
         raise ConfigError(f"network.report_gbps must be a list of bandwidths > 0 (Gbps), got {report!r}")
 
     launcher = cfg["launcher"]
+    if local_world_size is not None:  # joining: the external launch decides the workers per node
+        launcher["nproc_per_node"] = int(local_world_size)
     if launcher.get("nproc_per_node") == "auto":
         launcher["nproc_per_node"] = resolve_nproc(cfg)
     int_at_least(launcher, "nproc_per_node", 1, "launcher.")
@@ -135,7 +157,9 @@ def validate(cfg: dict, world_size: int | None = None) -> None:
         if not cuda_available():
             raise ConfigError("device=cuda but no CUDA device is visible; use device=cpu or device=auto")
         n_gpu = torch.cuda.device_count()
-        if launcher["nproc_per_node"] > n_gpu:
+        if local_world_size is not None:
+            cuda_device_index(0, int(local_world_size), n_gpu)
+        elif launcher["nproc_per_node"] > n_gpu:
             raise ConfigError(
                 f"launcher.nproc_per_node={launcher['nproc_per_node']} exceeds the {n_gpu} visible GPU(s) "
                 f"on this machine; allowed: 1..{n_gpu}"

@@ -103,6 +103,10 @@ def detect_launch_env(env: Mapping[str, str]) -> LaunchEnv | None:
       script itself has no step id); master = first host of ``SLURM_JOB_NODELIST`` (or
       ``MASTER_ADDR``), port from ``MASTER_PORT`` or derived from ``SLURM_JOB_ID``.
 
+    * a job started by submitit (Hydra's submitit launcher; ``SUBMITIT_EXECUTOR=slurm``): ranks,
+      task count and the first host from ``submitit.JobEnvironment`` (its tasks span the whole
+      allocation, so the job's node list is the step's).
+
     Returns None when neither applies (then ``lsgd train`` spawns its own workers).
 
     Raises:
@@ -118,6 +122,8 @@ def detect_launch_env(env: Mapping[str, str]) -> LaunchEnv | None:
             master_port=int(env["MASTER_PORT"]),
             source="torchrun",
         )
+    elif env.get("SUBMITIT_EXECUTOR") == "slurm" and "SLURM_STEP_ID" in env:
+        out = _submitit_env(env)
     elif all(k in env for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_ID")):
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "localhost"
         tasks_per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or env["SLURM_NTASKS"]
@@ -137,6 +143,22 @@ def detect_launch_env(env: Mapping[str, str]) -> LaunchEnv | None:
     return out
 
 
+def _submitit_env(env: Mapping[str, str]) -> LaunchEnv:
+    """A submitit task's place, read through ``submitit.JobEnvironment`` (which reads os.environ)."""
+    import submitit
+
+    job = submitit.JobEnvironment()
+    return LaunchEnv(
+        rank=job.global_rank,
+        world_size=job.num_tasks,
+        local_rank=job.local_rank,
+        local_world_size=job.num_tasks // max(1, job.num_nodes),
+        master_addr=env.get("MASTER_ADDR") or job.hostnames[0],
+        master_port=int(env.get("MASTER_PORT") or slurm_master_port(str(job.job_id))),
+        source="slurm",
+    )
+
+
 def find_resume_dir(cfg: dict, fresh_dir: Path) -> Path:
     """The run folder ``resume`` points to.
 
@@ -151,7 +173,8 @@ def find_resume_dir(cfg: dict, fresh_dir: Path) -> Path:
         root = Path(cfg["results_dir"]) / cfg["experiment_name"]
         candidates = []
         for d in root.iterdir() if root.is_dir() else []:
-            if d == fresh_dir or not (d / "checkpoints" / "last.json").exists():
+            # (a requeued SLURM job's own folder, this job's Hydra folder, has a checkpoint and counts)
+            if not (d / "checkpoints" / "last.json").exists():
                 continue
             summary = d / "summary.json"
             if summary.exists() and json.loads(summary.read_text()).get("status") == "completed":
@@ -208,26 +231,51 @@ def run(cfg_node) -> dict | None:
 
     Returns the run's summary dict on rank 0 / the main process (None on other ranks).
 
+    * An external launch of a single task (``srun --ntasks=1``, ``torchrun --nproc-per-node=1``)
+      has nothing to join: lsgd starts ``launcher.nproc_per_node`` local workers itself.
+    * Joining a launch of several tasks, the launch decides the workers: ``launcher.nproc_per_node``
+      becomes the tasks on this node (a different explicit value is logged and ignored).
+    * A run folder that already holds a checkpoint is resumed when this is a requeued SLURM job
+      (``SLURM_RESTART_COUNT`` >= 1, the same job id and so the same folder); otherwise starting
+      afresh there is refused (it would train beside the old checkpoints).
+    * A preempted run (:mod:`lsgd.preemption`) exits through ``SystemExit``: code 0 after its SLURM
+      job was requeued, 143 otherwise, so that submitit records no result for the interrupted attempt.
+
     Raises:
         ConfigError: invalid configuration (before any worker starts).
         ChildFailedError: a worker failed.
+        SystemExit: the run was preempted.
     """
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
     from lsgd.config import validate
+    from lsgd.preemption import resolve_mode
 
     launch_env = detect_launch_env(os.environ) if _join_mode(cfg_node) else None
     hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
     cfg = OmegaConf.to_container(cfg_node, resolve=True, throw_on_missing=True)
+    if launch_env is not None and launch_env.world_size == 1:
+        log.info("a single-task %s launch: starting launcher.nproc_per_node local workers", launch_env.source)
+        launch_env = None
     if launch_env is not None:  # before validation: it reads LOCAL_WORLD_SIZE (hierarchical Adasum's nodes)
         launch_env.export(os.environ)
-    validate(cfg, launch_env.world_size if launch_env else None)
+        asked = cfg["launcher"].get("nproc_per_node")
+        if asked not in ("auto", None) and int(asked) != launch_env.local_world_size and launch_env.rank == 0:
+            log.warning("launcher.nproc_per_node=%s ignored: the %s launch runs %d task(s) on this node "
+                        "(%d in all), one worker each", asked, launch_env.source, launch_env.local_world_size,
+                        launch_env.world_size)
+    try:
+        cfg["launcher"]["preemption"] = resolve_mode(cfg["launcher"].get("preemption", "auto"),
+                                                     launch_env.source if launch_env else None)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    validate(cfg, *((launch_env.world_size, launch_env.local_world_size) if launch_env else (None, None)))
 
     if launch_env is not None and launch_env.rank != 0:
         from lsgd.trainer import worker_main
 
-        worker_main(cfg, None)
+        _exit_if_preempted(worker_main(cfg, None), cfg, launch_env.rank)
         return None
 
     run_dir = hydra_dir
@@ -236,6 +284,13 @@ def run(cfg_node) -> dict | None:
         if hydra_dir is not None and hydra_dir != run_dir and _only_hydra_files(hydra_dir):
             shutil.rmtree(hydra_dir)
         log.info("resuming run %s", run_dir)
+    elif run_dir is not None and (run_dir / "checkpoints" / "last.json").exists():
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+        if not restarts:
+            raise ConfigError(f"the run folder {run_dir} already holds a checkpoint: pass resume={run_dir} to "
+                              "continue that run, or choose another folder (hydra.run.dir)")
+        cfg["resume"] = str(run_dir)
+        log.info("requeued SLURM job (restart %d): resuming its run folder %s", restarts, run_dir)
     cfg["run_id"] = run_dir.name
     run_dir.mkdir(parents=True, exist_ok=True)
     if not (run_dir / "config.yaml").exists() or not cfg.get("resume"):
@@ -249,7 +304,7 @@ def run(cfg_node) -> dict | None:
     if launch_env is not None:
         from lsgd.trainer import worker_main
 
-        worker_main(cfg, str(run_dir))
+        _exit_if_preempted(worker_main(cfg, str(run_dir)), cfg, 0)
     else:
         try:
             spawn_local(cfg, run_dir)
@@ -257,7 +312,25 @@ def run(cfg_node) -> dict | None:
             _mark_failed(run_dir, cfg, exc)
             raise
     summary = run_dir / "summary.json"
-    return json.loads(summary.read_text()) if summary.exists() else None
+    result = json.loads(summary.read_text()) if summary.exists() else None
+    if result is not None and result.get("status") == "preempted":
+        _exit_if_preempted(result, cfg, None)
+    return result
+
+
+def _exit_if_preempted(summary: dict | None, cfg: dict, rank: int | None) -> None:
+    """After a preempted run: rank 0 requeues the SLURM job (``launcher.preemption=requeue``), then
+    the process leaves through ``SystemExit`` (see :func:`run`). ``rank`` None: the main process of
+    a local launch."""
+    if summary is None or summary.get("status") != "preempted":
+        return
+    from lsgd.preemption import CHECKPOINT_EXIT_CODE, requeue_slurm_job
+
+    if cfg["launcher"]["preemption"] == "requeue":
+        if rank == 0 and not requeue_slurm_job():
+            raise SystemExit(CHECKPOINT_EXIT_CODE)
+        raise SystemExit(0)
+    raise SystemExit(CHECKPOINT_EXIT_CODE)
 
 
 def _join_mode(cfg_node) -> bool:
@@ -279,6 +352,8 @@ def record_invalid(cfg_node, run_dir: Path, exc: BaseException) -> None:
 
     cfg = OmegaConf.to_container(cfg_node, resolve=True)
     cfg["run_id"] = run_dir.name
+    if (run_dir / "config.yaml").exists():
+        return  # the folder holds a run already (the error is about it): leave its files alone
     run_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(run_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
     _mark_failed(run_dir, cfg, exc)
@@ -294,4 +369,9 @@ def _mark_failed(run_dir: Path, cfg: dict, exc: BaseException) -> None:
     else:
         state = {"run_id": cfg["run_id"], "experiment_name": cfg["experiment_name"], "algo": cfg["algo"]["name"]}
     state.update(status="failed", error=str(exc)[-4000:])
+    from lsgd.failures import read_failures
+
+    failures = read_failures(run_dir)  # the workers' own records (lsgd.failures): who failed first
+    if failures:
+        state.update(failed_rank=failures[0]["rank"], failed_ranks=sorted(f["rank"] for f in failures))
     write_atomic(summary, json.dumps(state, indent=2))

@@ -37,6 +37,7 @@ from lsgd.config import resolve_backend, resolve_device, threads_per_worker
 from lsgd.data import ShardedLoader, build_datasets, dataset_info
 from lsgd.models import build_model
 from lsgd.optim import build_optimizer, build_scheduler, lr_decay_steps, scaled_lr
+from lsgd.preemption import Preempted, PreemptionWatch
 from lsgd.services import Checkpointer, Evaluator, Recorder, loss_fn
 
 log = logging.getLogger("lsgd")
@@ -63,38 +64,58 @@ def setup_logging(run_dir: Path | None, rank: int) -> None:
 
 
 @record
-def worker_main(cfg: dict, run_dir: str | None) -> None:
-    """Entry point of one worker. ``run_dir`` is None on ranks that learn it from rank 0.
+def worker_main(cfg: dict, run_dir: str | None) -> dict | None:
+    """Entry point of one worker. ``run_dir`` is None on ranks that learn it from rank 0, as they
+    learn rank 0's ``resume`` decision (a requeued SLURM job resumes its own folder).
 
     The process group gets ``launcher.timeout_s`` as collective timeout, so a collective whose peer
-    died raises instead of hanging forever.
+    died raises instead of hanging forever. A rank that raises records its error in
+    ``failures/rank<r>.json`` and ``summary.json`` names the first failing rank
+    (:func:`lsgd.failures.record_failure`).
+
+    Returns this rank's summary dict (status ``completed``, ``diverged`` or ``preempted``).
+
+    Raises:
+        RuntimeError: this rank cannot see the run folder rank 0 created (no shared filesystem).
     """
+    from lsgd.config import cuda_device_index
+    from lsgd.failures import check_shared_run_dir, record_failure
+
     device = resolve_device(cfg)
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if device == "cuda":
-        torch.cuda.set_device(local_rank)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    device_index = cuda_device_index(local_rank, local_world, torch.cuda.device_count()) if device == "cuda" else None
+    if device_index is not None:
+        torch.cuda.set_device(device_index)
     # torch threads: launcher.threads_per_worker, else OMP_NUM_THREADS (set by lsgd's own launch),
     # else, joining torchrun/srun, the cores shared by this node's tasks (as a local launch does)
-    threads = cfg["launcher"].get("threads_per_worker") or int(os.environ.get("OMP_NUM_THREADS", 0) or 0)
+    threads = cfg["launcher"].get("threads_per_worker") or int(os.environ.get("OMP_NUM_THREADS") or 0)
     if not threads and "LOCAL_WORLD_SIZE" in os.environ:
-        threads = threads_per_worker(int(os.environ["LOCAL_WORLD_SIZE"]))
+        threads = threads_per_worker(local_world)
     if threads:
         torch.set_num_threads(threads)
-    dist.init_process_group(
-        backend=resolve_backend(cfg),
-        timeout=timedelta(seconds=float(cfg["launcher"].get("timeout_s", 300))),
-        device_id=torch.device("cuda", local_rank) if device == "cuda" else None,
-    )
-    try:
+    watch = PreemptionWatch(cfg["launcher"].get("preemption", "off"))
+    with watch:  # a signal from here on becomes a checkpoint and a stop, not an abrupt death
+        dist.init_process_group(
+            backend=resolve_backend(cfg),
+            timeout=timedelta(seconds=float(cfg["launcher"].get("timeout_s", 300))),
+            device_id=torch.device("cuda", device_index) if device_index is not None else None,
+        )
         rank = dist.get_rank()
-        box = [run_dir]
-        dist.broadcast_object_list(box, src=0)
-        run_dir = box[0]
-        setup_logging(Path(run_dir), rank)
-        Trainer(cfg, Path(run_dir), device).fit()
-        dist.barrier()  # nobody tears the group down while a peer's last messages are in flight
-    finally:
-        dist.destroy_process_group()
+        try:
+            box = [run_dir, cfg.get("resume")]
+            dist.broadcast_object_list(box, src=0)
+            run_dir, cfg["resume"] = box
+            check_shared_run_dir(Path(run_dir), rank, device)
+            setup_logging(Path(run_dir), rank)
+            summary = Trainer(cfg, Path(run_dir), device, watch).fit()
+            dist.barrier()  # nobody tears the group down while a peer's last messages are in flight
+            return summary
+        except BaseException as exc:
+            record_failure(Path(run_dir) if run_dir else None, rank, exc)
+            raise
+        finally:
+            dist.destroy_process_group()
 
 
 # --------------------------------------------------------------------------------------------
@@ -103,8 +124,9 @@ def worker_main(cfg: dict, run_dir: str | None) -> None:
 class Trainer:
     """One process's training run (a worker's or a server's). ``fit()`` returns the summary dict."""
 
-    def __init__(self, cfg: dict, run_dir: Path, device: str = "cpu"):
+    def __init__(self, cfg: dict, run_dir: Path, device: str = "cpu", watch: PreemptionWatch | None = None):
         self.cfg = cfg
+        self.watch = watch or PreemptionWatch("off")
         self.run_dir = Path(run_dir)
         self.device = torch.device(device if device != "cuda" else f"cuda:{torch.cuda.current_device()}")
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -177,22 +199,25 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------
     def fit(self) -> dict:
+        """Train to the end; returns the summary dict (status ``completed``, ``diverged`` or
+        ``preempted``). A raising rank (a failed checkpoint load included) writes a ``failed``
+        summary (rank 0), finishes the W&B run and re-raises."""
         cfg = self.cfg
-        if cfg.get("resume") and self.checkpointer.exists():
-            self.load_checkpoint()
-        elif self.is_main and self.recorder.metrics_path.exists():
-            self.recorder.metrics_path.unlink()
-        log.info(
-            "training %s on %s with %s: %d workers x batch %d, %d steps (%d per epoch), device %s%s",
-            cfg["algo"]["name"], cfg["dataset"]["name"], cfg["model"]["name"], self.num_workers,
-            cfg["batch_size"], self.total_steps, self.steps_per_epoch, self.device,
-            f", {self.world_size - self.num_workers} server(s)" if self.world_size > self.num_workers else "",
-        )
-        self.start_time = time.perf_counter() - self.wall_offset_s
-        self.recorder.start(self.samples)
         status = "completed"
-        self.net.train()
         try:
+            if cfg.get("resume") and self.checkpointer.exists():
+                self.load_checkpoint()
+            elif self.is_main and self.recorder.metrics_path.exists():
+                self.recorder.metrics_path.unlink()
+            log.info(
+                "training %s on %s with %s: %d workers x batch %d, %d steps (%d per epoch), device %s%s",
+                cfg["algo"]["name"], cfg["dataset"]["name"], cfg["model"]["name"], self.num_workers,
+                cfg["batch_size"], self.total_steps, self.steps_per_epoch, self.device,
+                f", {self.world_size - self.num_workers} server(s)" if self.world_size > self.num_workers else "",
+            )
+            self.start_time = time.perf_counter() - self.wall_offset_s
+            self.recorder.start(self.samples)
+            self.net.train()
             if self.role == "server":
                 self.serve()
             else:
@@ -200,6 +225,9 @@ class Trainer:
             if self.diverged:
                 status = "diverged"
             self.comm.quiesce()
+        except Preempted as exc:
+            status = "preempted"
+            log.warning("%s", exc)
         except BaseException as exc:
             # record the failure (rank 0) and always finish the W&B run, then let the launcher see it
             summary = self.recorder.write_summary(self, "failed", error=f"rank {self.rank}: {exc!r}")
@@ -293,7 +321,23 @@ class Trainer:
     # -- bookkeeping ---------------------------------------------------------------------------
     def bookkeeping(self) -> bool:
         """Log / evaluate / checkpoint at the algorithm's progress count (every rank reaches the
-        same counts); returns True when training must stop (diverged)."""
+        same counts); returns True when training must stop (diverged).
+
+        Raises:
+            Preempted: some rank got a preemption signal (lsgd.preemption); this step's record and
+            a checkpoint at this step are written first, so a resumed run continues right after it.
+        """
+        stop, saved = self._record_and_checkpoint()
+        step = self.algorithm.progress(self.step)
+        if not stop and step < self.total_steps and self.watch.agreed(self.comm, self.device):
+            if not saved:
+                self.comm.quiesce()
+                self.save_checkpoint()
+            raise Preempted(f"preempted at step {step}: checkpoint written, stopping")
+        return stop
+
+    def _record_and_checkpoint(self) -> tuple[bool, bool]:
+        """(stop, checkpoint saved at this step)."""
         cfg = self.cfg
         step = self.algorithm.progress(self.step)
         last = step >= self.total_steps
@@ -308,12 +352,12 @@ class Trainer:
         is_eval = is_eval or last
         if not (is_eval or step % int(cfg["log_every"]) == 0):
             self.recorder.tick(step)
-            return False
+            return False, False
         rec = self.recorder.make_record(self)
         if rec is None:  # diverged: every rank saw the same reduced flag
             self.diverged = True
             log.warning("non-finite training loss at step %d: stopping with status diverged", step)
-            return True
+            return True, False
         if is_eval:
             self.comm.quiesce()
             out = self.evaluator.evaluate(self.model, self.algorithm, self.comm, self.rank, self.world_size,
@@ -324,7 +368,8 @@ class Trainer:
         if is_ckpt and not last:
             self.comm.quiesce()
             self.save_checkpoint()
-        return False
+            return False, True
+        return False, False
 
     def evaluate(self) -> dict:
         """Test metrics now (see :class:`lsgd.services.Evaluator`)."""

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
 
-from runner import TIME_KEYS, TINY, lsgd, metrics, run_dirs, summary
+from runner import LSGD, TIME_KEYS, TINY, lsgd, metrics, run_dirs, summary
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,6 +28,25 @@ def stable(recs: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in recs]
 
 
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+
+
+def sbatch(cluster, tmp_path: Path, options: list[str], overrides: list[str], timeout: float = 300) -> dict:
+    """Submit scripts/slurm/train.sbatch with `overrides`, poll `scontrol` until the job ends
+    (faster than `sbatch --wait`, which backs off to 30 s polls) and return its final state."""
+    env = {**cluster.env, "LSGD": f"{sys.executable} -m lsgd.cli", "WANDB_MODE": "disabled"}
+    res = cluster.run(["sbatch", "--parsable", *options, f"--output={tmp_path}/job.out",
+                       str(REPO / "scripts" / "slurm" / "train.sbatch"), *overrides], env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    job = res.stdout.strip().split(";")[0]
+
+    def ended():
+        state = job_state(cluster, job)
+        return state if state.get("JobState") in FINAL_STATES else None
+
+    return wait_for(ended, timeout, f"job {job} to end", poll=0.2)
+
+
 def test_sbatch_script_trains_on_four_ranks_like_a_local_run(slurm_cluster, tmp_path):
     """scripts/slurm/train.sbatch: `srun lsgd train ...` on 2 nodes x 2 tasks joins one 4-rank gloo
     group (ranks from SLURM_PROCID, master = first node); its run folder records world_size 4 and
@@ -32,12 +54,9 @@ def test_sbatch_script_trains_on_four_ranks_like_a_local_run(slurm_cluster, tmp_
     args = [*TINY, "max_steps=8", "algo=local_sgd", "algo.local_steps=2"]
     local = lsgd(["train", *args, "launcher.nproc_per_node=4", f"results_dir={tmp_path}/local"], tmp_path)
     assert local.returncode == 0, local.stderr[-3000:]
-    env = {**slurm_cluster.env, "LSGD": f"{sys.executable} -m lsgd.cli", "WANDB_MODE": "disabled"}
-    res = slurm_cluster.run(["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=2", f"--output={tmp_path}/job.out",
-                             str(REPO / "scripts" / "slurm" / "train.sbatch"), *args, f"results_dir={tmp_path}/slurm"],
-                            timeout=300, env=env, cwd=tmp_path)
+    state = sbatch(slurm_cluster, tmp_path, ["--nodes=2", "--ntasks-per-node=2"], [*args, f"results_dir={tmp_path}/slurm"])
     out = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
-    assert res.returncode == 0, f"{res.stdout}\n{res.stderr}\n{out[-4000:]}"
+    assert state["JobState"] == "COMPLETED", f"{state}\n{out[-4000:]}"
     (run,) = run_dirs(tmp_path / "slurm")
     (ref,) = run_dirs(tmp_path / "local")
     assert run.name.startswith("slurm-")
@@ -71,3 +90,102 @@ def test_submitit_sweep_runs_each_job_on_both_nodes(slurm_cluster, tmp_path):
         (ref,) = run_dirs(tmp_path / f"local{h}")
         assert stable(metrics(run)) == stable(metrics(ref))
     assert not slurm_cluster.job_processes()
+
+
+def job_state(cluster, job_id: str) -> dict:
+    """``scontrol show job`` as a dict (JobState, Restarts, ExitCode, ...); {} once the job is gone."""
+    out = cluster.run(["scontrol", "-o", "show", "job", job_id], timeout=30).stdout
+    return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def test_preset_job_is_preempted_requeued_and_resumes_to_identical_metrics(slurm_cluster, tmp_path):
+    """The `hydra/launcher=slurm` preset (with overrides for this CPU cluster) runs a 4-rank job
+    over both nodes. Mid-run the job gets SIGTERM (`scancel --signal=TERM`, as preemption sends):
+    every rank checkpoints at the same step, summary.json says `preempted`, rank 0 requeues the
+    job, the requeued job (same id, same folder) resumes itself, and its metrics equal an
+    uninterrupted local 4-worker run. Submitit sees one result: the resumed attempt's."""
+    args = [*TINY, "epochs=40", "max_steps=160", "log_every=1", "algo=local_sgd", "algo.local_steps=2"]
+    proc = subprocess.Popen(
+        [*LSGD, "train", "-m", "hydra/launcher=slurm", "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=2",
+         "hydra.launcher.gpus_per_node=null", "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1",
+         "hydra.launcher.timeout_min=10", f"hydra.launcher.submitit_folder={tmp_path}/submitit/%j", *args,
+         f"results_dir={tmp_path}/slurm"],
+        cwd=tmp_path, env={**slurm_cluster.env, "WANDB_MODE": "disabled"}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        def started():
+            files = list((tmp_path / "slurm").glob("*/slurm-*/metrics.jsonl"))
+            return files[0] if files and len(files[0].read_text().splitlines()) >= 3 else None
+
+        metrics_file = wait_for(started, 180, "the job's first records")
+        run = metrics_file.parent
+        job = run.name.removeprefix("slurm-")
+        assert slurm_cluster.run(["scancel", "--signal=TERM", job]).returncode == 0
+
+        def requeued_and_restarted():
+            state = job_state(slurm_cluster, job)
+            if state.get("JobState") == "PENDING" and state.get("Restarts") == "1":
+                # SLURM holds a requeued job for ~2 minutes (BeginTime); an admin's "start now"
+                slurm_cluster.run(["scontrol", "update", f"jobid={job}", "StartTime=now"])
+            return state.get("JobState") == "COMPLETED" and state.get("Restarts") == "1"
+
+        wait_for(requeued_and_restarted, 180, "the requeued job to complete", poll=0.5)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+    assert proc.returncode == 0, f"{out[-2000:]}\n{err[-4000:]}"
+    log = (run / "train.log").read_text()
+    preempted_at = {int(line.rsplit("preempted at step ", 1)[1].split(":")[0]) for line in log.splitlines()
+                    if "preempted at step" in line}
+    assert len(preempted_at) == 1 and log.count("preempted at step") == 4  # all 4 ranks, one step
+    (step,) = preempted_at
+    assert 0 < step < 160
+    assert log.count(f"resumed from step_{step:08d} at step {step}") == 4
+    assert summary(run)["status"] == "completed" and summary(run)["steps"] == 160
+    assert yaml.safe_load((run / "config.yaml").read_text())["world_size"] == 4
+    local = lsgd(["train", *args, "launcher.nproc_per_node=4", f"results_dir={tmp_path}/local"], tmp_path)
+    assert local.returncode == 0, local.stderr[-3000:]
+    (ref,) = run_dirs(tmp_path / "local")
+    assert stable(metrics(run)) == stable(metrics(ref))
+    assert not slurm_cluster.job_processes()
+
+
+def test_a_failing_rank_fails_the_job_and_the_summary_names_it(slurm_cluster, tmp_path):
+    """Rank 2 (on node2) raises at step 3 of a 2-node sbatch job: the job ends FAILED with a
+    non-zero exit code, summary.json says `failed` and names rank 2 on node2 as the first failure
+    (not rank 0, whose own error is the lost connection), and no process is left on either node."""
+    args = [*TINY, "max_steps=8", "algo=local_sgd", "inject_failure.step=3", "inject_failure.rank=2"]
+    state = sbatch(slurm_cluster, tmp_path, ["--nodes=2", "--ntasks-per-node=2"], [*args, f"results_dir={tmp_path}/slurm"])
+    assert state["JobState"] == "FAILED" and state["ExitCode"] != "0:0", state
+    (run,) = run_dirs(tmp_path / "slurm")
+    s = summary(run)
+    assert s["status"] == "failed"
+    assert s["failed_rank"] == 2, s
+    assert s["error"].startswith("rank 2 (node2): RuntimeError('inject_failure: rank 2 fails at step 3')"), s["error"]
+    assert 2 in s["failed_ranks"] and s["world_size"] == 4 and s["steps"] >= 3  # rank 0's figures are kept
+    assert "inject_failure" in (run / "failures" / "rank2.json").read_text()
+    wait_for(lambda: not slurm_cluster.job_processes(), 30, "no job process left")
+
+
+def test_single_task_srun_starts_the_configured_local_workers(slurm_cluster, tmp_path):
+    """`srun --ntasks=1 lsgd train launcher.nproc_per_node=2`: one task has no group to join, so
+    lsgd starts 2 local workers (before, it silently trained one)."""
+    res = slurm_cluster.run(["srun", "-N1", "--ntasks=1", "--cpus-per-task=2", *LSGD, "train", *TINY, "max_steps=4",
+                             "algo=ddp", "launcher.nproc_per_node=2", f"results_dir={tmp_path}/r"],
+                            timeout=240, env={**slurm_cluster.env, "WANDB_MODE": "disabled"}, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (run,) = run_dirs(tmp_path / "r")
+    assert yaml.safe_load((run / "config.yaml").read_text())["world_size"] == 2
+    assert summary(run)["num_workers"] == 2 and summary(run)["status"] == "completed"
+    assert "[rank 1]" in (run / "train.log").read_text()
