@@ -69,7 +69,7 @@ SUMMARY_KEYS = (
     "final_test_loss", "final_test_acc", "best_test_acc", "final_test_ppl", "best_test_ppl",
     "comm_bytes", "wire_bytes", "comm_rounds", "wall_time_s", "compute_time_s", "comm_time_s",
     "modeled_time_s", "model_alpha_terms", "model_beta_bytes", "target_acc", "time_to_target_s",
-    "modeled_time_to_target_s", "step_to_target", "error",
+    "modeled_time_to_target_s", "step_to_target", "error", "failed_rank",
 )  # fmt: skip
 
 # Summary fields a run without summary.json gets from its last metrics record.

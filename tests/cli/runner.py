@@ -69,3 +69,8 @@ def metrics(run_dir: Path, drop_time: bool = True) -> list[dict]:
 
 def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def stable(recs: list[dict]) -> list[dict]:
+    """Records without the measured timing keys (TIME_KEYS differ run to run)."""
+    return [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in recs]

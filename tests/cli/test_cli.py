@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
-from runner import TINY, lsgd, metrics, run_dirs, session_processes, summary
+from runner import TINY, lsgd, metrics, run_dirs, session_processes, stable, summary
 
 
 def _ok(res):
@@ -253,3 +256,104 @@ def test_invalid_sweep_arm_is_recorded_failed_and_the_sweep_goes_on(tmp_path):
     bad, good = summary(runs[0]), summary(runs[2])
     assert bad["status"] == "failed" and "algo.local_steps" in bad["error"]
     assert good["status"] == "completed"
+
+
+def test_torchrun_sweep_leaves_no_stray_folders(tmp_path):
+    """`lsgd train -m` under torchrun: every rank runs the sweep, but only rank 0's folders exist
+    (one run folder per arm, both with world_size 2) and no per-rank scratch folder is left."""
+    import tempfile
+
+    scratch_before = set(Path(tempfile.gettempdir()).glob("lsgd-rank*-sweep-*"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "lsgd.cli",
+           "train", "-m", *TINY, "max_steps=4", "algo=local_sgd", "algo.local_steps=1,2", f"results_dir={tmp_path}/r"]
+    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False,
+                         env={**os.environ, "WANDB_MODE": "disabled"})
+    _ok(res)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+    runs = run_dirs(tmp_path / "r")
+    assert sorted(yaml.safe_load((r / "config.yaml").read_text())["algo"]["local_steps"] for r in runs) == [1, 2]
+    assert all(summary(r)["world_size"] == 2 and summary(r)["status"] == "completed" for r in runs)
+    assert sorted(p.name for p in (tmp_path / "r" / "debug").iterdir() if p.is_dir()) == sorted(r.name for r in runs)
+    assert set(Path(tempfile.gettempdir()).glob("lsgd-rank*-sweep-*")) == scratch_before
+
+
+def test_a_rank_that_cannot_see_the_run_folder_fails_clearly(tmp_path):
+    """Two srun-style tasks; rank 1 runs in its own mount namespace with an empty tmpfs over
+    results_dir (a node without the shared filesystem). Both ranks fail with one message naming
+    rank 1 and the shared-filesystem requirement; rank 0's summary.json records it."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True, check=False).returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail("unshare -m (root) is needed for this test in CI")
+        pytest.skip("unshare -m needs root")
+    import socket
+
+    results = tmp_path / "r"
+    results.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank), SLURM_STEP_ID="0",
+                   SLURM_JOB_ID="4343", SLURM_JOB_NODELIST="localhost", SLURM_TASKS_PER_NODE="2",
+                   MASTER_PORT=str(port), WANDB_MODE="disabled")
+        cmd = [sys.executable, "-m", "lsgd.cli", "train", *TINY, "algo=ddp", f"results_dir={results}"]
+        if rank == 1:
+            cmd = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs none "{results}" && exec "$0" "$@"', *cmd]
+        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode != 0
+        assert "rank(s) [1] cannot see the run folder" in err and "filesystem every node shares" in err, err[-3000:]
+    (run,) = run_dirs(results)
+    s = summary(run)
+    assert s["status"] == "failed" and "rank(s) [1] cannot see the run folder" in s["error"]
+    assert not (run / "train.log").exists() or "[rank 1]" not in (run / "train.log").read_text()
+
+
+def test_a_signal_to_one_rank_stops_every_rank_at_one_checkpoint_and_resume_is_exact(tmp_path):
+    """launcher.preemption=checkpoint in a joined 2-task launch: SIGTERM reaches rank 1 only; both
+    ranks agree, checkpoint at the same step and exit 143 with status preempted; `resume=<run>`
+    then finishes with metrics equal to an uninterrupted run's."""
+    import signal
+    import socket
+
+    common = [*TINY, "epochs=40", "max_steps=150", "log_every=1", "algo=local_sgd", "algo.local_steps=3",
+              "launcher.preemption=checkpoint"]
+    _ok(lsgd(["train", *common, "launcher.nproc_per_node=2", f"results_dir={tmp_path}/a"], tmp_path))
+
+    def start(extra):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = []
+        for rank in range(2):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WANDB_MODE="disabled")
+            procs.append(subprocess.Popen([sys.executable, "-m", "lsgd.cli", "train", *common, *extra,
+                                           f"results_dir={tmp_path}/b"], cwd=tmp_path, env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        return procs
+
+    procs = start([])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        files = list((tmp_path / "b").rglob("metrics.jsonl"))
+        if files and len(files[0].read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.02)
+    procs[1].send_signal(signal.SIGTERM)
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [143, 143], [e[-2000:] for _, e in outs]
+    (run,) = run_dirs(tmp_path / "b")
+    s = summary(run)
+    assert s["status"] == "preempted" and 0 < s["steps"] < 150
+    log = (run / "train.log").read_text()
+    assert log.count(f"preempted at step {s['steps']}:") == 2  # both ranks, the same step
+    assert json.loads((run / "checkpoints" / "last.json").read_text())["step"] == s["steps"]
+    procs = start([f"resume={run}"])
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+    (ref,) = run_dirs(tmp_path / "a")
+    assert summary(run)["status"] == "completed"
+    assert stable(metrics(run)) == stable(metrics(ref))

@@ -12,7 +12,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
 
-from runner import LSGD, TIME_KEYS, TINY, lsgd, metrics, run_dirs, summary
+from runner import LSGD, TINY, lsgd, metrics, run_dirs, stable, summary
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,10 +22,6 @@ def test_srun_spreads_four_tasks_over_two_nodes(slurm_cluster):
     assert res.returncode == 0, res.stderr
     rows = sorted(tuple(map(int, line.split())) for line in res.stdout.splitlines())
     assert rows == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
-
-
-def stable(recs: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in recs]
 
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 
 from lsgd.cli import run_id
-from lsgd.launch import detect_launch_env, first_host, slurm_master_port
+from lsgd.config import cuda_device_index
+from lsgd.errors import ConfigError
+from lsgd.launch import (
+    detect_launch_env,
+    find_resume_dir,
+    first_host,
+    slurm_master_port,
+)
+from lsgd.preemption import PreemptionWatch, resolve_mode
 
 
 @pytest.mark.parametrize(
@@ -64,3 +76,58 @@ def test_slurm_run_id_shared_by_tasks(monkeypatch):
     monkeypatch.setenv("SLURM_PROCID", "3")
     monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
     assert run_id() == run_id() == "slurm-777"
+
+
+def test_submitit_task_placed_through_its_job_environment(monkeypatch):
+    """A task of Hydra's submitit launcher: rank, world, local rank and first host come from
+    submitit.JobEnvironment (first host of the bracketed node list, ranks from SLURM_*)."""
+    for k, v in {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "77", "SLURM_PROCID": "3", "SLURM_NTASKS": "4",
+                 "SLURM_LOCALID": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1", "SLURM_STEP_ID": "0",
+                 "SLURM_JOB_NODELIST": "gpu[07-08]"}.items():
+        monkeypatch.setenv(k, v)
+    for k in ("RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_ARRAY_JOB_ID"):
+        monkeypatch.delenv(k, raising=False)
+    e = detect_launch_env(os.environ)
+    assert (e.rank, e.world_size, e.local_rank, e.local_world_size, e.master_addr, e.source) == (3, 4, 1, 2, "gpu07", "slurm")
+    assert e.master_port == 15000 + 77
+
+
+@pytest.mark.parametrize("local_rank, local_world, gpus, device", [(3, 8, 8, 3), (3, 4, 8, 3), (3, 8, 1, 0), (0, 1, 1, 0)])
+def test_cuda_device_of_a_worker(local_rank, local_world, gpus, device):
+    # 8 tasks sharing 8 GPUs: the local rank; srun --gpus-per-task=1 (one visible GPU each): device 0
+    assert cuda_device_index(local_rank, local_world, gpus) == device
+
+
+def test_cuda_device_rejects_fewer_gpus_than_tasks():
+    with pytest.raises(ConfigError, match=r"4 workers on this node but 2 visible GPUs.*--gpus-per-task=1"):
+        cuda_device_index(1, 4, 2)
+
+
+def test_preemption_modes(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert resolve_mode("auto", "slurm") == "requeue"
+    assert resolve_mode("auto", "torchrun") == "off" and resolve_mode("auto", None) == "off"
+    assert resolve_mode("checkpoint", None) == "checkpoint"
+    with pytest.raises(ValueError, match="allowed: auto, requeue, checkpoint, off"):
+        resolve_mode("sometimes", None)
+    with pytest.raises(ValueError, match="needs a SLURM job"):
+        resolve_mode("requeue", None)
+
+
+def test_preemption_watch_notes_the_signal_and_restores_handlers():
+    before = signal.getsignal(signal.SIGUSR1)
+    with PreemptionWatch("checkpoint") as watch:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.01)
+        assert watch.signal == signal.SIGUSR1
+    assert signal.getsignal(signal.SIGUSR1) is before
+    with PreemptionWatch("off") as off:  # off: handlers untouched
+        assert signal.getsignal(signal.SIGUSR1) is before and not off.enabled
+
+
+def test_resume_true_finds_this_jobs_own_folder(tmp_path):
+    """A requeued job's own (Hydra) folder holds the checkpoint: resume=true must pick it."""
+    run = tmp_path / "exp" / "slurm-9"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.json").write_text("{}")
+    assert find_resume_dir({"resume": True, "results_dir": str(tmp_path), "experiment_name": "exp"}, run) == run
