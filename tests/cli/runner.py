@@ -74,3 +74,32 @@ def summary(run_dir: Path) -> dict:
 def stable(recs: list[dict]) -> list[dict]:
     """Records without the measured timing keys (TIME_KEYS differ run to run)."""
     return [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in recs]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_tasks(args, cwd: Path, n: int = 2, style: str = "slurm", wrap=None) -> list[subprocess.Popen]:
+    """Start ``n`` ``lsgd ARGS`` processes as an external launcher starts its tasks on one node:
+    ``style`` 'slurm' (the SLURM_* variables srun sets, job id 4242) or 'torchrun' (RANK, WORLD_SIZE,
+    LOCAL_RANK, MASTER_*). ``wrap(rank, cmd)`` may return another command line for a rank."""
+    port = free_port()
+    procs = []
+    for rank in range(n):
+        if style == "slurm":
+            env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_NTASKS=str(n), SLURM_LOCALID=str(rank),
+                       SLURM_STEP_ID="0", SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="localhost",
+                       SLURM_TASKS_PER_NODE=str(n), MASTER_PORT=str(port))
+        else:
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n),
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env.setdefault("WANDB_MODE", "disabled")
+        cmd = LSGD + list(args)
+        procs.append(subprocess.Popen(wrap(rank, cmd) if wrap else cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    return procs

@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from runner import TINY, lsgd, metrics, run_dirs, session_processes, stable, summary
+from runner import (
+    TINY,
+    lsgd,
+    metrics,
+    run_dirs,
+    session_processes,
+    stable,
+    start_tasks,
+    summary,
+)
 
 
 def _ok(res):
@@ -162,20 +171,7 @@ def test_wandb_offline_logs_rank0_only(tmp_path):
 
 def test_srun_style_tasks_join_one_group_and_one_folder(tmp_path):
     """Two tasks started as srun would start them (SLURM_* variables, no torchrun) form one job."""
-    import os
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank), SLURM_STEP_ID="0",
-                   SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="localhost", SLURM_TASKS_PER_NODE="2",
-                   MASTER_PORT=str(port), WANDB_MODE="disabled")
-        procs.append(subprocess.Popen([sys.executable, "-m", "lsgd.cli", "train", *TINY, "algo=slowmo",
-                                       f"results_dir={tmp_path}/r"], cwd=tmp_path, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    procs = start_tasks(["train", *TINY, "algo=slowmo", f"results_dir={tmp_path}/r"], tmp_path)
     outs = [p.communicate(timeout=240) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-4000:]
@@ -285,22 +281,13 @@ def test_a_rank_that_cannot_see_the_run_folder_fails_clearly(tmp_path):
         if os.environ.get("CI"):
             pytest.fail("unshare -m (root) is needed for this test in CI")
         pytest.skip("unshare -m needs root")
-    import socket
-
     results = tmp_path / "r"
     results.mkdir()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank), SLURM_STEP_ID="0",
-                   SLURM_JOB_ID="4343", SLURM_JOB_NODELIST="localhost", SLURM_TASKS_PER_NODE="2",
-                   MASTER_PORT=str(port), WANDB_MODE="disabled")
-        cmd = [sys.executable, "-m", "lsgd.cli", "train", *TINY, "algo=ddp", f"results_dir={results}"]
-        if rank == 1:
-            cmd = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs none "{results}" && exec "$0" "$@"', *cmd]
-        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+
+    def private_mount(rank, cmd):  # rank 1 sees an empty tmpfs where results_dir is
+        return ["unshare", "-m", "sh", "-c", f'mount -t tmpfs none "{results}" && exec "$0" "$@"', *cmd] if rank else cmd
+
+    procs = start_tasks(["train", *TINY, "algo=ddp", f"results_dir={results}"], tmp_path, wrap=private_mount)
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (_, err) in zip(procs, outs):
         assert p.returncode != 0
@@ -316,24 +303,13 @@ def test_a_signal_to_one_rank_stops_every_rank_at_one_checkpoint_and_resume_is_e
     ranks agree, checkpoint at the same step and exit 143 with status preempted; `resume=<run>`
     then finishes with metrics equal to an uninterrupted run's."""
     import signal
-    import socket
 
     common = [*TINY, "epochs=40", "max_steps=150", "log_every=1", "algo=local_sgd", "algo.local_steps=3",
               "launcher.preemption=checkpoint"]
     _ok(lsgd(["train", *common, "launcher.nproc_per_node=2", f"results_dir={tmp_path}/a"], tmp_path))
 
     def start(extra):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        procs = []
-        for rank in range(2):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WANDB_MODE="disabled")
-            procs.append(subprocess.Popen([sys.executable, "-m", "lsgd.cli", "train", *common, *extra,
-                                           f"results_dir={tmp_path}/b"], cwd=tmp_path, env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        return procs
+        return start_tasks(["train", *common, *extra, f"results_dir={tmp_path}/b"], tmp_path, style="torchrun")
 
     procs = start([])
     deadline = time.monotonic() + 120
