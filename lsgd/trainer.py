@@ -16,6 +16,7 @@ rank-prefixed lines to train.log and writes its own checkpoint shard.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import random
@@ -41,6 +42,7 @@ from lsgd.preemption import Preempted, PreemptionWatch
 from lsgd.services import Checkpointer, Evaluator, Recorder, loss_fn
 
 log = logging.getLogger("lsgd")
+_PROCESS_RUNS = itertools.count()  # runs this process has joined (a -m sweep joins one per arm)
 
 
 # --------------------------------------------------------------------------------------------
@@ -96,9 +98,15 @@ def worker_main(cfg: dict, run_dir: str | None) -> dict | None:
         torch.set_num_threads(threads)
     watch = PreemptionWatch(cfg["launcher"].get("preemption", "off"))
     with watch:  # a signal from here on becomes a checkpoint and a stop, not an abrupt death
+        # the rendezvous store under a prefix of its own for every run this process joins: the runs
+        # of a `-m` sweep under torchrun share torchrun's agent store, where the previous run's keys
+        # (same default group name) would otherwise be read as this run's
+        timeout = timedelta(seconds=float(cfg["launcher"].get("timeout_s", 300)))
+        store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+        store.set_timeout(timeout)
         dist.init_process_group(
-            backend=resolve_backend(cfg),
-            timeout=timedelta(seconds=float(cfg["launcher"].get("timeout_s", 300))),
+            backend=resolve_backend(cfg), store=dist.PrefixStore(f"lsgd_run{next(_PROCESS_RUNS)}", store),
+            rank=rank, world_size=world, timeout=timeout,
             device_id=torch.device("cuda", device_index) if device_index is not None else None,
         )
         rank = dist.get_rank()
