@@ -13,7 +13,7 @@ from pathlib import Path
 class JsonlOnly:
     """metrics.jsonl is always written by the recorder; this logger adds nothing."""
 
-    def log(self, rec: dict) -> None:
+    def log(self, line: dict) -> None:
         pass
 
     def finish(self, summary: dict) -> None:
@@ -21,38 +21,66 @@ class JsonlOnly:
 
 
 class WandbLogger:
-    """Weights & Biases on rank 0: resolved config, group = experiment, WANDB_MODE respected."""
+    """Weights & Biases on rank 0: resolved config, group = experiment, WANDB_MODE respected.
 
-    def __init__(self, cfg: dict, run_dir: Path):
+    Every line of metrics.jsonl reaches W&B at its ``step``: records as they are, per-step
+    compression rows (lines with a ``kind``) as ``<kind>/<key>`` (e.g. ``gravac/cf``), so W&B's
+    history holds what metrics.jsonl holds.
+
+    Resume: W&B drops a ``log`` at a step below the run's last one, and a crashed run has logged
+    steps past its last checkpoint, so continuing its W&B run would keep the pre-crash values. Each
+    attempt is therefore its own W&B run (same name and group; id ``<run_id>`` for the first,
+    ``<run_id>-r<k>`` for the k-th resume, listed in ``wandb_runs.json`` in the run folder), and a
+    resumed attempt first replays the kept metrics.jsonl lines (the recorder does), so the newest
+    attempt's history equals metrics.jsonl. Works offline; W&B's server-side rewind
+    (``resume_from``) would need the service.
+    """
+
+    def __init__(self, cfg: dict, run_dir: Path, resumed_step: int | None = None):
+        import json
+
         import wandb
 
+        from lsgd.files import write_atomic
+
         wcfg = cfg["logger"]
+        attempts_file = Path(run_dir) / "wandb_runs.json"
+        attempts = json.loads(attempts_file.read_text()) if attempts_file.exists() else []
+        run_id = cfg.get("run_id")
+        wandb_id = run_id if not attempts else f"{run_id}-r{len(attempts)}"
+        write_atomic(attempts_file, json.dumps([*attempts, wandb_id]))
         self.run = wandb.init(
             project=wcfg.get("project", "lsgd"),
             entity=wcfg.get("entity"),
             group=cfg["experiment_name"],
-            name=cfg.get("run_id"),
-            id=cfg.get("run_id"),
-            resume="allow",
-            config=cfg,
+            name=run_id,
+            id=wandb_id,
+            config={**cfg, "wandb_attempt": len(attempts), "resumed_from_step": resumed_step},
             dir=str(run_dir),
             mode=os.environ.get("WANDB_MODE", wcfg.get("mode", "online")),
         )
 
-    def log(self, rec: dict) -> None:
-        self.run.log(rec, step=rec["step"])
+    def log(self, line: dict) -> None:
+        """One metrics.jsonl line (a record, or a per-step row with a ``kind``)."""
+        if "kind" in line:
+            kind = line["kind"]
+            line = {"step": line["step"], **{f"{kind}/{k}": v for k, v in line.items() if k not in ("kind", "step")}}
+        self.run.log(line, step=line["step"])
 
     def finish(self, summary: dict) -> None:
         for k, v in summary.items():
             if v is not None:
                 self.run.summary[k] = v
+        if summary["status"] == "preempted":
+            self.run.mark_preempting()
         self.run.finish(exit_code=0 if summary["status"] == "completed" else 1)
 
 
-def build_logger(cfg: dict, run_dir: Path):
-    """``logger.name``: ``wandb`` or ``jsonl`` (metrics.jsonl only)."""
+def build_logger(cfg: dict, run_dir: Path, resumed_step: int | None = None):
+    """``logger.name``: ``wandb`` or ``jsonl`` (metrics.jsonl only). ``resumed_step``: the
+    checkpoint step this attempt resumes from (None: a fresh start)."""
     if cfg["logger"].get("name", "jsonl") == "wandb":
-        return WandbLogger(cfg, run_dir)
+        return WandbLogger(cfg, run_dir, resumed_step)
     return JsonlOnly()
 
 

@@ -85,7 +85,8 @@ class Recorder:
         self.last_record_time = time.perf_counter()
         self.last_record_samples = 0
         self.metrics_path = self.run_dir / "metrics.jsonl"
-        self.logger = build_logger(cfg, self.run_dir) if self.is_main else None
+        self.logger = None  # built in start(), after a resume has truncated metrics.jsonl
+        self.resumed_step: int | None = None
         self.progress = Progress(total_steps) if self.is_main and sys.stdout.isatty() else None
 
     # -- accumulators ---------------------------------------------------------------------------
@@ -98,6 +99,13 @@ class Recorder:
             self.loss_count += 1
 
     def start(self, samples: int) -> None:
+        """Training (re)starts: rank 0 opens the logger; after a resume it first replays the kept
+        metrics.jsonl lines into it, so the logger's history equals metrics.jsonl."""
+        if self.is_main and self.logger is None:
+            self.logger = build_logger(self.cfg, self.run_dir, resumed_step=self.resumed_step)
+            if self.resumed_step is not None and self.metrics_path.exists():
+                for line in self.metrics_path.read_text().splitlines():
+                    self.logger.log(json.loads(line))
         self.last_record_time = time.perf_counter()
         self.last_record_samples = samples
 
@@ -187,6 +195,8 @@ class Recorder:
             f.writelines(json.dumps(row) + "\n" for row in rows)  # each row carries its "kind"
             f.write(json.dumps(rec) + "\n")
         if self.logger is not None:
+            for row in rows:
+                self.logger.log(row)
             self.logger.log(rec)
         if self.progress is not None:
             self.progress.update(step, rec)
@@ -247,6 +257,7 @@ class Recorder:
 
     def truncate_to(self, step: int) -> None:
         """Rank 0 on resume: keep the metrics.jsonl lines up to ``step`` (drops a torn last line)."""
+        self.resumed_step = step
         if self.is_main and self.metrics_path.exists():
             kept = [line for line in self.metrics_path.read_text().splitlines() if record_step(line) <= step]
             write_atomic(self.metrics_path, "".join(line + "\n" for line in kept))

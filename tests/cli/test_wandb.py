@@ -1,0 +1,47 @@
+"""W&B (offline) after a crash and resume: its history equals metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+
+from runner import TINY, lsgd, run_dirs, summary
+from wandb_history import history
+
+WANDB = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+
+
+def expected_history(run) -> dict[int, dict]:
+    """metrics.jsonl as W&B should hold it: records as they are, per-step rows as <kind>/<key>."""
+    out: dict[int, dict] = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if "kind" in row:
+            row = {"step": row["step"], **{f"{row['kind']}/{k}": v for k, v in row.items() if k not in ("kind", "step")}}
+        out.setdefault(row["step"], {}).update(row)
+    return out
+
+
+def test_wandb_history_equals_metrics_after_a_crash_and_resume(tmp_path):
+    """GraVAC (per-step rows) crashes at step 15 after a checkpoint at 10 and records up to 14;
+    the resumed attempt is a new W&B run (<run_id>-r1) whose history holds exactly metrics.jsonl:
+    the records of steps 12 and 14 are the resumed run's, not the crashed attempt's, and the rows
+    are there. Every attempt's W&B run is finished (its files are closed)."""
+    common = [*TINY, "algo=gravac", "algo.compressor=topk", "algo.epsilon=0.3", "algo.window=1000",
+              "logger=wandb", "checkpoint_every=10", "eval_every=10", "log_every=2", f"results_dir={tmp_path}/r"]
+    crashed = lsgd(["train", *common, "inject_failure.step=15", "inject_failure.rank=1"], tmp_path, env=WANDB)
+    assert crashed.returncode != 0
+    (run,) = run_dirs(tmp_path / "r")
+    assert summary(run)["status"] == "failed"
+    res = lsgd(["train", *common, f"resume={run}"], tmp_path, env=WANDB)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert summary(run)["status"] == "completed"
+    ids = json.loads((run / "wandb_runs.json").read_text())
+    assert ids == [run.name, f"{run.name}-r1"]
+    (latest,) = (run / "wandb").glob(f"offline-run-*-{ids[1]}/run-{ids[1]}.wandb")
+    got, want = history(latest), expected_history(run)
+    assert sorted(got) == sorted(want)
+    assert any("/" in k for row in want.values() for k in row)  # rows are covered
+    for step, row in want.items():
+        assert {k: got[step].get(k) for k in row} == row, step
+    (first,) = (run / "wandb").glob(f"offline-run-*-{ids[0]}/run-{ids[0]}.wandb")
+    assert max(history(first)) > 10  # the crashed attempt logged past its checkpoint (step 10)
