@@ -68,12 +68,16 @@ class WandbLogger:
         self.run.log(line, step=line["step"])
 
     def finish(self, summary: dict) -> None:
+        """Summary values, then finish the run (once; later calls do nothing)."""
+        if self.run is None:
+            return
+        run, self.run = self.run, None
         for k, v in summary.items():
             if v is not None:
-                self.run.summary[k] = v
+                run.summary[k] = v
         if summary["status"] == "preempted":
-            self.run.mark_preempting()
-        self.run.finish(exit_code=0 if summary["status"] == "completed" else 1)
+            run.mark_preempting()
+        run.finish(exit_code=0 if summary["status"] == "completed" else 1)
 
 
 def build_logger(cfg: dict, run_dir: Path, resumed_step: int | None = None):

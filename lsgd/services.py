@@ -248,8 +248,13 @@ class Recorder:
         return summary
 
     def finish(self, summary: dict) -> None:
+        """Finish the logger's run. A logger error is logged, never raised: it must not hide the
+        run's own outcome or exception."""
         if self.logger is not None:
-            self.logger.finish(summary)
+            try:
+                self.logger.finish(summary)
+            except Exception:
+                log.exception("the logger could not finish its run")
 
     def close(self) -> None:
         if self.progress is not None:
