@@ -866,7 +866,8 @@ class Communicator:
         clock = self._s.clock if count else None
         t0 = time.perf_counter()
         handle = Handle(self, t0=t0)
-        handle.overlapped = False if count else None
+        # measured time: an asynchronous caller computes while the messages travel
+        handle.overlapped = bool(async_op) if count else None
         handle.issue = self._now()
         stamp = torch.from_numpy(handle.issue).to(self.device) if clock is not None else None
         send_ops, recv_ops = [], []

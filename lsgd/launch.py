@@ -296,6 +296,10 @@ def run(cfg_node) -> dict | None:
     if not (run_dir / "config.yaml").exists() or not cfg.get("resume"):
         saved = dict(cfg)
         saved["world_size"] = launch_env.world_size if launch_env else int(cfg["launcher"]["nproc_per_node"])
+        from lsgd.algorithms import ALGORITHMS
+
+        algo_cls = ALGORITHMS[cfg["algo"]["name"]]
+        saved.update(algo_cls.describe(cfg["algo"], algo_cls.roles(saved["world_size"]).count("worker")))
         write_atomic(run_dir / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
 
     from lsgd.data import prepare

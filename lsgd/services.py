@@ -130,8 +130,8 @@ class Recorder:
         self.pending_rows = trainer.algorithm.pop_step_rows()
         self.figures = self.worker_figures(trainer)
         return {
-            "step": trainer.step,
-            "epoch": trainer.step / trainer.steps_per_epoch,
+            "step": trainer.progress,
+            "epoch": trainer.progress / trainer.steps_per_epoch,
             "samples": samples,
             "lr": trainer.optimizer.param_groups[0]["lr"],
             "train_loss": loss_sum / count if count else float("nan"),
@@ -224,8 +224,8 @@ class Recorder:
             "algo": self.cfg["algo"]["name"],
             "world_size": trainer.world_size,
             "num_workers": trainer.ctx.num_workers,
-            "steps": trainer.step,
-            "epochs": trainer.step / trainer.steps_per_epoch,
+            "steps": trainer.progress,
+            "epochs": trainer.progress / trainer.steps_per_epoch,
             "samples": trainer.samples,
             "final_test_loss": self.last_eval.get("test_loss"),
             "final_test_acc": self.last_eval.get("test_acc"),

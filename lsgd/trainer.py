@@ -199,6 +199,7 @@ class Trainer:
 
         # progress counters (checkpointed)
         self.step = 0
+        self.bookkept = 0  # the algorithm's progress at the last bookkeeping
         self.compute_time_s = 0.0
         self.wall_offset_s = 0.0
         self.diverged = False
@@ -322,9 +323,15 @@ class Trainer:
         return loss_fn(out, y, reduction)
 
     @property
+    def progress(self) -> int:
+        """The run's progress in local steps per worker (the algorithm's count: the local step
+        count, or, where workers take different numbers of steps, its expected value)."""
+        return self.algorithm.progress(self.step)
+
+    @property
     def samples(self) -> int:
-        """Training samples consumed by all workers so far."""
-        return self.step * int(self.cfg["batch_size"]) * self.num_workers
+        """Training samples consumed by all workers so far (from :attr:`progress`)."""
+        return self.progress * int(self.cfg["batch_size"]) * self.num_workers
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def bookkeeping(self) -> bool:
@@ -335,8 +342,11 @@ class Trainer:
             Preempted: some rank got a preemption signal (lsgd.preemption); this step's record and
             a checkpoint at this step are written first, so a resumed run continues right after it.
         """
-        stop, saved = self._record_and_checkpoint()
         step = self.algorithm.progress(self.step)
+        if step == self.bookkept:  # progress did not move (a round of local steps under way)
+            return False
+        stop, saved = self._record_and_checkpoint()
+        self.bookkept = step
         if not stop and step < self.total_steps and self.watch.agreed(self.comm, self.device):
             if not saved:
                 self.comm.quiesce()
@@ -347,18 +357,17 @@ class Trainer:
     def _record_and_checkpoint(self) -> tuple[bool, bool]:
         """(stop, checkpoint saved at this step)."""
         cfg = self.cfg
-        step = self.algorithm.progress(self.step)
+        step, before = self.algorithm.progress(self.step), self.bookkept
         last = step >= self.total_steps
-        per_epoch_end = step % self.steps_per_epoch == 0
+
+        def crossed(every: int) -> bool:  # a multiple of ``every`` in (before, step]
+            return every > 0 and step // every > before // every
+
+        unit = self.steps_per_epoch if cfg["eval_unit"] == "epoch" else 1
         ce = int(cfg["checkpoint_every"])
-        if cfg["eval_unit"] == "epoch":
-            is_eval = per_epoch_end and (step // self.steps_per_epoch) % int(cfg["eval_every"]) == 0
-            is_ckpt = ce > 0 and per_epoch_end and (step // self.steps_per_epoch) % ce == 0
-        else:
-            is_eval = step % int(cfg["eval_every"]) == 0
-            is_ckpt = ce > 0 and step % ce == 0
-        is_eval = is_eval or last
-        if not (is_eval or step % int(cfg["log_every"]) == 0):
+        is_eval = crossed(unit * int(cfg["eval_every"])) or last
+        is_ckpt = crossed(unit * ce)
+        if not (is_eval or crossed(int(cfg["log_every"]))):
             self.recorder.tick(step)
             return False, False
         rec = self.recorder.make_record(self)
@@ -389,11 +398,15 @@ class Trainer:
     # -- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
         """Every rank writes its shard (atomically); see :class:`lsgd.services.Checkpointer`."""
-        self.checkpointer.save(self.step, {
+        # the algorithm's state first: it may complete an exchange in flight (swarm_sgd), which
+        # changes the model and advances the clock
+        algorithm = self.algorithm.state_dict()
+        self.checkpointer.save(self.progress, {
+            "local_step": self.step,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "algorithm": self.algorithm.state_dict(),
+            "algorithm": algorithm,
             "comm": self.comm.state_dict(),
             "compute_time_s": self.compute_time_s,
             "wall_time_s": time.perf_counter() - self.start_time,
@@ -409,8 +422,9 @@ class Trainer:
         self.algorithm.load_state_dict(state["algorithm"])
         self.comm.load_state_dict(state["comm"])
         self.recorder.load_state_dict(state["recorder"])
-        self.step = state["step"]
+        self.step = state.get("local_step", state["step"])  # older checkpoints: progress = local steps
+        self.bookkept = self.progress
         self.compute_time_s = state["compute_time_s"]
         self.wall_offset_s = state["wall_time_s"]
-        self.recorder.truncate_to(self.step)
-        log.info("resumed from %s at step %d", name, self.step)
+        self.recorder.truncate_to(self.progress)
+        log.info("resumed from %s at step %d", name, self.progress)

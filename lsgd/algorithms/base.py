@@ -144,6 +144,12 @@ class Algorithm:
             lsgd.errors.ConfigError: naming the key and the allowed values.
         """
 
+    @classmethod
+    def describe(cls, algo: dict, world_size: int) -> dict:
+        """Facts about the run's setting that the launcher records in ``config.yaml`` beside the
+        config (e.g. a decentralized method's topology and spectral gap); default: none."""
+        return {}
+
     def __init__(self, cfg: dict, comm: Communicator):
         self.cfg = dict(cfg)
         self.comm = comm
