@@ -52,6 +52,21 @@ def test_tiny_run_two_workers_writes_one_run_folder(tmp_path):
     assert (run / "checkpoints" / "last.json").exists()
 
 
+def test_swarm_run_records_its_topology_and_the_nodes_own_accuracy(tmp_path):
+    res = lsgd(["train", *TINY, "algo=swarm_sgd", "algo.topology=ring", "algo.local_steps=2", "eval_workers=true",
+                "launcher.nproc_per_node=4", "max_steps=8", f"results_dir={tmp_path}/r"], tmp_path)
+    _ok(res)
+    (run,) = run_dirs(tmp_path / "r")
+    topo = yaml.safe_load((run / "config.yaml").read_text())["topology"]
+    # ring of 4, weights 1/3: eigenvalues (1 + 2 cos(2 pi k / 4)) / 3 = 1, 1/3, -1/3, 1/3 -> gap 2/3
+    assert topo["name"] == "ring" and topo["nodes"] == 4
+    assert topo["spectral_gap"] == pytest.approx(2 / 3, abs=1e-12)
+    last = metrics(run)[-1]
+    assert last["step"] == 8 and last["test_acc_workers_min"] <= last["test_acc_workers_mean"]
+    assert last["consensus_distance"] > 0
+    assert last["comm_rounds"] == 4  # 8 steps of H = 2; a maximal matching of a 4-cycle is perfect
+
+
 def test_sweep_of_two_jobs_and_report(tmp_path):
     res = lsgd(["train", "-m", *TINY, "algo=ddp,local_sgd", f"results_dir={tmp_path}/r"], tmp_path, timeout=400)
     _ok(res)

@@ -34,7 +34,7 @@ def test_groups_are_shipped_with_the_package():
         assert options(group), group
     assert set(options("algo")) == {
         "ddp", "local_sgd", "post_local_sgd", "slowmo", "diloco", "compressed", "gravac", "accordion", "adasum",
-        "param_server",
+        "param_server", "swarm_sgd",
     }
     assert {"cnn", "resnet20", "resnet56", "resnet18", "resnet50", "resnet101", "vgg16", "lstm_lm", "gpt"} <= set(options("model"))
     assert {"fashion_mnist", "cifar10", "cifar100", "imagenet", "c4", "synthetic"} <= set(options("dataset"))
@@ -121,6 +121,14 @@ def test_slurm_launcher_composes():
         (["cluster.speeds=[1.0]"], "cluster.speeds"),
         (["network.report_gbps=[0]"], "network.report_gbps"),
         (["optim.lr_scaling=cubic"], "optim.lr_scaling"),
+        (["algo=swarm_sgd", "algo.topology=star"], "algo.topology"),
+        (["algo=swarm_sgd", "algo.topology=torus", "launcher.nproc_per_node=4"], "algo.topology"),
+        (["algo=swarm_sgd", "algo.topology=hypercube", "launcher.nproc_per_node=3"], "algo.topology"),
+        (["algo=swarm_sgd", "algo.weights=metropolis", "algo.topology=exponential"], "algo.weights"),
+        (["algo=swarm_sgd", "algo.local_steps_dist=poisson"], "algo.local_steps_dist"),
+        (["algo=swarm_sgd", "algo.quantizer=lattice", "algo.bits=3"], "algo.bits"),
+        (["algo=swarm_sgd", "algo.quantizer=lattice", "algo.side=0"], "algo.side"),
+        (["algo=swarm_sgd", "algo.blocking=maybe"], "algo.blocking"),
     ],
 )
 def test_validation_names_the_key(overrides, key):

@@ -1,0 +1,206 @@
+"""SwarmSGD on real 4-rank gloo groups, in the trainer's hook order with a schedule running,
+against a single-process simulation of the n nodes (the paper's rules, papers.md section 3).
+
+The reference draws the same matchings (``round_partners``, which tests/unit/test_swarm_schedule.py
+checks on their own) and uses the lattice quantizer as a component
+(tests/unit/test_lattice.py); the pairing, averaging, re-add, resend and byte counts are its own."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_algorithms import SGD_M, WARMUP_COSINE, batch, lr_at, make_model, train
+from trainer_runs import records, run
+
+from lsgd.algorithms.swarm_sgd import round_partners
+from lsgd.compression.lattice import LatticeQuantizer
+from lsgd.seeding import derive_seed
+from lsgd.topology import Topology
+
+SEED = 7
+
+
+def swarm_cfg(**kw):
+    cfg = {"name": "swarm_sgd", "topology": "complete", "weights": "uniform", "local_steps": 2,
+           "local_steps_dist": "fixed", "blocking": True, "quantizer": "none", "bits": 8, "side": 1e-4,
+           "average_buffers": True, "seed": SEED}
+    cfg.update(kw)
+    return cfg
+
+
+class Reference:
+    """n nodes in one process: local SGD steps, then the round's pairs average (module docstring)."""
+
+    def __init__(self, n, cfg, steps, schedule):
+        self.n, self.cfg, self.steps = n, cfg, steps
+        self.models = [make_model() for _ in range(n)]
+        self.opts = [torch.optim.SGD(m.parameters(), lr=SGD_M["lr"], momentum=SGD_M["momentum"]) for m in self.models]
+        self.lr = lr_at(SGD_M, schedule, steps)
+        self.topo = Topology(cfg["topology"], n, cfg["weights"], SEED)
+        self.quant = LatticeQuantizer(cfg["bits"], cfg["side"]) if cfg["quantizer"] == "lattice" else None
+        self.bytes = [0] * n
+        self.resent = [0] * n
+        self.pending = {}  # node -> (round, snapshot)
+
+    def params(self, i):
+        return [p.data for p in self.models[i].parameters()]
+
+    def run(self):
+        H = self.cfg["local_steps"]
+        for step in range(self.steps):
+            for i in range(self.n):
+                x, y = batch(i, step)
+                self.opts[i].param_groups[0]["lr"] = self.lr(step)
+                loss = F.cross_entropy(self.models[i](x), y)
+                self.opts[i].zero_grad()
+                loss.backward()
+                self.opts[i].step()
+            if (step + 1) % H == 0:
+                self.end_round((step + 1) // H - 1)
+            if step + 1 == self.steps:
+                self.finish()
+        return self
+
+    def end_round(self, r):
+        self.finish()
+        partners = round_partners(self.topo, SEED, r)
+        for i, j in partners.items():
+            if i < j:
+                snaps = {k: [t.clone() for t in self.params(k)] for k in (i, j)}
+                if self.cfg["blocking"]:
+                    self.average(i, j, snaps, r)
+                else:
+                    self.pending[(i, j)] = (r, snaps)
+
+    def finish(self):
+        for (i, j), (r, snaps) in sorted(self.pending.items()):
+            self.average(i, j, snaps, r)
+        self.pending = {}
+
+    def average(self, i, j, snaps, r):
+        """(Q(s_i) + Q(s_j)) / 2 (+ x_now - s_i when non-blocking) on both ends."""
+        q = self.quant
+        avg = {}
+        if q is None:
+            for k in (i, j):
+                self.bytes[k] += sum(t.numel() * 4 for t in snaps[k])
+            pair = [(a.double() + b.double()) / 2 for a, b in zip(snaps[i], snaps[j])]
+            avg = {i: pair, j: pair}
+        else:
+            points, ok = {}, {}
+            for k, other in ((i, j), (j, i)):
+                g = torch.Generator().manual_seed(derive_seed("swarm_lattice", SEED, k, r))
+                enc = [q.encode(t, g) for t in snaps[k]]
+                points[k] = [pt for _, pt in enc]
+                ok[other] = [q.decode(code, ref)[1] for (code, _), ref in zip(enc, snaps[other])]
+                self.bytes[k] += sum(math.ceil(q.bits * t.numel() / 8) + 24 for t in snaps[k]) + len(snaps[k])
+            for k in (i, j):
+                avg[k] = []
+                for t in range(len(snaps[i])):
+                    if ok[i][t] and ok[j][t]:
+                        avg[k].append((points[i][t] + points[j][t]) / 2)
+                    else:  # resent at full precision by both
+                        avg[k].append((snaps[i][t].reshape(-1).double() + snaps[j][t].reshape(-1).double()) / 2)
+                        self.bytes[k] += snaps[k][t].numel() * 4
+                        self.resent[k] += 1
+        for k in (i, j):
+            with torch.no_grad():
+                for t, a, s in zip(self.params(k), avg[k], snaps[k]):
+                    if self.cfg["blocking"]:
+                        t.copy_(a.view_as(t))
+                    else:
+                        t.copy_((a.view_as(t) + (t.double() - s.double())).float())
+
+
+def check_against_reference(tmp_path, cfg, steps, world=4):
+    got = train(tmp_path, "swarm", world, cfg, SGD_M, steps, schedule=WARMUP_COSINE)
+    ref = Reference(world, cfg, steps, WARMUP_COSINE).run()
+    for r in range(world):
+        for a, b in zip(got[r]["params"], ref.params(r)):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+        assert got[r]["stats"]["comm_bytes"] == ref.bytes[r]
+    return got, ref
+
+
+def test_blocking_pairs_average_exactly_and_keep_the_network_mean(tmp_path):
+    steps = 6  # three rounds of H = 2, the last one ending the run
+    got, _ = check_against_reference(tmp_path, swarm_cfg(), steps)
+    partners = round_partners(Topology("complete", 4, "uniform", SEED), SEED, 2)
+    assert len(partners) == 4  # complete graph on 4 nodes: a perfect matching every round
+    for i, j in partners.items():  # partners hold the same model after a blocking average
+        for a, b in zip(got[i]["params"], got[j]["params"]):
+            assert torch.equal(a, b)
+    # the network mean before the last averaging (after the last local step) equals the mean after it
+    n_params = len(got[0]["params"])
+    for t in range(n_params):
+        before = sum(g["pre_sync"][-1][t].double() for g in got) / 4
+        after = sum(g["params"][t].double() for g in got) / 4
+        torch.testing.assert_close(after, before, atol=1e-7, rtol=0)
+    assert [g["stats"]["comm_rounds"] for g in got] == [3] * 4
+
+
+def test_nonblocking_readds_the_local_progress(tmp_path):
+    """7 steps of H = 2: the exchange of round r is applied at the end of round r + 1 with the
+    re-add, and the last one (started at step 6) when the run ends at step 7."""
+    got, _ = check_against_reference(tmp_path, swarm_cfg(blocking=False), 7)
+    # not the blocking result: the re-add and the one-round delay change the trajectory
+    blocking = Reference(4, swarm_cfg(), 7, WARMUP_COSINE).run()
+    assert not torch.allclose(got[0]["params"][0], blocking.params(0)[0], atol=1e-4)
+
+
+@pytest.mark.parametrize("bits,side,blocking", [(8, 1e-3, True), (2, 1e-4, True), (4, 1e-4, False)])
+def test_lattice_averaging_decodes_against_the_reference_and_resends_outside_the_radius(tmp_path, bits, side, blocking):
+    cfg = swarm_cfg(quantizer="lattice", bits=bits, side=side, blocking=blocking)
+    got, ref = check_against_reference(tmp_path, cfg, 6)
+    resent = [g["algo_state"]["resent"] for g in got]
+    assert resent == ref.resent
+    if bits == 8:
+        assert sum(resent) == 0  # models stay within 128 steps of 1e-3 of each other
+    else:
+        assert sum(resent) > 0   # a 2- or 4-step radius of 1e-4 is left at once: caught and resent
+
+
+def test_geometric_rounds_run_in_the_trainer_and_resume_exactly(tmp_path):
+    """Geometric local steps, non-blocking, lattice: nodes take different numbers of local steps,
+    records fall at round boundaries (progress = H x rounds), and a run resumed from a checkpoint
+    ends with the same metrics as an uninterrupted one."""
+    over = ["algo=swarm_sgd", "algo.local_steps=2", "algo.local_steps_dist=geometric", "algo.blocking=false",
+            "algo.quantizer=lattice", "algo.side=1e-3", "algo.topology=ring", "epochs=2", "eval_unit=step",
+            "eval_every=8", "log_every=4", "checkpoint_every=8", "eval_workers=true"]
+    full = records(run(tmp_path, over, world=4, name="full"))
+    steps = [r["step"] for r in full if "kind" not in r]
+    assert steps == [4, 8, 12, 16]  # H x rounds: every node is at a round boundary
+    evals = [r for r in full if "test_acc" in r]
+    assert [r["step"] for r in evals] == [8, 16]
+    assert all("consensus_distance" in r and "test_acc_workers_min" in r for r in evals)
+    # rank 1 crashes after the checkpoint at progress 8; the resumed run ends where the full one did
+    with pytest.raises(Exception, match="inject_failure"):
+        run(tmp_path, [*over, "inject_failure.step=11", "inject_failure.rank=1"], world=4, name="crash")
+    resumed = records(run(tmp_path, over, world=4, name="crash", resume=True))
+
+    measured = {"wall_time_s", "comm_time_s", "compute_time_s", "compute_time_s_max", "samples_per_s"}
+
+    def strip(recs):  # modeled time and bytes must match; measured time cannot
+        return [{k: v for k, v in r.items() if k not in measured} for r in recs]
+
+    assert strip(resumed) == strip(full)
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_the_clock_prices_the_wait_and_the_overlap(tmp_path, blocking):
+    """4 equal-speed nodes, complete graph (a perfect matching each round), H = 2, 8 steps of
+    t = 10 ms, one exchange costing c = alpha + bytes x 8 / bandwidth: blocking waits c every round
+    (8 t + 4 c); non-blocking hides each exchange behind the next round (c < 2 t) and waits only for
+    the last one, applied when the run ends (8 t + c)."""
+    over = ["algo=swarm_sgd", "algo.local_steps=2", f"algo.blocking={str(blocking).lower()}", "max_steps=8",
+            "cluster.compute=profile", "cluster.step_time_s=0.01", "network.bandwidth_gbps=1", "network.latency_us=10",
+            "launcher.nproc_per_node=4"]
+    last = [r for r in records(run(tmp_path, over, world=4)) if "kind" not in r][-1]
+    assert last["step"] == 8 and last["comm_rounds"] == 4
+    c = 10e-6 + (last["comm_bytes"] / 4) * 8 / 1e9
+    assert c < 0.02
+    expected = 8 * 0.01 + (4 * c if blocking else c)
+    assert last["modeled_time_s"] == pytest.approx(expected, rel=1e-9)
