@@ -82,12 +82,15 @@ def main(argv: list[str] | None = None) -> int:
                 counts["unchanged"] += 1
                 print(f"unchanged  {name}")
         if not args.check:
-            cases.save_golden(record)
-    stale = sorted(set(cases.stored_names()) - set(cases.CASES_BY_NAME))
+            for path in cases.save_golden(record):
+                print(f"    deleted {path.relative_to(cases.GOLDEN_DIR)}: another environment's numbers, now stale")
+    stale = sorted(set(cases.stored_names()) | set(cases.stored_env_names()))
+    stale = [name for name in stale if name not in cases.CASES_BY_NAME]
     for name in stale:
-        print(f"STALE      {name}: {cases.golden_path(name)} has no case in cases.py; delete it")
+        print(f"STALE      {name}: {cases.golden_path(name)} (or its envs/ copies) has no case in cases.py; delete it")
     summary = ", ".join(f"{n} {k}" for k, n in counts.items())
-    print(f"\n{summary}" + ("" if args.check else f"; files written to {cases.GOLDEN_DIR}"))
+    where = cases.golden_path(names[0]) if names else cases.GOLDEN_DIR
+    print(f"\n{summary}" + ("" if args.check else f"; files written beside {where.relative_to(cases.GOLDEN_DIR.parents[1])}"))
     if args.check and (counts["changed"] or counts["new"] or stale):
         return 1
     return 0

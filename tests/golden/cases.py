@@ -22,8 +22,12 @@ why in its commit message and regenerate them:
 
 Conditions of bit-for-bit equality: CPU, one OpenMP / torch thread on every thread of a rank
 (:data:`THREAD_ENV`, as ``lsgd train`` runs two workers on two cores), the same torch build and CPU
-kernel family (``environment`` in each file). On another machine or torch version the test skips
-rather than report a false regression; regenerate there at an unchanged commit first.
+kernel family (``environment`` in each file). The files for the first environment they were recorded
+in are ``tests/golden/<case>.json``; other environments (e.g. AVX512 kernels beside AVX2) keep theirs
+in ``tests/golden/envs/<torch>_<cpu capability>_<machine>/<case>.json``, recorded there at an
+unchanged commit. A case with no file for this environment skips rather than report a false
+regression; regenerating a case that moved deletes its files of the other environments (they are
+stale), so those skip until someone records them there.
 
 All cases of one world size run one after another in a single gloo group (a fresh Trainer each;
 the ranks are forked from a forkserver that has imported torch and lsgd once); a case's numbers do
@@ -155,6 +159,10 @@ CASES: list[Case] = [
     _case("local_sgd_w4", "algo=local_sgd", "algo.local_steps=4", "algo.buffer_policy=maintain", world_size=4),
     _case("param_server_w3", "algo=param_server", world_size=3,
           note="rank 0 serves, 2 workers: the process roles (added with the measurement core)"),
+    _case("swarm_sgd_w4", "algo=swarm_sgd", "algo.topology=ring", "algo.local_steps=2", "algo.quantizer=lattice",
+          "algo.side=1e-3", world_size=4, note="blocking pairwise averaging, 8-bit lattice (issue 12)"),
+    _case("swarm_sgd_nonblocking_w4", "algo=swarm_sgd", "algo.local_steps=3", "algo.blocking=false", world_size=4,
+          note="snapshots exchanged during the next round, local progress re-added (issue 12)"),
 ]
 CASES_BY_NAME = {c.name: c for c in CASES}
 
@@ -334,21 +342,64 @@ def run_cases(names: list[str] | None, work: Path, log=None) -> dict[str, dict]:
 # --------------------------------------------------------------------------------------------
 # stored files and comparison
 # --------------------------------------------------------------------------------------------
-def golden_path(name: str) -> Path:
-    return GOLDEN_DIR / f"{name}.json"
+ENVS_DIR = GOLDEN_DIR / "envs"
 
 
-def load_golden(name: str) -> dict | None:
-    path = golden_path(name)
+def environment_key(env: dict) -> str:
+    """Folder name of an environment's files: ``<torch>_<cpu capability>_<machine>``."""
+    return "_".join(str(env.get(k)) for k in ("torch", "cpu_capability", "machine"))
+
+
+def golden_path(name: str, env: dict | None = None) -> Path:
+    """The primary file of ``name`` (``env`` None), or its file for environment ``env``."""
+    if env is None:
+        return GOLDEN_DIR / f"{name}.json"
+    return ENVS_DIR / environment_key(env) / f"{name}.json"
+
+
+def _read(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def save_golden(record: dict) -> None:
-    golden_path(record["case"]).write_text(json.dumps(record, indent=1) + "\n")
+def load_golden(name: str) -> dict | None:
+    """The stored record of ``name`` for this environment: the primary file if it was recorded in
+    an environment like this one, else this environment's file; if neither, the primary file
+    (whose :func:`environment_mismatch` says why it cannot be compared), or None."""
+    primary = _read(golden_path(name))
+    if primary is not None and environment_mismatch(primary) is None:
+        return primary
+    return _read(golden_path(name, environment())) or primary
+
+
+def save_golden(record: dict) -> list[Path]:
+    """Write ``record`` where :func:`load_golden` finds it in this environment. A case whose numbers
+    moved (or a new case) becomes the primary file, recorded here, and its files of other
+    environments are deleted (they are stale); a case recorded elsewhere whose numbers are only
+    new to this environment gets this environment's file. Returns the deleted files."""
+    name = record["case"]
+    primary, stored = _read(golden_path(name)), load_golden(name)
+    comparable = stored is not None and environment_mismatch(stored) is None
+    moved = comparable and bool(differences(stored, record))
+    if primary is None or moved or environment_mismatch(primary) is None:
+        path = golden_path(name)
+        stale = [p for p in ENVS_DIR.glob(f"*/{name}.json")] if moved or primary is None else []
+    else:
+        path, stale = golden_path(name, record["environment"]), []
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    for p in stale:
+        p.unlink()
+    return stale
 
 
 def stored_names() -> list[str]:
+    """Cases with a primary file."""
     return sorted(p.stem for p in GOLDEN_DIR.glob("*.json"))
+
+
+def stored_env_names() -> list[str]:
+    """Cases with a file for some other environment."""
+    return sorted({p.stem for p in ENVS_DIR.glob("*/*.json")})
 
 
 def environment_mismatch(expected: dict) -> str | None:
