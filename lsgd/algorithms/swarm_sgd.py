@@ -49,7 +49,7 @@ import networkx as nx
 import numpy as np
 import torch
 
-from lsgd.algorithms.base import Algorithm, float_buffers
+from lsgd.algorithms.gossip import Gossip
 from lsgd.compression.lattice import (
     CHECKSUM_BYTES,
     LatticeCode,
@@ -59,7 +59,7 @@ from lsgd.compression.lattice import (
 from lsgd.config import choice, int_at_least
 from lsgd.errors import ConfigError
 from lsgd.seeding import derive_seed
-from lsgd.topology import Topology, check, random_matching
+from lsgd.topology import Topology, random_matching
 
 QUANTIZERS = ("none", "lattice")
 STEP_DISTS = ("fixed", "geometric")
@@ -97,7 +97,7 @@ class _Exchange:
         self.recv = recv             # the receive buffer (uint8 message, or the flat model)
 
 
-class SwarmSGD(Algorithm):
+class SwarmSGD(Gossip):
     """SwarmSGD (see the module docstring).
 
     Config keys: ``topology``, ``weights`` (recorded; pairwise averaging weighs 1/2 each),
@@ -109,14 +109,10 @@ class SwarmSGD(Algorithm):
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
-        try:
-            check(algo.get("topology"), world_size, algo.get("weights", "uniform"))
-        except ValueError as exc:
-            raise ConfigError(f"{exc} (algo=swarm_sgd with {world_size} workers)") from None
+        super().validate_config(algo, world_size)
         int_at_least(algo, "local_steps", 1, "algo.")
         choice(algo, "local_steps_dist", STEP_DISTS, "algo.")
         choice(algo, "blocking", (True, False), "algo.")
-        choice(algo, "average_buffers", (True, False), "algo.")
         choice(algo, "quantizer", QUANTIZERS, "algo.")
         if algo["quantizer"] == "lattice":
             try:
@@ -124,20 +120,12 @@ class SwarmSGD(Algorithm):
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
 
-    @classmethod
-    def describe(cls, algo: dict, world_size: int) -> dict:
-        topo = Topology(algo["topology"], world_size, algo.get("weights", "uniform"), int(algo.get("seed", 0)))
-        return {"topology": topo.describe()}
-
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
         self.local_steps = int(cfg.get("local_steps", 1))
         self.dist = cfg.get("local_steps_dist", "fixed")
         self.blocking = bool(cfg.get("blocking", True))
-        self.average_buffers = bool(cfg.get("average_buffers", True))
         self.quantizer = LatticeQuantizer(int(cfg["bits"]), float(cfg["side"])) if cfg.get("quantizer") == "lattice" else None
-        self.seed_value = cfg.get("seed")
-        self.topology: Topology | None = None
         self.round = 0            # this node's current interaction round
         self.steps_in_round = 0   # local steps taken in it
         self.round_steps = self.local_steps
@@ -146,9 +134,6 @@ class SwarmSGD(Algorithm):
 
     def setup(self, model, optimizer, ctx=None):
         out = super().setup(model, optimizer, ctx)
-        self.seed = int(self.seed_value if self.seed_value is not None else self.ctx.seed)
-        self.node = self.comm.rank
-        self.topology = Topology(self.cfg["topology"], self.comm.world_size, self.cfg.get("weights", "uniform"), self.seed)
         self.round_steps = round_length(self.local_steps, self.dist, self.seed, self.node, self.round)
         return out
 
@@ -188,8 +173,9 @@ class SwarmSGD(Algorithm):
     # -- the exchange ------------------------------------------------------------------------------
     def _tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(parameters, exchanged buffers) of the model, in a fixed order."""
-        params = [p.data for p in self.model.parameters()]
-        return params, float_buffers(self.model) if self.average_buffers else []
+        tensors = self.mixed_tensors()
+        n = len(list(self.model.parameters()))
+        return tensors[:n], tensors[n:]
 
     def _generator(self, round: int) -> torch.Generator:
         g = torch.Generator(device=self.comm.device)
@@ -277,10 +263,6 @@ class SwarmSGD(Algorithm):
     # -- bookkeeping ------------------------------------------------------------------------------
     def metrics(self) -> dict:
         return {"lattice_resent": self.resent} if self.quantizer is not None else {}
-
-    @property
-    def models_in_sync(self) -> bool:
-        return False
 
     def state_dict(self) -> dict:
         if self.pending is not None:  # a checkpoint completes the exchange in flight (module docstring)

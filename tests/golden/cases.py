@@ -163,6 +163,10 @@ CASES: list[Case] = [
           "algo.side=1e-3", world_size=4, note="blocking pairwise averaging, 8-bit lattice (issue 12)"),
     _case("swarm_sgd_nonblocking_w4", "algo=swarm_sgd", "algo.local_steps=3", "algo.blocking=false", world_size=4,
           note="snapshots exchanged during the next round, local progress re-added (issue 12)"),
+    _case("dpsgd_w4", "algo=dpsgd", "algo.topology=ring", "algo.variant=awc", world_size=4,
+          note="adapt-with-combine on the ring, exchange overlapped with the gradient (issue 12)"),
+    _case("decentlam_w4", "algo=decentlam", "optim.momentum=0", "algo.momentum=0.9", world_size=4),
+    _case("sgp_w4", "algo=sgp", world_size=4, note="push-sum on the one-peer exponential graph (issue 12)"),
 ]
 CASES_BY_NAME = {c.name: c for c in CASES}
 

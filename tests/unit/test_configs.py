@@ -34,7 +34,7 @@ def test_groups_are_shipped_with_the_package():
         assert options(group), group
     assert set(options("algo")) == {
         "ddp", "local_sgd", "post_local_sgd", "slowmo", "diloco", "compressed", "gravac", "accordion", "adasum",
-        "param_server", "swarm_sgd",
+        "param_server", "swarm_sgd", "dpsgd", "decentlam", "sgp",
     }
     assert {"cnn", "resnet20", "resnet56", "resnet18", "resnet50", "resnet101", "vgg16", "lstm_lm", "gpt"} <= set(options("model"))
     assert {"fashion_mnist", "cifar10", "cifar100", "imagenet", "c4", "synthetic"} <= set(options("dataset"))
@@ -129,6 +129,11 @@ def test_slurm_launcher_composes():
         (["algo=swarm_sgd", "algo.quantizer=lattice", "algo.bits=3"], "algo.bits"),
         (["algo=swarm_sgd", "algo.quantizer=lattice", "algo.side=0"], "algo.side"),
         (["algo=swarm_sgd", "algo.blocking=maybe"], "algo.blocking"),
+        (["algo=dpsgd", "algo.variant=push", "launcher.nproc_per_node=4"], "algo.variant"),
+        (["algo=dpsgd", "algo.topology=ring", "launcher.nproc_per_node=2"], "algo.topology"),
+        (["algo=decentlam", "algo.momentum=1.0", "optim.momentum=0", "launcher.nproc_per_node=4"], "algo.momentum"),
+        (["algo=decentlam", "launcher.nproc_per_node=4"], "optim.momentum"),
+        (["algo=sgp", "algo.weights=metropolis"], "algo.weights"),
     ],
 )
 def test_validation_names_the_key(overrides, key):

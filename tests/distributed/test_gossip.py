@@ -1,0 +1,234 @@
+"""The gossip family (D-PSGD, DecentLaM, SGP) on real 4-rank gloo groups, in the trainer's hook
+order with a schedule running, against single-process simulations of the n nodes built from the
+mixing matrices (papers.md section 3) and against each other where the papers say they coincide."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from test_algorithms import SGD_M, SPE, WARMUP_COSINE, batch, lr_at, make_model, train
+
+from lsgd.topology import Topology
+
+N = 4
+SGD = {"name": "sgd", "lr": 0.1, "momentum": 0.0, "nesterov": False, "weight_decay": 0.0}
+
+
+def cfg(name, **kw):
+    out = {"name": name, "topology": "ring", "weights": "uniform", "average_buffers": True, "seed": 0}
+    out.update(kw)
+    return out
+
+
+class Nodes:
+    """n replicas in one process, each with its own optimizer and batches."""
+
+    def __init__(self, optim_cfg, steps, schedule):
+        self.models = [make_model() for _ in range(N)]
+        momentum = optim_cfg["momentum"]
+        self.opts = [torch.optim.SGD(m.parameters(), lr=optim_cfg["lr"], momentum=momentum) for m in self.models]
+        self.lr = lr_at(optim_cfg, schedule, steps)
+
+    def flat(self, i):
+        return torch.cat([p.data.reshape(-1) for p in self.models[i].parameters()])
+
+    def write(self, i, flat):
+        offset = 0
+        for p in self.models[i].parameters():
+            p.data.copy_(flat[offset : offset + p.numel()].view_as(p).to(p.dtype))
+            offset += p.numel()
+
+    def gradients(self, step):
+        for i in range(N):
+            x, y = batch(i, step)
+            self.opts[i].param_groups[0]["lr"] = self.lr(step)
+            loss = F.cross_entropy(self.models[i](x), y)
+            self.opts[i].zero_grad()
+            loss.backward()
+
+
+def mix(w, flats, i):
+    out = flats[i].double() * w[i, i]
+    for j in range(N):
+        if j != i and w[i, j] > 0:
+            out += w[i, j] * flats[j].double()
+    return out.float()
+
+
+def reference_dpsgd(topo, variant, steps, optim_cfg=SGD_M, schedule=WARMUP_COSINE):
+    nodes = Nodes(optim_cfg, steps, schedule)
+    for step in range(steps):
+        nodes.gradients(step)
+        w = topo.mixing_matrix(step)
+        before = [nodes.flat(i) for i in range(N)]
+        for opt in nodes.opts:
+            opt.step()
+        after = [nodes.flat(i) for i in range(N)]
+        for i in range(N):
+            if variant == "awc":  # x_i + d_i + (sum_j W_ij x_j - x_i), d_i at the pre-averaging model
+                nodes.write(i, after[i] + (mix(w, before, i) - before[i]))
+            else:
+                nodes.write(i, mix(w, after, i))
+    return nodes
+
+
+def assert_models(got, nodes, atol=1e-6):
+    for r in range(N):
+        for a, b in zip(got[r]["params"], nodes.models[r].parameters()):
+            torch.testing.assert_close(a, b.data, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("topology,weights,variant", [
+    ("ring", "uniform", "awc"), ("ring", "metropolis", "atc"), ("exponential", "uniform", "awc"),
+    ("one_peer_exponential", "uniform", "atc"), ("complete", "uniform", "awc"),
+])
+def test_dpsgd_equals_its_recursion(tmp_path, topology, weights, variant):
+    steps = 5
+    got = train(tmp_path, "dpsgd", N, cfg("dpsgd", topology=topology, weights=weights, variant=variant), SGD_M, steps,
+                schedule=WARMUP_COSINE)
+    topo = Topology(topology, N, weights, 0)
+    assert_models(got, reference_dpsgd(topo, variant, steps))
+    # bytes: every step each node sends its model to each out-neighbour (one_peer: one, ring: two, ...)
+    model_bytes = sum(p.numel() * 4 for p in got[0]["params"])
+    sends = sum(len(topo.out_neighbors(0, t)) for t in range(steps))
+    assert got[0]["stats"]["comm_bytes"] == sends * model_bytes
+    assert got[0]["stats"]["comm_rounds"] == steps
+
+
+def test_dpsgd_on_the_complete_graph_averages_then_steps_at_the_pre_averaging_model(tmp_path):
+    """W = 11^T / n: x_i(t+1) = mean_j x_j(t) + d_i(x_i(t)), the closed form of adapt-with-combine."""
+    steps = 4
+    got = train(tmp_path, "awc", N, cfg("dpsgd", topology="complete"), SGD, steps, schedule=WARMUP_COSINE)
+    nodes = Nodes(SGD, steps, WARMUP_COSINE)
+    lr = lr_at(SGD, WARMUP_COSINE, steps)
+    for step in range(steps):
+        nodes.gradients(step)
+        mean = sum(nodes.flat(i).double() for i in range(N)) / N
+        grads = [torch.cat([p.grad.reshape(-1) for p in m.parameters()]) for m in nodes.models]
+        for i in range(N):
+            nodes.write(i, mean - lr(step) * grads[i].double())
+    assert_models(got, nodes, atol=2e-6)
+
+
+def test_decentlam_with_beta_zero_is_adapt_then_combine_dpsgd(tmp_path):
+    steps = 5
+    lam = train(tmp_path, "lam", N, cfg("decentlam", momentum=0.0), SGD, steps, schedule=WARMUP_COSINE)
+    atc = train(tmp_path, "atc", N, cfg("dpsgd", variant="atc"), SGD, steps, schedule=WARMUP_COSINE)
+    for r in range(N):
+        for a, b in zip(lam[r]["params"], atc[r]["params"]):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_decentlam_momentum_follows_its_recursion(tmp_path):
+    """g_hat = (x - sum_j W_ij (x_j - lr g_j)) / lr; m <- beta m + g_hat; x <- x - lr m."""
+    steps, beta = 6, 0.9
+    got = train(tmp_path, "lam", N, cfg("decentlam", momentum=beta, topology="complete", weights="uniform"), SGD, steps,
+                schedule=WARMUP_COSINE)
+    topo = Topology("complete", N, "uniform", 0)
+    nodes = Nodes(SGD, steps, WARMUP_COSINE)
+    lr = lr_at(SGD, WARMUP_COSINE, steps)
+    m = [torch.zeros_like(nodes.flat(0)).double() for _ in range(N)]
+    for step in range(steps):
+        nodes.gradients(step)
+        w, gamma = topo.mixing_matrix(step), lr(step)
+        xs = [nodes.flat(i).double() for i in range(N)]
+        zs = [(xs[i] - gamma * torch.cat([p.grad.reshape(-1) for p in nodes.models[i].parameters()]).double()).float()
+              for i in range(N)]
+        for i in range(N):
+            z_bar = mix(w, zs, i).double()
+            m[i] = beta * m[i] + (xs[i] - z_bar) / gamma
+            nodes.write(i, xs[i] - gamma * m[i])
+    assert_models(got, nodes, atol=2e-6)
+
+
+def test_decentlam_needs_plain_sgd():
+    from lsgd.algorithms.decentlam import DecentLaM
+    from lsgd.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="optim.momentum=0"):
+        DecentLaM.validate_run({"algo": cfg("decentlam", momentum=0.9), "optim": SGD_M}, N)
+
+
+def reference_sgp(topo, steps, optim_cfg, schedule):
+    nodes = Nodes(optim_cfg, steps, schedule)
+    weights = [1.0] * N
+    for step in range(steps):
+        nodes.gradients(step)
+        z = [nodes.flat(i) for i in range(N)]
+        for opt in nodes.opts:
+            opt.step()
+        x = [z[i].double() * weights[i] + (nodes.flat(i) - z[i]).double() for i in range(N)]
+        shares = {}
+        for i in range(N):
+            outs = topo.out_neighbors(i, step)
+            p = 1.0 / (len(outs) + 1)
+            shares[i] = (torch.cat([x[i] * p, torch.tensor([weights[i] * p], dtype=torch.float64)]).float().double(),
+                         [i, *outs])
+        new_w = []
+        for i in range(N):
+            got = [msg for msg, dests in shares.values() if i in dests]
+            total = shares[i][0] + sum(msg for msg in got if msg is not shares[i][0])
+            nodes.write(i, total[:-1] / float(total[-1]))
+            new_w.append(float(total[-1]))
+        weights = new_w
+    return nodes, weights
+
+
+@pytest.mark.parametrize("topology", ["one_peer_exponential", "exponential"])
+def test_sgp_equals_push_sum_and_keeps_the_mass(tmp_path, topology):
+    steps = 5
+    got = train(tmp_path, "sgp", N, cfg("sgp", topology=topology), SGD_M, steps, schedule=WARMUP_COSINE)
+    nodes, weights = reference_sgp(Topology(topology, N, "uniform", 0), steps, SGD_M, WARMUP_COSINE)
+    assert_models(got, nodes)
+    got_w = [g["algo_state"]["weight"] for g in got]
+    np.testing.assert_allclose(got_w, weights, rtol=0, atol=1e-7)
+    assert sum(got_w) == pytest.approx(N, abs=1e-6)  # sum_i w_i = n
+
+
+def test_sgp_de_biased_models_reach_the_mean_on_a_static_strongly_connected_graph(tmp_path):
+    """Learning rate 0 after the first epoch (3 steps): the models only mix, and on the static
+    directed exponential graph every z_i = x_i / w_i converges to sum_i x_i / n."""
+    steps = 40
+    stop = {"name": "step", "milestones": [1], "gamma": 0.0}
+    got = train(tmp_path, "sgp", N, cfg("sgp", topology="exponential"), SGD, steps, schedule=stop)
+    # after step SPE no more gradient steps: x_i = w_i z_i sum to the mass of step SPE's end
+    flats = [torch.cat([p.reshape(-1) for p in g["params"]]).double() for g in got]
+    w = [g["algo_state"]["weight"] for g in got]
+    mean = sum(wi * f for wi, f in zip(w, flats)) / N
+    before = [torch.cat([t.reshape(-1) for t in g["pre_sync"][SPE - 1][:len(g["params"])]]).double() for g in got]
+    assert max((f - mean).abs().max().item() for f in flats) < 1e-6
+    assert not all(torch.equal(before[0], b) for b in before[1:])  # they did differ after the gradient steps
+
+
+@pytest.mark.parametrize("variant", ["awc", "atc"])
+def test_the_clock_hides_the_awc_exchange_behind_the_next_gradient(tmp_path, variant):
+    """Ring of 4, 8 steps of t = 10 ms, an exchange of cost c (both neighbours' messages travel at
+    once): atc waits c every step (8 t + 8 c); awc's exchange of x(t) runs during step t's forward
+    and backward pass (c < t), so only step 0's blocking one shows (8 t + c)."""
+    from trainer_runs import records, run
+
+    over = ["algo=dpsgd", f"algo.variant={variant}", "max_steps=8", "cluster.compute=profile", "cluster.step_time_s=0.01",
+            "network.bandwidth_gbps=1", "network.latency_us=10", "launcher.nproc_per_node=4"]
+    last = [r for r in records(run(tmp_path, over, world=4)) if "kind" not in r][-1]
+    sends = 8 * 2  # two neighbours per step (awc: step 0 blocking, 7 posted after steps 1..7)
+    c = 10e-6 + (last["comm_bytes"] / sends) * 8 / 1e9
+    assert c < 0.01 and last["comm_rounds"] == 8
+    expected = 8 * 0.01 + (c if variant == "awc" else 8 * c)
+    assert last["modeled_time_s"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_dpsgd_resumes_with_the_exchange_in_flight_to_identical_metrics(tmp_path):
+    from trainer_runs import records, run
+
+    over = ["algo=dpsgd", "algo.variant=awc", "epochs=2", "eval_unit=step", "eval_every=8", "log_every=4",
+            "checkpoint_every=8", "eval_workers=true"]
+    full = records(run(tmp_path, over, world=4, name="full"))
+    with pytest.raises(Exception, match="inject_failure"):
+        run(tmp_path, [*over, "inject_failure.step=11", "inject_failure.rank=2"], world=4, name="crash")
+    resumed = records(run(tmp_path, over, world=4, name="crash", resume=True))
+    measured = {"wall_time_s", "comm_time_s", "compute_time_s", "compute_time_s_max", "samples_per_s"}
+    assert [{k: v for k, v in r.items() if k not in measured} for r in resumed] == \
+           [{k: v for k, v in r.items() if k not in measured} for r in full]
+    assert "consensus_distance" in full[-1] and full[-1]["test_acc_workers_min"] <= full[-1]["test_acc_workers_mean"]
