@@ -34,7 +34,7 @@ def test_groups_are_shipped_with_the_package():
         assert options(group), group
     assert set(options("algo")) == {
         "ddp", "local_sgd", "post_local_sgd", "slowmo", "diloco", "compressed", "gravac", "accordion", "adasum",
-        "param_server", "swarm_sgd", "dpsgd", "decentlam", "sgp",
+        "param_server", "swarm_sgd", "dpsgd", "decentlam", "sgp", "overlap_local_sgd",
     }
     assert {"cnn", "resnet20", "resnet56", "resnet18", "resnet50", "resnet101", "vgg16", "lstm_lm", "gpt"} <= set(options("model"))
     assert {"fashion_mnist", "cifar10", "cifar100", "imagenet", "c4", "synthetic"} <= set(options("dataset"))
@@ -134,6 +134,9 @@ def test_slurm_launcher_composes():
         (["algo=decentlam", "algo.momentum=1.0", "optim.momentum=0", "launcher.nproc_per_node=4"], "algo.momentum"),
         (["algo=decentlam", "launcher.nproc_per_node=4"], "optim.momentum"),
         (["algo=sgp", "algo.weights=metropolis"], "algo.weights"),
+        (["algo=overlap_local_sgd", "algo.pull=0"], "algo.pull"),
+        (["algo=overlap_local_sgd", "algo.anchor_momentum=1.5"], "algo.anchor_momentum"),
+        (["algo=overlap_local_sgd", "algo.local_steps=0"], "algo.local_steps"),
     ],
 )
 def test_validation_names_the_key(overrides, key):
