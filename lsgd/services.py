@@ -141,7 +141,16 @@ class Recorder:
             **self.figures,
             "samples_per_s": rate,
             **trainer.algorithm.metrics(),
+            **self.consensus(trainer),
         }
+
+    def consensus(self, trainer) -> dict:
+        """``consensus_distance`` of the workers' parameters at this record when they differ and
+        ``consensus_every_record`` is on (uncounted collectives, on every rank); else nothing."""
+        if not self.cfg.get("consensus_every_record") or trainer.role != "worker" or trainer.num_workers != trainer.world_size:
+            return {}
+        distance = trainer.algorithm.measure_consensus()
+        return {} if distance is None else {"consensus_distance": distance}
 
     def worker_figures(self, trainer, gather: bool = True) -> dict:
         """Per-worker figures over all ranks (an uncounted all-gather at a record point).
@@ -287,14 +296,16 @@ class Evaluator:
     replicas differ, with the consensus distance in the record).
     """
 
-    def __init__(self, test_set, task: str, batch_size: int, device: torch.device, workers: bool = False):
+    def __init__(self, test_set, task: str, batch_size: int, device: torch.device, workers: bool = False,
+                 workers_samples: int | None = None):
         self.test_set, self.task, self.batch_size, self.device = test_set, task, batch_size, device
-        self.workers = workers
+        self.workers, self.workers_samples = workers, workers_samples
 
-    def _sums(self, model, rank: int, world_size: int) -> tuple[float, float, float]:
-        """(loss sum, correct, count) of ``model`` on this rank's slice of the test set."""
+    def _sums(self, model, rank: int, world_size: int, limit: int | None = None) -> tuple[float, float, float]:
+        """(loss sum, correct, count) of ``model`` on this rank's slice of the test set (of its
+        first ``limit`` samples)."""
         loss_sum = correct = count = 0.0
-        for x, y in eval_batches(self.test_set, rank, world_size, self.batch_size):
+        for x, y in eval_batches(self.test_set, rank, world_size, self.batch_size, limit):
             x, y = x.to(self.device), y.to(self.device)
             out = model(x)
             loss_sum += loss_fn(out, y, reduction="sum").item()
@@ -306,13 +317,14 @@ class Evaluator:
     @torch.no_grad()
     def evaluate(self, model, algorithm, comm, rank: int, world_size: int, is_worker: bool = True) -> dict:
         """Test metrics of the evaluation model (split across ranks). With ``eval_workers`` and
-        differing replicas, also every worker's own model on the whole test set:
+        differing replicas, also every worker's own model on the whole test set (its first
+        ``eval_workers_samples`` samples when set):
         ``test_acc_workers_mean`` / ``_min`` (``test_ppl_workers_mean`` / ``_max``)."""
         was_training = model.training
         model.eval()
         own = None
         if self.workers and not algorithm.models_in_sync and world_size > 1:
-            own = self._sums(model, 0, 1) if is_worker else None
+            own = self._sums(model, 0, 1, self.workers_samples) if is_worker else None
         with algorithm.eval_context():
             loss_sum, correct, count = self._sums(model, rank, world_size)
         model.train(was_training)

@@ -216,6 +216,31 @@ class Algorithm:
         """True when every worker holds the same parameters and buffers right now."""
         return False
 
+    def _average_and_distance(self, tensors: list[torch.Tensor], n_params: int) -> tuple[list[torch.Tensor], float]:
+        """Replace ``tensors`` by their average over workers (an uncounted all-reduce: measurement,
+        not training); returns the saved originals and ``(1/n) sum_i ||x_i - x_bar||^2`` over the
+        first ``n_params`` tensors (float64; another uncounted all-reduce)."""
+        saved = [t.clone() for t in tensors]
+        self.comm.average_(tensors, count=False)
+        local = torch.zeros(1, dtype=torch.float64, device=tensors[0].device)
+        for x_bar, x_i in zip(tensors[:n_params], saved[:n_params]):
+            local += (x_i.double() - x_bar.double()).pow(2).sum()
+        self.comm.all_reduce(local, count=False)
+        return saved, local.item() / self.comm.world_size
+
+    def measure_consensus(self) -> float | None:
+        """``(1/n) sum_i ||x_i - x_bar||^2`` over the workers' parameters now (uncounted
+        collectives; every rank calls it at the same point), or None when the replicas are in sync.
+        The model is left as it was."""
+        if self.comm.world_size == 1 or self.models_in_sync:
+            return None
+        params = [p.data for p in self.model.parameters()]
+        saved, distance = self._average_and_distance(params, len(params))
+        with torch.no_grad():
+            for t, s in zip(params, saved):
+                t.copy_(s)
+        return distance
+
     @contextlib.contextmanager
     def eval_context(self) -> Iterator[None]:
         """Within the block every worker holds the averaged model (for evaluation only).
@@ -231,14 +256,7 @@ class Algorithm:
             yield
             return
         tensors = model_tensors(self.model, buffers=True)
-        saved = [t.clone() for t in tensors]
-        self.comm.average_(tensors, count=False)
-        n_params = len(list(self.model.parameters()))
-        local = torch.zeros(1, dtype=torch.float64, device=tensors[0].device)
-        for x_bar, x_i in zip(tensors[:n_params], saved[:n_params]):
-            local += (x_i.double() - x_bar.double()).pow(2).sum()
-        self.comm.all_reduce(local, count=False)
-        self.consensus_distance = local.item() / self.comm.world_size
+        saved, self.consensus_distance = self._average_and_distance(tensors, len(list(self.model.parameters())))
         try:
             yield
         finally:

@@ -570,3 +570,22 @@ def run_labels(frame: pd.DataFrame, keys: list[str] | None = None) -> dict[str, 
     return {
         d: (f"{lab} ({ids[d]})" if counts[lab] > 1 and lab != str(ids[d]) else lab) for d, lab in labels.items()
     }
+
+
+def _num(value) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return out
+
+
+def world_sizes(summaries: pd.DataFrame) -> pd.Series:
+    """World size of each run: summary.json ``world_size``, else the config's ``world_size``, else
+    a numeric ``launcher.nproc_per_node`` (NaN where none is known)."""
+    out = pd.Series(math.nan, index=summaries.index, dtype=float)
+    for col in ("launcher.nproc_per_node", "world_size", "summary.world_size"):  # last wins
+        if col in summaries:
+            values = summaries[col].map(_num)
+            out = values.where(values.notna(), out)
+    return out

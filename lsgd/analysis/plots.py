@@ -17,11 +17,14 @@ from matplotlib.figure import Figure
 
 from lsgd.analysis.load import (
     PathLike,
+    _num,
     compression_frame,
+    differing_keys,
     read_runs,
     run_labels,
     runs_frame,
     summaries_frame,
+    world_sizes,
 )
 
 #: File formats each figure is saved in.
@@ -35,7 +38,12 @@ _METRIC_LABELS = {
     "wall_time_s": "wall-clock time (s)",
     "modeled_time_s": "modeled time on the configured network (s)",
     "step": "step (optimizer steps per worker)",
+    "consensus_distance": "consensus distance (1/n) sum ||x_i - x_bar||^2",
+    "nodes": "workers (nodes)",
 }
+
+#: Config keys that only say how many workers a run had (the x axis of the scaling figure).
+WORLD_KEYS = ("launcher.nproc_per_node", "world_size", "summary.world_size")
 
 
 @dataclass(frozen=True)
@@ -50,7 +58,11 @@ _SPECS = (
     _Spec("wall_time_s", None),
     _Spec("modeled_time_s", None),
     _Spec("step", "train_loss"),
+    _Spec("step", "consensus_distance"),
 )
+
+#: Title (key in the returned dicts) of the bytes-per-worker vs workers figure.
+SCALING_TITLE = "bytes sent per worker vs workers"
 
 
 def eval_metric(records: pd.DataFrame) -> str | None:
@@ -109,7 +121,7 @@ def plot_experiment(
         y = spec.y or metric
         if y is None or y not in records.columns or spec.x not in records.columns:
             continue
-        logy = y == "test_ppl"
+        logy = y in ("test_ppl", "consensus_distance")
         fig = Figure(figsize=(7, 4.5))
         ax = fig.add_subplot()
         lines = 0
@@ -213,6 +225,37 @@ def plot_compression(
     return {COMPRESSION_TITLE: _save(fig, out_dir / f"{prefix}compression")}
 
 
+def plot_bytes_vs_nodes(summaries: pd.DataFrame, out_dir: PathLike, prefix: str) -> dict[str, list[Path]]:
+    """Final ``comm_bytes`` per worker against the number of workers, one line per method (the
+    runs' differing config keys other than the world size), when the runs differ in world size:
+    a method whose every node talks to a fixed number of peers (gossip) stays flat, an all-reduce
+    grows towards 2x the model. Returns ``{title: [png, svg]}`` or ``{}``."""
+    nodes = world_sizes(summaries)
+    if nodes.dropna().nunique() < 2 or "comm_bytes" not in summaries:
+        return {}
+    keys = [k for k in differing_keys(summaries) if k not in WORLD_KEYS]
+    labels = run_labels(summaries, keys)
+    frame = pd.DataFrame({"label": summaries["run_dir"].map(labels), "nodes": nodes,
+                          "bytes": summaries["comm_bytes"].map(_num)}).dropna()
+    if frame.empty:
+        return {}
+    methods = list(dict.fromkeys(frame["label"]))
+    styles = dict(zip(methods, _line_styles(len(methods))))
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    for method in methods:
+        r = frame[frame["label"] == method].groupby("nodes")["bytes"].mean().sort_index()
+        ax.plot(r.index.to_numpy(float), r.to_numpy(float), marker="o", markersize=4, label=method, **styles[method])
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(_METRIC_LABELS["nodes"] + " (log scale)")
+    ax.set_ylabel(_METRIC_LABELS["comm_bytes"] + " (log scale)")
+    ax.set_title(f"{prefix.rstrip('_')}: {SCALING_TITLE}", fontsize="medium")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return {SCALING_TITLE: _save(fig, Path(out_dir) / f"{prefix}comm_bytes_vs_nodes")}
+
+
 def plot_frames(
     records: pd.DataFrame,
     summaries: pd.DataFrame,
@@ -231,6 +274,7 @@ def plot_frames(
         exp_records = records[records["experiment_name"] == experiment]
         prefix = f"{safe_name(experiment)}_"
         out[str(experiment)] = plot_experiment(exp_records, labels, out_dir, prefix=prefix)
+        out[str(experiment)].update(plot_bytes_vs_nodes(runs, out_dir, prefix=prefix))
         if compression is not None and len(compression):
             exp_comp = compression[compression["experiment_name"] == experiment]
             out[str(experiment)].update(plot_compression(exp_comp, labels, out_dir, prefix=prefix))

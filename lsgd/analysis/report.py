@@ -43,12 +43,14 @@ from lsgd.analysis.load import (
     PathLike,
     _hashable,
     _is_missing,
+    _num,
     compression_frame,
     differing_keys,
     format_value,
     read_runs,
     runs_frame,
     summaries_frame,
+    world_sizes,
 )
 from lsgd.analysis.plots import eval_metric, plot_frames
 
@@ -151,14 +153,6 @@ class ExperimentTable:
     keys: list[str]
     table: pd.DataFrame
     batch_scaling: pd.DataFrame | None = None
-
-
-def _num(value) -> float:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return math.nan
-    return out
 
 
 def _speedup(base: float, t: float) -> float:
@@ -299,17 +293,6 @@ def experiment_table(experiment: str, records: pd.DataFrame, summaries: pd.DataF
 
 
 # -- batch scaling --------------------------------------------------------------------------------
-def world_sizes(summaries: pd.DataFrame) -> pd.Series:
-    """World size of each run: summary.json ``world_size``, else the config's ``world_size``, else
-    a numeric ``launcher.nproc_per_node`` (NaN where none is known)."""
-    out = pd.Series(math.nan, index=summaries.index, dtype=float)
-    for col in ("launcher.nproc_per_node", "world_size", "summary.world_size"):  # last wins
-        if col in summaries:
-            values = summaries[col].map(_num)
-            out = values.where(values.notna(), out)
-    return out
-
-
 def effective_batch(summaries: pd.DataFrame) -> pd.Series:
     """Effective (global) batch of each run: config ``batch_size`` x :func:`world_sizes` (NaN if unknown)."""
     if "batch_size" not in summaries:

@@ -128,10 +128,11 @@ class ShardedLoader:
             yield b[:, :-1], b[:, 1:]
 
 
-def eval_batches(test, rank: int, world_size: int, batch_size: int) -> Iterator[tuple[Tensor, Tensor]]:
+def eval_batches(test, rank: int, world_size: int, batch_size: int, limit: int | None = None) -> Iterator[tuple[Tensor, Tensor]]:
     """This rank's contiguous slice ``[rank * N // world_size, (rank + 1) * N // world_size)`` of the
-    test set (N samples) in batches of at most ``batch_size``, without augmentation. The slices of
-    all ranks are disjoint and cover the test set; sum loss / correct / count across ranks.
+    test set (N samples; the first ``limit`` of them when given) in batches of at most
+    ``batch_size``, without augmentation. The slices of all ranks are disjoint and cover the test
+    set; sum loss / correct / count across ranks.
 
     Yields:
         (x, y) as in :meth:`ShardedLoader.batches`.
@@ -142,6 +143,6 @@ def eval_batches(test, rank: int, world_size: int, batch_size: int) -> Iterator[
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    n = len(test)
+    n = len(test) if limit is None else min(len(test), int(limit))
     idx = torch.arange(rank * n // world_size, (rank + 1) * n // world_size)
     yield from test.iter_batches(idx.split(batch_size))

@@ -655,3 +655,27 @@ def test_resumed_metrics_with_compression_rows(tmp_path):
     assert [(r["step"], "resumed" in r) for r in read_metrics(run)] == [(5, False), (10, False), (15, True), (20, True)]
     comp = load_compression(run)
     assert comp["step"].tolist() == list(range(1, 21)) and comp["resumed"].isna().tolist() == [True] * 10 + [False] * 10
+
+
+def test_bytes_per_worker_vs_workers_and_consensus_figures(tmp_path):
+    """Runs of two methods at 4, 8 and 16 workers: one line per method in the scaling figure (the
+    world size is its x axis, not part of the label); consensus distance vs step when recorded."""
+    root = tmp_path / "res"
+    for world in (4, 8, 16):
+        # all-reduce bytes grow with the world size; a gossip method's stay flat
+        write_run(root, f"ddp_{world}", {"name": "ddp"}, 0.01, 0.5, 0.5, world=world,
+                  bytes_per_round=int(PARAM_BYTES * 2 * (world - 1) / world))
+        run = write_run(root, f"gossip_{world}", {"name": "swarm_sgd", "local_steps": 1}, 0.01, 0.5, 0.5, world=world)
+        lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for i, rec in enumerate(lines):
+            rec["consensus_distance"] = 1.0 / (i + 1)
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    files = {p.name for p in plot_runs(root, tmp_path / "plots")}
+    assert {f"{EXP}_comm_bytes_vs_nodes.svg", f"{EXP}_consensus_distance_vs_step.svg"} <= files
+    svg = (tmp_path / "plots" / f"{EXP}_comm_bytes_vs_nodes.svg").read_text()
+    assert "algo.name=ddp" in svg and "algo.name=swarm_sgd" in svg and "world_size" not in svg
+    # one set of runs at one world size: no scaling figure
+    single = tmp_path / "single"
+    write_run(single, "a", {"name": "ddp"}, 0.01, 0.5, 0.5)
+    write_run(single, "b", {"name": "local_sgd", "local_steps": 8}, 0.01, 0.5, 0.5)
+    assert not any("vs_nodes" in p.name for p in plot_runs(single, tmp_path / "plots2"))

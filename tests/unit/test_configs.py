@@ -147,10 +147,19 @@ def test_validation_names_the_key(overrides, key):
 
 @pytest.mark.parametrize("variant", options("variant"))
 def test_every_variant_composes_with_its_study(variant):
-    experiment = "adasum_scaling" if variant.startswith(("adasum", "avg")) else "gravac_fmnist"
+    swarm = {"local_sgd_h4": "local_sgd", "dpsgd_ring": "dpsgd", "sgp": "sgp", "decentlam": "decentlam",
+             "overlap_local_sgd": "overlap_local_sgd", "swarm_h1": "swarm_sgd", "swarm_h1_nonblocking": "swarm_sgd",
+             "swarm_h4": "swarm_sgd", "swarm_h4_nonblocking": "swarm_sgd"}
+    if variant.startswith(("adasum", "avg")):
+        experiment = "adasum_scaling"
+    elif variant in swarm:
+        experiment = "swarm_fmnist"
+    else:
+        experiment = "gravac_fmnist"
     cfg = load([f"experiment={experiment}", f"variant={variant}"])
-    expected = {"dense": "ddp", "avg": "ddp", "topk": "compressed", "dgc": "compressed", "randomk": "compressed",
-                "gravac": "gravac", "accordion": "accordion", "adasum": "adasum"}[variant.split("_")[0]]
+    expected = swarm.get(variant) or {"dense": "ddp", "avg": "ddp", "topk": "compressed", "dgc": "compressed",
+                                      "randomk": "compressed", "gravac": "gravac", "accordion": "accordion",
+                                      "adasum": "adasum"}[variant.split("_")[0]]
     assert cfg["algo"]["name"] == expected
     assert cfg["experiment_name"] == experiment
     validate(cfg)

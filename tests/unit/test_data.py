@@ -173,6 +173,13 @@ def test_eval_batches_disjoint_covering():
     assert torch.equal(torch.cat(ys), test.targets)
 
 
+def test_eval_batches_limit_takes_the_first_samples():
+    _, test = build_datasets(SYNTH, seed=0)
+    got = torch.cat([x for r in range(2) for x, _ in eval_batches(test, r, 2, 16, limit=50)])
+    assert torch.equal(got, test.batch(torch.arange(50))[0])
+    assert sum(len(y) for _, y in eval_batches(test, 0, 1, 16, limit=10 ** 6)) == 300
+
+
 def test_random_crop_flip_is_a_padded_crop_or_its_mirror():
     x = torch.randint(0, 256, (6, 3, 8, 8), dtype=torch.uint8)
     out = random_crop_flip(x, 2, torch.Generator().manual_seed(0))
