@@ -32,6 +32,7 @@ any float32 model and side.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -89,16 +90,23 @@ def unpack(payload: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     return lanes.reshape(-1)[:n].long()
 
 
+@lru_cache(maxsize=8)
+def _checksum_weights(device: torch.device) -> torch.Tensor:
+    """int64 ``[2, 65521]``: ``(index * m mod 65521) + 1`` for the two multipliers over one period
+    (the weights repeat with period 65521, so one period serves every tensor)."""
+    idx = torch.arange(CHECKSUM_PRIME, dtype=torch.int64, device=device)
+    return torch.stack([torch.remainder(idx * m, CHECKSUM_PRIME) + 1 for m in _WEIGHT_MULTIPLIERS])
+
+
 def lattice_checksum(k: torch.Tensor) -> torch.Tensor:
     """int64 tensor of shape ``[3]``: ``sum(r)``, ``sum(r w1)``, ``sum(r w2)`` modulo 65521 with
     ``r = k mod 65521`` and pseudo-random weights ``w = (index * m mod 65521) + 1``."""
     r = torch.remainder(k.reshape(-1), CHECKSUM_PRIME)
-    idx = torch.arange(r.numel(), dtype=torch.int64, device=r.device)
-    sums = [r.sum()]
-    for m in _WEIGHT_MULTIPLIERS:
-        w = torch.remainder(idx * m, CHECKSUM_PRIME) + 1
-        sums.append((r * w).sum())
-    return torch.remainder(torch.stack(sums), CHECKSUM_PRIME)
+    n = r.numel()
+    periods = torch.nn.functional.pad(r, (0, -n % CHECKSUM_PRIME)).view(-1, CHECKSUM_PRIME)  # zeros add nothing
+    w = _checksum_weights(r.device)
+    sums = torch.stack([r.sum(), (periods * w[0]).sum(), (periods * w[1]).sum()])
+    return torch.remainder(sums, CHECKSUM_PRIME)
 
 
 @dataclass

@@ -1,0 +1,155 @@
+"""SwarmSGD's pairwise exchange vs an all-reduce of the same model, and the lattice quantizer's cost
+vs the exchange it saves, side by side in one run (issue 12).
+
+    python scripts/bench_gossip.py [--workers 4 8 16] [--floats 1M 25M] [--repeats 3] [--quick]
+
+On ``--workers`` gloo ranks (spawned, one thread each), for a flat float32 model of ``--floats``
+elements, through :class:`lsgd.comm.Communicator` (counted as training counts, no clock), alternating
+the order every repeat:
+
+(a) ``pair``: one SwarmSGD interaction: every rank swaps its model with its partner in a perfect
+    matching of the complete graph (``lsgd.algorithms.swarm_sgd.round_partners``), one
+    ``sendrecv`` each way;
+(b) ``allreduce``: ``Communicator.average_`` of the same model (a ring all-reduce on gloo);
+(c) ``pair8``: the same interaction sending 8-bit lattice codes (``n`` bytes + checksums) instead.
+
+A repeat's time is the slowest rank's; the table shows medians (ms), bytes per node of one
+operation (``comm_bytes``: payload handed over; ``wire``: what the rank puts on the wire, ring
+all-reduce 2 (p-1)/p x payload) and, measured on rank 0 alone while the others wait (one core,
+no contention), the lattice encode + decode time of the model in 1M-element tensors
+(``lattice_ms``) next to the time the 8-bit codes save on the exchange (``pair - pair8``). The
+pairwise bytes per node must not grow with the number of ranks; the all-reduce's wire bytes
+approach 2x the model. ``--quick``: 4 and 8 ranks, 1M floats, 2 repeats.
+
+All ranks share this machine's cores and loopback: the times are this machine's, not a cluster's
+(the cluster clock, ``modeled_time_s``, prices those).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from lsgd.algorithms.swarm_sgd import round_partners
+from lsgd.comm import Communicator
+from lsgd.compression.lattice import LatticeQuantizer
+from lsgd.topology import Topology
+
+CHUNK = 1 << 20
+SIZES = {"1M": 1 << 20, "25M": 25 * (1 << 20)}
+
+
+def slowest(fn) -> float:
+    """Wall seconds of ``fn()`` on the slowest rank."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+    return float(dt)
+
+
+def lattice_seconds(model: torch.Tensor, quant: LatticeQuantizer, repeats: int) -> float:
+    """Median seconds to encode ``model`` in CHUNK-element tensors and decode it against itself + noise."""
+    ref = model + 1e-3 * torch.randn_like(model)
+    times = []
+    for rep in range(repeats):
+        g = torch.Generator().manual_seed(rep)
+        t0 = time.perf_counter()
+        for a, b in zip(model.split(CHUNK), ref.split(CHUNK)):
+            code, _ = quant.encode(a, g)
+            quant.decode(code, b)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def one_size(rank: int, peer: int, n: int, repeats: int, quant: LatticeQuantizer):
+    """(median seconds per operation, (comm_bytes, wire_bytes) of one operation, lattice seconds)."""
+    model = torch.randn(n, generator=torch.Generator().manual_seed(rank))
+    recv = torch.empty_like(model)
+    codes = torch.randint(0, 256, (n + 24 * -(-n // CHUNK),), dtype=torch.uint8)
+    recv8 = torch.empty_like(codes)
+    work = model.clone()
+    comm = Communicator()
+    ops = {
+        "pair": lambda: comm.sendrecv(model, recv, peer),
+        "allreduce": lambda: comm.average_([work]),
+        "pair8": lambda: comm.sendrecv(codes, recv8, peer),
+    }
+    per_op_bytes = {}
+    for name, fn in ops.items():  # warm-up (connections, allocator) and bytes of one operation
+        before = (comm.stats.comm_bytes, comm.stats.wire_bytes)
+        slowest(fn)
+        per_op_bytes[name] = (comm.stats.comm_bytes - before[0], comm.stats.wire_bytes - before[1])
+    times = {name: [] for name in ops}
+    for rep in range(repeats):
+        for name in (list(ops) if rep % 2 == 0 else list(reversed(ops))):
+            work.copy_(model)
+            times[name].append(slowest(ops[name]))
+    dist.barrier()
+    lattice = lattice_seconds(model, quant, repeats) if rank == 0 else 0.0
+    dist.barrier()
+    return {k: statistics.median(v) for k, v in times.items()}, per_op_bytes, lattice
+
+
+def worker(rank: int, world: int, port: int, sizes: list[str], repeats: int, queue) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=900))
+    try:
+        peer = round_partners(Topology("complete", world, "uniform", 0), 0, 0)[rank]
+        quant = LatticeQuantizer(8, 1e-3)
+        for size in sizes:
+            times, per_op_bytes, lattice = one_size(rank, peer, SIZES[size], repeats, quant)
+            if rank == 0:
+                queue.put((world, size, SIZES[size], times, per_op_bytes, lattice))
+        dist.barrier()  # nobody tears the group down while a peer's last messages are in flight
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", type=int, nargs="+", default=[4, 8, 16])
+    ap.add_argument("--floats", nargs="+", default=["1M", "25M"], choices=list(SIZES))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="4 and 8 ranks, 1M floats, 2 repeats")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.workers, args.floats, args.repeats = [4, 8], ["1M"], 2
+    ctx = mp.get_context("spawn")
+    rows = []
+    for world in args.workers:
+        queue = ctx.SimpleQueue()
+        mp.spawn(worker, args=(world, free_port(), args.floats, args.repeats, queue), nprocs=world, join=True)
+        while not queue.empty():
+            rows.append(queue.get())
+    print(f"{'ranks':>5} {'floats':>6} {'pair_ms':>9} {'allreduce_ms':>12} {'ratio':>6} {'pair_MB':>8} "
+          f"{'allreduce_MB':>12} {'allreduce_wire_MB':>17} {'pair8_ms':>9} {'pair8_MB':>8} {'lattice_ms':>10} "
+          f"{'saved_ms':>9}")
+    for world, size, n, t, b, lat in rows:
+        print(f"{world:>5} {size:>6} {t['pair'] * 1e3:>9.1f} {t['allreduce'] * 1e3:>12.1f} "
+              f"{t['allreduce'] / t['pair']:>6.2f} {b['pair'][0] / 1e6:>8.2f} {b['allreduce'][0] / 1e6:>12.2f} "
+              f"{b['allreduce'][1] / 1e6:>17.2f} {t['pair8'] * 1e3:>9.1f} {b['pair8'][0] / 1e6:>8.2f} "
+              f"{lat * 1e3:>10.1f} {(t['pair'] - t['pair8']) * 1e3:>9.1f}")
+    print(f"(medians of {args.repeats} repeats, slowest rank per repeat; MB per node of one operation; "
+          f"lattice_ms: rank 0 alone, encode + decode in {CHUNK}-element tensors; {os.cpu_count()} CPU cores "
+          "shared by all ranks)")
+
+
+if __name__ == "__main__":
+    main()
