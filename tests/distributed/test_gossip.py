@@ -232,3 +232,55 @@ def test_dpsgd_resumes_with_the_exchange_in_flight_to_identical_metrics(tmp_path
     assert [{k: v for k, v in r.items() if k not in measured} for r in resumed] == \
            [{k: v for k, v in r.items() if k not in measured} for r in full]
     assert "consensus_distance" in full[-1] and full[-1]["test_acc_workers_min"] <= full[-1]["test_acc_workers_mean"]
+
+
+def reference_ad_psgd(topo, steps, optim_cfg=SGD_M, schedule=WARMUP_COSINE):
+    """Gradients at x_i, then each passive worker averages with the active workers that picked it
+    (ascending), then every worker adds its optimizer step."""
+    from lsgd.algorithms.ad_psgd import step_partners
+
+    nodes = Nodes(optim_cfg, steps, schedule)
+    for step in range(steps):
+        nodes.gradients(step)
+        before = [nodes.flat(i) for i in range(N)]
+        for opt in nodes.opts:
+            opt.step()
+        delta = [nodes.flat(i) - before[i] for i in range(N)]
+        x = list(before)
+        for a, p in sorted(step_partners(topo, 0, step).items(), key=lambda ap: (ap[1], ap[0])):
+            x[a] = x[p] = ((x[a].double() + x[p].double()) / 2).float()
+        for i in range(N):
+            nodes.write(i, x[i] + delta[i])
+    return nodes
+
+
+@pytest.mark.parametrize("topology", ["ring", "complete"])
+def test_ad_psgd_equals_its_recursion_and_keeps_the_mean(tmp_path, topology):
+    from lsgd.algorithms.ad_psgd import step_partners
+
+    steps = 6
+    got = train(tmp_path, "ad", N, cfg("ad_psgd", topology=topology), SGD_M, steps, schedule=WARMUP_COSINE)
+    topo = Topology(topology, N, "uniform", 0)
+    assert_models(got, reference_ad_psgd(topo, steps))
+    picks = [step_partners(topo, 0, t) for t in range(steps)]
+    # the active workers average once per step; a passive one as often as it was picked
+    assert [g["stats"]["comm_rounds"] for g in got[::2]] == [steps] * (N // 2)
+    for p in (1, 3):
+        assert got[p]["stats"]["comm_rounds"] == sum(p in pk.values() for pk in picks)
+    assert got[0]["stats"]["comm_bytes"] == steps * sum(t.numel() * 4 for t in got[0]["params"])
+
+
+def test_ad_psgd_splits_the_graph_in_two_and_rejects_dynamic_graphs():
+    from lsgd.algorithms.ad_psgd import ADPSGD
+    from lsgd.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="algo.topology=one_peer_exponential"):
+        ADPSGD.validate_config(cfg("ad_psgd", topology="one_peer_exponential"), 8)
+    # exponential graph on 8 (not bipartite): even/odd split, the +1 edges connect it
+    ADPSGD.validate_config(cfg("ad_psgd", topology="exponential"), 8)
+    # the hypercube is bipartite by bit parity, not by index parity (0 -> 1, 2, 4 are all passive)
+    from lsgd.algorithms.ad_psgd import bipartite_neighbors, sides
+
+    cube = Topology("hypercube", 8, "uniform", 0)
+    assert bipartite_neighbors(cube)[0] == [1, 2, 4] and sides(cube)[3] == 0
+    ADPSGD.validate_config(cfg("ad_psgd", topology="hypercube"), 8)

@@ -34,7 +34,7 @@ def test_groups_are_shipped_with_the_package():
         assert options(group), group
     assert set(options("algo")) == {
         "ddp", "local_sgd", "post_local_sgd", "slowmo", "diloco", "compressed", "gravac", "accordion", "adasum",
-        "param_server", "swarm_sgd", "dpsgd", "decentlam", "sgp", "overlap_local_sgd",
+        "param_server", "swarm_sgd", "dpsgd", "decentlam", "sgp", "overlap_local_sgd", "ad_psgd",
     }
     assert {"cnn", "resnet20", "resnet56", "resnet18", "resnet50", "resnet101", "vgg16", "lstm_lm", "gpt"} <= set(options("model"))
     assert {"fashion_mnist", "cifar10", "cifar100", "imagenet", "c4", "synthetic"} <= set(options("dataset"))
@@ -137,6 +137,7 @@ def test_slurm_launcher_composes():
         (["algo=overlap_local_sgd", "algo.pull=0"], "algo.pull"),
         (["algo=overlap_local_sgd", "algo.anchor_momentum=1.5"], "algo.anchor_momentum"),
         (["algo=overlap_local_sgd", "algo.local_steps=0"], "algo.local_steps"),
+        (["algo=ad_psgd", "algo.topology=matching", "launcher.nproc_per_node=4"], "algo.topology"),
     ],
 )
 def test_validation_names_the_key(overrides, key):
@@ -149,7 +150,7 @@ def test_validation_names_the_key(overrides, key):
 def test_every_variant_composes_with_its_study(variant):
     swarm = {"local_sgd_h4": "local_sgd", "dpsgd_ring": "dpsgd", "sgp": "sgp", "decentlam": "decentlam",
              "overlap_local_sgd": "overlap_local_sgd", "swarm_h1": "swarm_sgd", "swarm_h1_nonblocking": "swarm_sgd",
-             "swarm_h4": "swarm_sgd", "swarm_h4_nonblocking": "swarm_sgd"}
+             "swarm_h4": "swarm_sgd", "swarm_h4_nonblocking": "swarm_sgd", "ad_psgd_ring": "ad_psgd"}
     if variant.startswith(("adasum", "avg")):
         experiment = "adasum_scaling"
     elif variant in swarm:
