@@ -284,3 +284,59 @@ def test_ad_psgd_splits_the_graph_in_two_and_rejects_dynamic_graphs():
     cube = Topology("hypercube", 8, "uniform", 0)
     assert bipartite_neighbors(cube)[0] == [1, 2, 4] and sides(cube)[3] == 0
     ADPSGD.validate_config(cfg("ad_psgd", topology="hypercube"), 8)
+
+
+def reference_lead(topo, steps, alpha, gamma, optim_cfg=SGD, schedule=WARMUP_COSINE):
+    """LEAD's recursion with an identity compressor (papers.md section 3), float64 state."""
+    nodes = Nodes(optim_cfg, steps, schedule)
+    lr = lr_at(optim_cfg, schedule, steps)
+    w = topo.mixing_matrix(0)
+    n = nodes.flat(0).numel()
+    h, h_w, dual = ([torch.zeros(n, dtype=torch.float64) for _ in range(N)] for _ in range(3))
+    for step in range(steps):
+        nodes.gradients(step)
+        x = [nodes.flat(i).double() for i in range(N)]
+        for opt in nodes.opts:
+            opt.step()
+        d = [nodes.flat(i).double() - x[i] for i in range(N)]
+        if step == 0:
+            continue
+        eta = lr(step)
+        q = [(x[i] + d[i] - eta * dual[i] - h[i]).float().double() for i in range(N)]
+        for i in range(N):
+            y_hat = h[i] + q[i]
+            y_hat_w = h_w[i] + sum(w[i, j] * q[j] for j in range(N) if w[i, j] > 0)
+            h[i] = (1 - alpha) * h[i] + alpha * y_hat
+            h_w[i] = (1 - alpha) * h_w[i] + alpha * y_hat_w
+            dual[i] = dual[i] + gamma / (2 * eta) * (y_hat - y_hat_w)
+            nodes.write(i, x[i] + d[i] - eta * dual[i])
+    return nodes
+
+
+def test_lead_with_the_identity_compressor_follows_its_recursion(tmp_path):
+    steps, alpha, gamma = 6, 0.5, 1.0
+    got = train(tmp_path, "lead", N, cfg("lead", alpha=alpha, gamma=gamma, compressor="none", bits=2), SGD, steps,
+                schedule=WARMUP_COSINE)
+    assert_models(got, reference_lead(Topology("ring", N, "uniform", 0), steps, alpha, gamma), atol=2e-6)
+    assert got[0]["stats"]["comm_rounds"] == steps - 1  # step 0 is a plain local step
+
+
+def test_lead_quantizer_is_unbiased_and_its_payload_is_packed(tmp_path):
+    from lsgd.algorithms.lead import dequantize, packed_bits, quantize
+
+    v = torch.linspace(-1.0, 0.7, 41)
+    g = torch.Generator().manual_seed(0)
+    draws = 3000
+    mean = sum(dequantize(*quantize(v, 2, g), 2) for _ in range(draws)) / draws
+    levels, norm = quantize(v, 2, g)
+    assert levels.abs().max() <= 2 and float(norm) == 1.0
+    # one level step is norm / 2: standard error <= 0.5 / (2 sqrt(draws)); 5 sigma
+    assert (mean - v.double()).abs().max() < 5 * 0.25 / draws ** 0.5
+    assert [packed_bits(b) for b in (1, 2, 3, 4, 7, 8)] == [2, 4, 4, 8, 8, 16]
+    steps = 3
+    got = train(tmp_path, "leadq", N, cfg("lead", alpha=0.5, gamma=1.0, compressor="quantize", bits=2), SGD, steps,
+                schedule=WARMUP_COSINE)
+    n, tensors = sum(t.numel() for t in got[0]["params"]), len(got[0]["params"])
+    # 2 ring neighbours x (steps - 1) rounds x (n levels at 4 bits + a float32 norm per tensor)
+    assert got[0]["stats"]["comm_bytes"] == 2 * (steps - 1) * ((n * 4 + 7) // 8 + 4 * tensors)
+    assert all(torch.isfinite(t).all() for g_ in got for t in g_["params"])

@@ -34,7 +34,7 @@ def test_groups_are_shipped_with_the_package():
         assert options(group), group
     assert set(options("algo")) == {
         "ddp", "local_sgd", "post_local_sgd", "slowmo", "diloco", "compressed", "gravac", "accordion", "adasum",
-        "param_server", "swarm_sgd", "dpsgd", "decentlam", "sgp", "overlap_local_sgd", "ad_psgd",
+        "param_server", "swarm_sgd", "dpsgd", "decentlam", "sgp", "overlap_local_sgd", "ad_psgd", "lead",
     }
     assert {"cnn", "resnet20", "resnet56", "resnet18", "resnet50", "resnet101", "vgg16", "lstm_lm", "gpt"} <= set(options("model"))
     assert {"fashion_mnist", "cifar10", "cifar100", "imagenet", "c4", "synthetic"} <= set(options("dataset"))
@@ -138,6 +138,10 @@ def test_slurm_launcher_composes():
         (["algo=overlap_local_sgd", "algo.anchor_momentum=1.5"], "algo.anchor_momentum"),
         (["algo=overlap_local_sgd", "algo.local_steps=0"], "algo.local_steps"),
         (["algo=ad_psgd", "algo.topology=matching", "launcher.nproc_per_node=4"], "algo.topology"),
+        (["algo=lead", "algo.topology=exponential", "launcher.nproc_per_node=4"], "algo.topology"),
+        (["algo=lead", "algo.alpha=0", "launcher.nproc_per_node=4"], "algo.alpha"),
+        (["algo=lead", "algo.bits=16", "launcher.nproc_per_node=4"], "algo.bits"),
+        (["algo=lead", "algo.compressor=topk", "launcher.nproc_per_node=4"], "algo.compressor"),
     ],
 )
 def test_validation_names_the_key(overrides, key):
