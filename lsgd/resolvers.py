@@ -1,5 +1,6 @@
-"""OmegaConf resolvers of lsgd's configs (``${lsgd_run_id:}`` in ``hydra.run.dir`` and
-``hydra.sweep.subdir``).
+"""OmegaConf resolvers of lsgd's configs: ``${lsgd_run_id:}`` (``hydra.run.dir`` and
+``hydra.sweep.subdir``) and ``${lsgd_mul:a,b,...}``, the product of integers (a study's arms derive
+their batch size and step counts from shared study keys, conf/experiment/local_vs_minibatch.yaml).
 
 They are registered when the config package ``lsgd.conf`` is imported (and by the CLI), so any
 process that composes or resolves an lsgd config has them: the CLI, tests, and the jobs Hydra's
@@ -24,9 +25,27 @@ def run_id() -> str:
     return f"{datetime.now():%Y%m%d-%H%M%S-%f}-{secrets.token_hex(2)}"
 
 
+def mul(*factors: int) -> int:
+    """``${lsgd_mul:8,16}`` -> 128: the product of integer arguments (ints or their decimal strings).
+
+    Raises:
+        ValueError: no argument, or an argument that is not an integer (bools and floats included).
+    """
+    if not factors:
+        raise ValueError("lsgd_mul needs at least one integer argument")
+    out = 1
+    for f in factors:
+        if isinstance(f, bool) or not (isinstance(f, int) or (isinstance(f, str) and f.strip().lstrip("-").isdigit())):
+            raise ValueError(f"lsgd_mul multiplies integers; got {f!r}")
+        out *= int(f)
+    return out
+
+
 def register_resolvers() -> None:
-    """Register ``lsgd_run_id`` with OmegaConf (idempotent)."""
+    """Register ``lsgd_run_id`` and ``lsgd_mul`` with OmegaConf (idempotent)."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("lsgd_run_id"):
         OmegaConf.register_new_resolver("lsgd_run_id", run_id)
+    if not OmegaConf.has_resolver("lsgd_mul"):
+        OmegaConf.register_new_resolver("lsgd_mul", mul)

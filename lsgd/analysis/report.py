@@ -134,8 +134,10 @@ class ExperimentTable:
         keys: the config keys that differ between the runs (label columns of ``table``).
         table: one row per run, numbers as floats (NaN where n/a). Columns: ``run_id``, ``run_dir``,
             ``algo``, the differing keys other than ``algo.name``, ``status``,
-            ``final_<metric>``, ``best_<metric>``, ``gb_sent_per_worker`` (comm_bytes / 1e9),
-            ``comm_rounds``, ``wall_time_s``, ``modeled_time_s`` (s), ``time_to_T_wall_s``,
+            ``final_<metric>``, ``best_<metric>``, ``final_test_loss`` (the last evaluation's),
+            ``final_train_loss`` (the last record's: mean training loss of the workers' minibatches
+            since the record before), ``gb_sent_per_worker`` (comm_bytes / 1e9), ``comm_rounds``,
+            ``samples`` (training samples of all workers), ``wall_time_s``, ``modeled_time_s`` (s), ``time_to_T_wall_s``,
             ``time_to_T_modeled_s`` (s), ``speedup_wall``, ``speedup_modeled``, and, when a run
             has a target, ``target_acc``, ``time_to_target_s``, ``modeled_time_to_target_s`` (s).
             Also ``bytes_vs_dense`` (comm_bytes / the dense baseline's, see the module docstring),
@@ -240,14 +242,21 @@ def experiment_table(experiment: str, records: pd.DataFrame, summaries: pd.DataF
         compute, alpha_terms, beta_bytes = _network_terms(s, last)
         latency = _num(s.get("network.latency_us"))
         latency = latency if math.isfinite(latency) else DEFAULT_LATENCY_US
+        test_loss = _num(s.get("final_test_loss"))
+        if math.isnan(test_loss) and "test_loss" in r and r["test_loss"].notna().any():
+            test_loss = float(r["test_loss"].dropna().iloc[-1])
+        train_losses = r["train_loss"].dropna() if "train_loss" in r else pd.Series(dtype=float)
         row.update(
             status=s["status"],
             **{f"final_{metric}": final, f"best_{metric}": best},
+            final_test_loss=test_loss,
+            final_train_loss=float(train_losses.iloc[-1]) if len(train_losses) else math.nan,
             gb_sent_per_worker=comm_bytes / 1e9,
             floats_sent=comm_bytes / 4,
             bytes_vs_dense=comm_bytes / dense_bytes if dense_bytes > 0 else math.nan,
             dense_run=str(by_dir.loc[dense, "run_id"]) if dense is not None else None,
             comm_rounds=_num(s.get("comm_rounds")),
+            samples=_num(s.get("samples")),
             wall_time_s=_num(s.get("wall_time_s")),
             modeled_time_s=_num(s.get("modeled_time_s")),
             **{
@@ -426,10 +435,13 @@ def format_table(t: ExperimentTable) -> pd.DataFrame:
     out["status"] = src["status"].astype(str)
     out[f"final {m}"] = src[f"final_{t.metric}"].map(lambda v: _fmt(v, acc_digits))
     out[f"best {m}"] = src[f"best_{t.metric}"].map(lambda v: _fmt(v, acc_digits))
+    out["final test loss"] = src["final_test_loss"].map(lambda v: _fmt(v, ".4f"))
+    out["final train loss"] = src["final_train_loss"].map(lambda v: _fmt(v, ".4f"))
     out["GB sent / worker"] = src["gb_sent_per_worker"].map(lambda v: _fmt(v, ".4g"))
     if "bytes_vs_dense" in src:
         out["bytes vs dense"] = src["bytes_vs_dense"].map(lambda v: _fmt(v, ".3g"))
     out["comm rounds"] = src["comm_rounds"].map(lambda v: _fmt(v, ".0f"))
+    out["samples"] = src["samples"].map(lambda v: _fmt(v, ".0f"))
     out["wall time (s)"] = src["wall_time_s"].map(lambda v: _fmt(v, ".1f"))
     out["modeled time (s)"] = src["modeled_time_s"].map(lambda v: _fmt(v, ".3g"))
     for bw in REPORT_BANDWIDTHS_GBPS:  # only for runs that log the alpha-beta terms; blank otherwise
@@ -500,7 +512,8 @@ def write_report(paths: PathLike | Iterable[PathLike], out_dir: PathLike) -> Pat
 
     Per experiment: a table with one row per run (run_id, ``algo.name`` and the other config keys
     that differ between the runs, status, final and best test accuracy, or perplexity for
-    language models, GB sent per worker = ``comm_bytes`` / 1e9, comm rounds, wall and modeled
+    language models, final test loss and the last record's training loss, GB sent per worker =
+    ``comm_bytes`` / 1e9, comm rounds, training samples of all workers, wall and modeled
     time in seconds, time to the threshold T and speedup vs ``ddp`` on wall and modeled time, see
     the module docstring; bytes vs dense; modeled time at 1 and 10 Gbps when runs log the
     alpha-beta terms; and the target columns when runs have ``target_acc``), notes on runs

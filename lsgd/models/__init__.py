@@ -5,6 +5,7 @@
 ``model.name``  task            implementation
 ==============  ==============  =========================================================
 cnn             classification  :class:`lsgd.models.cnn.SmallCNN` (images <= 64 px)
+logreg          classification  :class:`lsgd.models.logreg.LogisticRegression` (convex: one Linear)
 resnet20/56     classification  :class:`lsgd.models.resnet_cifar.CifarResNet` (He et al. 2016, CIFAR)
 resnet18/50/101 classification  ``torchvision.models.resnet*`` (weights=None)
 vgg16           classification  ``torchvision.models.vgg16`` / ``vgg16_bn`` (weights=None; >= 32 px)
@@ -33,6 +34,7 @@ from lsgd.errors import ConfigError
 # Defaults of every key each model accepts (conf/model/<name>.yaml sets the same values).
 DEFAULTS: dict[str, dict[str, Any]] = {
     "cnn": {"channels": [16, 32], "hidden": 128},
+    "logreg": {"init": "zeros"},
     "resnet20": {"shortcut": "A"},
     "resnet56": {"shortcut": "A"},
     "resnet18": {},
@@ -54,6 +56,7 @@ def resolve(model_cfg: dict) -> dict:
         ConfigError: unknown ``model.name`` or key, or an invalid value.
     """
     from lsgd.models.gpt import SIZES
+    from lsgd.models.logreg import INITS
     from lsgd.models.resnet_cifar import SHORTCUTS
 
     name = model_cfg.get("name")
@@ -70,6 +73,8 @@ def resolve(model_cfg: dict) -> dict:
             raise ConfigError(f"model.channels must be a non-empty list of positive integers; got {ch!r}")
         if not _is_int(cfg["hidden"], 1):
             raise ConfigError(f"model.hidden must be an integer >= 1; got {cfg['hidden']!r}")
+    elif name == "logreg" and cfg["init"] not in INITS:
+        raise ConfigError(f"model.init must be one of {', '.join(INITS)}; got {cfg['init']!r}")
     elif name in ("resnet20", "resnet56") and cfg["shortcut"] not in SHORTCUTS:
         raise ConfigError(f"model.shortcut must be one of {', '.join(SHORTCUTS)}; got {cfg['shortcut']!r}")
     elif name == "lstm_lm":
@@ -156,6 +161,10 @@ def build_model(model_cfg: dict, info: DatasetInfo) -> nn.Module:
         from lsgd.models.cnn import SmallCNN
 
         return SmallCNN(info.input_shape, k, cfg["channels"], cfg["hidden"])
+    if name == "logreg":
+        from lsgd.models.logreg import LogisticRegression
+
+        return LogisticRegression(info.input_shape, k, cfg["init"])
     if name in ("resnet20", "resnet56"):
         from lsgd.models.resnet_cifar import CifarResNet
 

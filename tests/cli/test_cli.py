@@ -256,6 +256,53 @@ def test_compression_study_sweep_and_report(tmp_path):
     assert list((tmp_path / "rep").rglob("*compression*.png"))
 
 
+def test_local_vs_minibatch_sweep_equal_rounds_and_samples(tmp_path):
+    """experiment=local_vs_minibatch's three arms in one real `lsgd train -m` (synthetic data, 2
+    workers, K=4, b=8, R=6): minibatch_kb and local_sgd_k record the same comm_rounds and samples at
+    every round and are evaluated at the same rounds; minibatch_b the same rounds with K times fewer
+    samples; `lsgd report` labels the rows by study.arm with those rounds and samples."""
+    k, b, r, workers = 4, 8, 6, 2
+    study = [f"study.local_steps={k}", f"study.local_batch={b}", f"study.rounds={r}", "study.eval_rounds=3",
+             "study.log_rounds=1"]
+    res = lsgd(["train", "-m", "experiment=local_vs_minibatch", "variant=minibatch_kb,local_sgd_k,minibatch_b",
+                *study, "dataset=synthetic", "dataset.num_train=512", "dataset.num_test=256", "device=cpu",
+                f"launcher.nproc_per_node={workers}", "launcher.timeout_s=30", f"results_dir={tmp_path}/r"],
+               tmp_path, timeout=400)
+    _ok(res)
+    runs = {yaml.safe_load((d / "config.yaml").read_text())["study"]["arm"]: d for d in run_dirs(tmp_path / "r")}
+    assert sorted(runs) == ["local_sgd_k", "minibatch_b", "minibatch_kb"]
+    recs = {arm: metrics(d) for arm, d in runs.items()}
+    sums = {arm: summary(d) for arm, d in runs.items()}
+    for arm in runs:
+        assert sums[arm]["status"] == "completed" and sums[arm]["comm_rounds"] == r
+        assert [x["comm_rounds"] for x in recs[arm]] == list(range(1, r + 1))  # one record per round
+        assert [x["comm_rounds"] for x in recs[arm] if "test_acc" in x] == [3, 6]
+    assert [x["step"] for x in recs["local_sgd_k"]] == [k * i for i in range(1, r + 1)]
+    assert [x["step"] for x in recs["minibatch_kb"]] == list(range(1, r + 1))
+    per_round = k * b * workers
+    assert [x["samples"] for x in recs["minibatch_kb"]] == [x["samples"] for x in recs["local_sgd_k"]] \
+        == [per_round * i for i in range(1, r + 1)]
+    assert [x["samples"] * k for x in recs["minibatch_b"]] == [x["samples"] for x in recs["minibatch_kb"]]
+    assert sums["minibatch_kb"]["samples"] == sums["local_sgd_k"]["samples"] == r * per_round
+    # the same bytes per round: a gradient all-reduce and a model average are both 7850 floats of logreg
+    assert sums["minibatch_kb"]["comm_bytes"] == sums["local_sgd_k"]["comm_bytes"] == sums["minibatch_b"]["comm_bytes"]
+    rep = lsgd(["report", str(tmp_path / "r" / "local_vs_minibatch"), "--out", str(tmp_path / "rep")], tmp_path)
+    _ok(rep)
+    text = (tmp_path / "rep" / "report.md").read_text()
+    first_table = text[text.index("\n|") + 1 :].split("\n\n")[0]  # the experiment's table
+    lines = first_table.splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        row = dict(zip(header, (c.strip() for c in line.strip("|").split("|"))))
+        rows[row["study.arm"]] = row
+    assert sorted(rows) == sorted(runs)
+    assert {row["comm rounds"] for row in rows.values()} == {str(r)}
+    assert rows["minibatch_kb"]["samples"] == rows["local_sgd_k"]["samples"] == str(r * per_round)
+    assert rows["minibatch_b"]["samples"] == str(r * per_round // k)
+    assert all(row["final train loss"] != "n/a" and row["final test loss"] != "n/a" for row in rows.values())
+
+
 def test_invalid_sweep_arm_is_recorded_failed_and_the_sweep_goes_on(tmp_path):
     """A config error in one job of a -m sweep no longer aborts the others: the invalid arm gets
     a failed summary naming the key, the valid arm runs, and lsgd exits 2 at the end."""

@@ -439,6 +439,9 @@ def test_write_report_tables_and_figures(results, tmp_path):
     assert rows["run_killed"]["speedup vs ddp, wall"] == "n/a"
     assert rows["run_ddp"]["final test acc"] == "0.9000" and rows["run_h16"]["best test acc"] == "0.8500"
     assert rows["run_ddp"]["GB sent / worker"] == "0.4" and rows["run_h8"]["comm rounds"] == "12"
+    # 100 steps x batch 32 x 4 workers; train_loss(100) = 2 / (1 + 0.05 * 100); test_loss(100) = 1 - rate * 100
+    assert rows["run_h8"]["samples"] == "12800" and rows["run_h8"]["final train loss"] == "0.3333"
+    assert rows["run_ddp"]["final test loss"] == "0.1000" and rows["run_killed"]["final test loss"] == "0.6500"
     assert rows["run_h16"]["wall time (s)"] == "25.0" and rows["run_h16"]["modeled time (s)"] == "40"  # 3 significant digits
     assert rows["run_ddp"]["time to target, wall (s)"] == "80.0"
     # figures embedded with relative links that resolve from the report's folder

@@ -150,24 +150,84 @@ def test_validation_names_the_key(overrides, key):
         validate(cfg)
 
 
+LOCAL_VS_MINIBATCH = ("minibatch_kb", "local_sgd_k", "minibatch_b")
+
+
+def study_of(variant: str) -> str:
+    if variant in LOCAL_VS_MINIBATCH:
+        return "local_vs_minibatch"
+    return "adasum_scaling" if variant.startswith(("adasum", "avg")) else "gravac_fmnist"
+
+
 @pytest.mark.parametrize("variant", options("variant"))
 def test_every_variant_composes_with_its_study(variant):
     swarm = {"local_sgd_h4": "local_sgd", "dpsgd_ring": "dpsgd", "sgp": "sgp", "decentlam": "decentlam",
              "overlap_local_sgd": "overlap_local_sgd", "swarm_h1": "swarm_sgd", "swarm_h1_nonblocking": "swarm_sgd",
              "swarm_h4": "swarm_sgd", "swarm_h4_nonblocking": "swarm_sgd", "ad_psgd_ring": "ad_psgd"}
-    if variant.startswith(("adasum", "avg")):
-        experiment = "adasum_scaling"
-    elif variant in swarm:
-        experiment = "swarm_fmnist"
-    else:
-        experiment = "gravac_fmnist"
+    experiment = "swarm_fmnist" if variant in swarm else study_of(variant)
     cfg = load([f"experiment={experiment}", f"variant={variant}"])
     expected = swarm.get(variant) or {"dense": "ddp", "avg": "ddp", "topk": "compressed", "dgc": "compressed",
                                       "randomk": "compressed", "gravac": "gravac", "accordion": "accordion",
-                                      "adasum": "adasum"}[variant.split("_")[0]]
+                                      "adasum": "adasum", "minibatch": "ddp", "local": "local_sgd"}[variant.split("_")[0]]
     assert cfg["algo"]["name"] == expected
     assert cfg["experiment_name"] == experiment
     validate(cfg)
+
+
+def _rounds_and_samples(cfg: dict) -> dict:
+    """What one arm of local_vs_minibatch will do, from its composed config alone: rounds (a ddp
+    step is a round, local_sgd averages every algo.local_steps steps), samples of all workers,
+    and the record / evaluation periods in rounds."""
+    steps_per_round = cfg["algo"]["local_steps"] if cfg["algo"]["name"] == "local_sgd" else 1
+    workers = cfg["launcher"]["nproc_per_node"]
+    assert cfg["max_steps"] % steps_per_round == 0
+    return {
+        "rounds": cfg["max_steps"] // steps_per_round,
+        "samples": cfg["max_steps"] * cfg["batch_size"] * workers,
+        "samples_per_round": steps_per_round * cfg["batch_size"] * workers,
+        "log_rounds": cfg["log_every"] / steps_per_round,
+        "eval_rounds": cfg["eval_every"] / steps_per_round,
+    }
+
+
+@pytest.mark.parametrize("overrides", [[], ["study.rounds=37", "study.local_steps=4", "study.local_batch=3",
+                                            "study.eval_rounds=5", "study.log_rounds=2"]])
+def test_local_vs_minibatch_arms_have_equal_rounds_and_samples(overrides):
+    """Woodworth et al. 2020's comparison: minibatch SGD with batch K b and local SGD with K steps of
+    batch b take the same R rounds and the same R K b M samples; minibatch SGD with batch b the
+    same rounds and K times fewer samples. Every arm records and evaluates at the same rounds, runs
+    plain SGD on logreg, and R K b M fits in the epochs cap. The study keys drive all arms."""
+    arms = {}
+    for variant in LOCAL_VS_MINIBATCH:
+        cfg = load(["experiment=local_vs_minibatch", f"variant={variant}", *overrides])
+        validate(cfg)
+        assert cfg["study"]["arm"] == variant
+        assert cfg["model"]["name"] == "logreg" and cfg["dataset"]["name"] == "fashion_mnist"
+        assert cfg["optim"]["momentum"] == 0 and cfg["schedule"]["name"] == "constant"
+        assert cfg["launcher"]["nproc_per_node"] == 4
+        steps_per_epoch = 60000 // (cfg["batch_size"] * 4)
+        assert cfg["epochs"] * steps_per_epoch >= cfg["max_steps"]  # max_steps, not epochs, ends the arm
+        arms[variant] = _rounds_and_samples(cfg)
+    study = load(["experiment=local_vs_minibatch", *overrides])["study"]
+    k, b, r = study["local_steps"], study["local_batch"], study["rounds"]
+    kb, local, mb = (arms[v] for v in LOCAL_VS_MINIBATCH)
+    assert kb["rounds"] == local["rounds"] == mb["rounds"] == r
+    assert kb["samples"] == local["samples"] == r * k * b * 4
+    assert mb["samples"] * k == kb["samples"]
+    assert kb["samples_per_round"] == local["samples_per_round"] == k * mb["samples_per_round"]
+    for key in ("log_rounds", "eval_rounds"):
+        assert kb[key] == local[key] == mb[key] == study[key]
+    cfg = load(["experiment=local_vs_minibatch", "variant=local_sgd_k", *overrides])
+    assert cfg["algo"]["local_steps"] == k and cfg["batch_size"] == b
+
+
+def test_lsgd_mul_resolver():
+    from lsgd.resolvers import mul
+
+    assert mul(8, 16) == 128 and mul("3", 5, 2) == 30 and mul(7) == 7
+    for bad in [(2.5,), (True, 3), ("x",), ()]:
+        with pytest.raises(ValueError):
+            mul(*bad)
 
 
 def test_hierarchical_adasum_with_two_nodes_validates():

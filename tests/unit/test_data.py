@@ -67,6 +67,22 @@ def test_iid_loaders_of_all_ranks_share_one_permutation():
     assert not torch.equal(loaders[0].indices(0), loaders[0].indices(1))
 
 
+def test_batch_kb_step_reads_the_samples_of_k_steps_of_batch_b():
+    """experiment=local_vs_minibatch relies on this: in the first epoch a worker's step r at local
+    batch K*b (minibatch_kb) reads exactly the images of its steps K r .. K r + K - 1 at batch b
+    (local_sgd_k), in the same order, so the two arms see the same samples in every round."""
+    train, _ = build_datasets(SYNTH, seed=0)
+    k, b, workers = 4, 6, 4
+    for rank in range(workers):
+        big = ShardedLoader(train, SYNTH, rank, workers, k * b, seed=3)
+        small = ShardedLoader(train, SYNTH, rank, workers, b, seed=3)
+        xs_big = [x for x, _ in big.batches(0)]
+        xs_small = [x for x, _ in small.batches(0)]
+        assert len(xs_big) == big.steps_per_epoch and small.steps_per_epoch >= k * big.steps_per_epoch
+        for r, x in enumerate(xs_big):
+            assert torch.equal(x, torch.cat(xs_small[k * r : k * (r + 1)]))
+
+
 def test_dirichlet_partition_disjoint_covering_deterministic():
     labels = torch.arange(5000) % 10
     shards = dirichlet_partition(labels, 8, alpha=0.3, seed=1)

@@ -3,6 +3,7 @@ weight tying; compatibility errors; parameter counts."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,8 @@ def _n_params(model: torch.nn.Module) -> int:
     [
         ("cnn", FASHION),
         ("cnn", CIFAR10),
+        ("logreg", FASHION),
+        ("logreg", CIFAR100),
         ("resnet20", CIFAR10),
         ("resnet56", CIFAR100),
         ("resnet20", FASHION),
@@ -62,6 +65,7 @@ def test_models_train_one_step():
     """Gradients reach every parameter (nothing detached, no unused modules)."""
     for cfg, info, x, y in [
         ({"name": "cnn"}, FASHION, torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))),
+        ({"name": "logreg"}, FASHION, torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))),
         ({"name": "gpt"}, C4, torch.randint(0, 257, (2, 16)), torch.randint(0, 257, (2, 16))),
         ({"name": "lstm_lm"}, C4, torch.randint(0, 257, (2, 16)), torch.randint(0, 257, (2, 16))),
     ]:
@@ -123,6 +127,50 @@ def test_gpt_size_overrides():
     assert len(model.blocks) == 3 and model.wte.weight.shape == (257, 32)
 
 
+@pytest.mark.parametrize("info", [FASHION, CIFAR10, CIFAR100])
+def test_logreg_is_one_linear_map_of_the_flattened_image(info):
+    """(C*H*W + 1) * classes parameters, no buffers; logits are affine in the input,
+    f(a x1 + b x2) = a f(x1) + b f(x2) + (1 - a - b) c, and equal W vec(x) + c; zero init by default."""
+    c, h, w = info.input_shape
+    k = info.num_classes
+    zero = build_model({"name": "logreg"}, info)
+    assert _n_params(zero) == (c * h * w + 1) * k and not list(zero.buffers())
+    x = torch.randn(5, c, h, w)
+    assert torch.equal(zero(x), torch.zeros(5, k))  # W = 0, c = 0: every class equally likely
+    torch.manual_seed(0)
+    model = build_model({"name": "logreg", "init": "torch"}, info).double()
+    (weight, bias) = (model.linear.weight, model.linear.bias)
+    assert weight.shape == (k, c * h * w) and bias.shape == (k,) and weight.abs().sum() > 0
+    x1, x2 = torch.randn(2, 3, c, h, w, dtype=torch.float64)
+    a, b = 0.7, -2.5
+    with torch.no_grad():
+        assert torch.allclose(model(a * x1 + b * x2), a * model(x1) + b * model(x2) + (1 - a - b) * bias, atol=1e-10)
+        assert torch.allclose(model(x1), x1.reshape(3, -1) @ weight.T + bias, atol=1e-12)
+
+
+def test_logreg_loss_is_convex_in_the_parameters():
+    """Cross-entropy of logistic regression along a segment between two parameter vectors lies
+    below the chord (convexity, the property the local-vs-minibatch study relies on), and the
+    zero-initialized model's loss is log(classes)."""
+    torch.manual_seed(0)
+    info = DatasetInfo("synthetic", "classification", (1, 4, 4), 5, 64)
+    x, y = torch.randn(64, 1, 4, 4, dtype=torch.float64), torch.randint(0, 5, (64,))
+    model = build_model({"name": "logreg"}, info).double()
+    loss = torch.nn.functional.cross_entropy
+    with torch.no_grad():
+        assert loss(model(x), y).item() == pytest.approx(math.log(5), rel=1e-12)
+    theta0, theta1 = (torch.randn(5 * 17, dtype=torch.float64) * 3 for _ in range(2))
+
+    def loss_at(theta):
+        torch.nn.utils.vector_to_parameters(theta, model.parameters())
+        with torch.no_grad():
+            return loss(model(x), y).item()
+
+    f0, f1 = loss_at(theta0), loss_at(theta1)
+    for t in torch.linspace(0, 1, 11).tolist():
+        assert loss_at((1 - t) * theta0 + t * theta1) <= (1 - t) * f0 + t * f1 + 1e-12
+
+
 def test_cnn_has_batchnorm_buffers():
     model = build_model({"name": "cnn"}, FASHION)
     names = [n for n, _ in model.named_buffers()]
@@ -144,6 +192,9 @@ def test_cnn_has_batchnorm_buffers():
         ({"name": "lstm_lm", "hidden_dim": 128}, C4, ["model.tie_weights", "model.embed_dim"]),
         ({"name": "resnet20", "shortcut": "C"}, CIFAR10, ["model.shortcut", "A, B"]),
         ({"name": "cnn", "hiden": 3}, FASHION, ["model.hiden", "hidden"]),
+        ({"name": "logreg", "init": "ones"}, FASHION, ["model.init", "zeros, torch"]),
+        ({"name": "logreg", "hidden": 8}, FASHION, ["model.hidden", "init"]),
+        ({"name": "logreg"}, C4, ["model.name=logreg", "dataset.name=c4"]),
     ],
 )
 def test_check_compatible_raises_config_error(cfg, info, words):
