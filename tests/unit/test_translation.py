@@ -267,3 +267,28 @@ def test_evaluator_averages_over_real_target_tokens(tmp_path):
     assert out["test_loss"] == pytest.approx(expected, rel=1e-6)
     assert out["test_ppl"] == pytest.approx(math.exp(expected), rel=1e-6)
     assert "test_acc" not in out
+
+
+def test_wmt17_with_a_hugging_face_tokenizer_folder(tmp_path):
+    """dataset.tokenizer = a local Hugging Face tokenizer (here a word-level one built with the
+    tokenizers library): its EOS ends sequences, BOS and PAD come after its vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    pairs = write_wmt17(tmp_path)
+    words = sorted({w for split in pairs.values() for p in split for t in p["translation"].values() for w in t.split()})
+    vocab = {"[UNK]": 0, "</s>": 1, **{w: i + 2 for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="</s>").save_pretrained(tmp_path / "tok")
+
+    cfg = wmt_cfg(tmp_path, tokenizer=str(tmp_path / "tok"), src_len=8, tgt_len=12)
+    v = len(vocab)
+    info = dataset_info(cfg)
+    assert (info.num_classes, info.pad_id) == (v + 2, v + 1)
+    train, _ = build_datasets(cfg, seed=0)
+    x, y = train.batch(torch.tensor([1]))
+    de = [vocab[w] for w in pairs["train"][1]["translation"]["de"].split()]
+    en = [vocab[w] for w in pairs["train"][1]["translation"]["en"].split()]
+    assert x[0].tolist() == de[:7] + [1] + [v] + en + [v + 1] * (11 - len(en))
+    assert y[0].tolist() == en + [1] + [IGNORE_INDEX] * (11 - len(en))
