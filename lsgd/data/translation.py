@@ -171,9 +171,11 @@ class TranslationPairs:
         return pack_pairs(src, tgt, self.src_len, self.tgt_len, self.ids)
 
     def iter_batches(self, index_batches: Iterable[Tensor], aug_seeds=None) -> Iterator[tuple[Tensor, Tensor]]:
-        """One packed (x, y) batch per index tensor (no augmentation: ``aug_seeds`` is ignored)."""
+        """One packed (x, y) batch per non-empty index tensor (an evaluation slice can be empty when
+        the test set has fewer pairs than ranks; no augmentation: ``aug_seeds`` is ignored)."""
         for idx in index_batches:
-            yield self.batch(idx)
+            if len(idx):
+                yield self.batch(idx)
 
 
 def load_pairs(cfg: dict) -> tuple[TranslationPairs, TranslationPairs]:

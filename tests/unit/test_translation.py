@@ -186,6 +186,9 @@ def test_wmt17_shards_are_disjoint_and_cover_the_epoch(tmp_path):
     full_x, full_y = test.batch(torch.arange(len(test)))
     parts = [b for r in range(3) for b in eval_batches(test, r, 3, 2)]
     assert torch.equal(torch.cat([x for x, _ in parts]), full_x) and torch.equal(torch.cat([y for _, y in parts]), full_y)
+    # more ranks than test pairs: the ranks with an empty slice get no (empty) batch
+    per_rank = [list(eval_batches(test, r, 16, 4)) for r in range(16)]
+    assert sum(len(b) == 0 for b in per_rank) == 6 and all(len(x) == 1 for b in per_rank for x, _ in b)
 
 
 # ------------------------------------------------------------------ config errors
