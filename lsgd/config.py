@@ -129,6 +129,8 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
     if cfg["optim"].get("base_batch_size") is not None:
         int_at_least(cfg["optim"], "base_batch_size", 1, "optim.")
     choice(cfg["schedule"], "name", SCHEDULES, "schedule.")
+    if cfg["schedule"]["name"] == "inverse_sqrt":
+        int_at_least(cfg["schedule"], "warmup_steps", 1, "schedule.")
     positive(cfg["network"], "bandwidth_gbps", "network.")
     number_at_least(cfg["network"], "latency_us", 0, "network.")
     intra = cfg["network"].get("intra_node")

@@ -22,6 +22,10 @@ step, applied with ``torch.optim.lr_scheduler.LambdaLR`` (its state is checkpoin
 * ``step``: ``gamma ** k`` where k = number of ``milestones`` (in epochs) already reached
 * ``cosine``: linear warm-up over ``warmup_epochs`` from ``warmup_start_factor``, then cosine decay to
   ``min_factor`` at the last step (Goyal et al. 2017 warm-up; Loshchilov and Hutter 2017 cosine).
+* ``inverse_sqrt``: ``min(n / w, sqrt(w / n))`` for the n-th step (n = completed steps + 1) and
+  w = ``warmup_steps``: linear warm-up to ``lr`` at step w, then decay as 1 / sqrt(n). With
+  ``lr`` = d_model^-0.5 * w^-0.5 this is Vaswani et al. 2017's rate (Sec. 5.3, "Attention Is All
+  You Need": lrate = d_model^-0.5 * min(n^-0.5, n * w^-1.5), w = 4000; 7.0e-4 for d_model 512).
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ def scaled_lr(cfg: dict, world_size: int) -> float:
             local = int(algo.get("local_size") or os.environ.get("LOCAL_WORLD_SIZE", 1))
         return lr * min(ratio, float(optim.get("adasum_lr_factor", 2.0))) * local
     raise ConfigError(f"optim.lr_scaling={rule!r} is unknown; allowed: {', '.join(LR_SCALINGS)}")
-SCHEDULES = ("constant", "step", "cosine")
+SCHEDULES = ("constant", "step", "cosine", "inverse_sqrt")
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: dict) -> torch.optim.Optimizer:
@@ -120,7 +124,8 @@ def lr_factor_fn(cfg: dict, steps_per_epoch: int, total_steps: int) -> Callable[
         total_steps: local steps of the whole run.
 
     Raises:
-        ConfigError: unknown ``schedule.name`` (allowed: constant, step, cosine).
+        ConfigError: unknown ``schedule.name`` (allowed: constant, step, cosine, inverse_sqrt), or
+            ``schedule.warmup_steps`` < 1.
     """
     name = cfg.get("name")
     if name == "constant":
@@ -141,13 +146,19 @@ def lr_factor_fn(cfg: dict, steps_per_epoch: int, total_steps: int) -> Callable[
             return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
         return factor
+    if name == "inverse_sqrt":
+        w = int(cfg.get("warmup_steps", 4000))
+        if w < 1:
+            raise ConfigError(f"schedule.warmup_steps must be an integer >= 1; got {w}")
+        return lambda step: min((step + 1) / w, math.sqrt(w / (step + 1)))
     raise ConfigError(f"schedule.name={name!r} is unknown; allowed: {', '.join(SCHEDULES)}")
 
 
 def lr_decay_steps(cfg: dict, steps_per_epoch: int) -> tuple[int, ...]:
     """The learning-rate decays of a ``step`` schedule: the local step counts (completed steps,
-    ascending, distinct) from which a milestone's decay applies; empty for ``constant`` and for
-    ``cosine``, whose continuous decay has no milestones (Accordion's decay rule uses these).
+    ascending, distinct) from which a milestone's decay applies; empty for ``constant``, and for
+    ``cosine`` and ``inverse_sqrt``, whose continuous decay has no milestones (Accordion's decay
+    rule uses these).
 
     Args:
         cfg: the ``schedule`` group.

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lsgd.data import eval_batches
+from lsgd.data import IGNORE_INDEX, eval_batches
 from lsgd.files import write_atomic
 from lsgd.loggers import Progress, build_logger
 
@@ -37,10 +37,19 @@ log = logging.getLogger("lsgd")
 
 
 def loss_fn(out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy; language models: over all (B*T) next-token targets."""
+    """Cross-entropy; language and translation models: over the (B*T) next-token targets, where
+    targets equal to ``IGNORE_INDEX`` (-100, translation padding) carry no loss and ``mean``
+    averages over the others."""
     if out.dim() == 3:
-        return F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1), reduction=reduction)
-    return F.cross_entropy(out, y, reduction=reduction)
+        return F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1), reduction=reduction,
+                               ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(out, y, reduction=reduction, ignore_index=IGNORE_INDEX)
+
+
+def target_count(y: torch.Tensor) -> int:
+    """Targets that count in a loss sum: those not equal to ``IGNORE_INDEX`` (all of them for
+    classification labels and language-model blocks)."""
+    return int((y != IGNORE_INDEX).sum())
 
 
 def modeled_time_key(bandwidth_gbps: float) -> str:
@@ -303,13 +312,14 @@ class Evaluator:
 
     def _sums(self, model, rank: int, world_size: int, limit: int | None = None) -> tuple[float, float, float]:
         """(loss sum, correct, count) of ``model`` on this rank's slice of the test set (of its
-        first ``limit`` samples)."""
+        first ``limit`` samples); ``count`` is samples (classification) or target tokens, padding
+        (``IGNORE_INDEX``) excluded."""
         loss_sum = correct = count = 0.0
         for x, y in eval_batches(self.test_set, rank, world_size, self.batch_size, limit):
             x, y = x.to(self.device), y.to(self.device)
             out = model(x)
             loss_sum += loss_fn(out, y, reduction="sum").item()
-            count += y.numel()
+            count += target_count(y)
             if self.task == "classification":
                 correct += (out.argmax(-1) == y).sum().item()
         return loss_sum, correct, count

@@ -320,7 +320,7 @@ class Trainer:
         np.random.set_state(states[2])
 
     def loss_fn(self, out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-        """Cross-entropy; language models: over all (B*T) next-token targets."""
+        """Cross-entropy (:func:`lsgd.services.loss_fn`); padding targets (-100) carry no loss."""
         return loss_fn(out, y, reduction)
 
     @property

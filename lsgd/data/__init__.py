@@ -12,7 +12,10 @@ Entry points (each takes the ``dataset`` config group as a plain dict)::
 
 Modules: ``catalog`` (config keys, defaults, the entry points), ``partition`` (iid / Dirichlet
 splits, pure functions), ``memory`` (in-memory tensor sets), ``vision`` (Fashion-MNIST, CIFAR,
-synthetic, ImageNet), ``text`` (streaming C4), ``loader`` (ShardedLoader, eval_batches).
+synthetic, ImageNet), ``text`` (streaming C4), ``translation`` (WMT17 sentence pairs),
+``loader`` (ShardedLoader, eval_batches).
+
+Targets equal to ``IGNORE_INDEX`` (-100, translation padding) carry no loss and are not counted.
 """
 
 from lsgd.data.catalog import (
@@ -33,10 +36,12 @@ from lsgd.data.partition import (
     iid_partition,
     label_entropy,
 )
+from lsgd.data.translation import IGNORE_INDEX
 
 __all__ = [
     "DATASETS",
     "DEFAULTS",
+    "IGNORE_INDEX",
     "PARTITIONS",
     "DatasetInfo",
     "ShardedLoader",

@@ -31,6 +31,19 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "steps_per_epoch": 1000,
         "shuffle_buffer": 10_000,
     },
+    "wmt17": {
+        **_COMMON,
+        "path": "wmt/wmt17",
+        "config": "de-en",
+        "data_files": None,
+        "src_lang": "de",
+        "tgt_lang": "en",
+        "src_len": 128,
+        "tgt_len": 128,
+        "tokenizer": "byte",
+        "eval_split": "validation",
+        "eval_samples": None,
+    },
     "synthetic": {
         **_COMMON,
         "download": False,
@@ -51,10 +64,14 @@ class DatasetInfo:
 
     Attributes:
         name: ``dataset.name``.
-        task: ``"classification"`` or ``"lm"``.
-        input_shape: one sample's input: (C, H, W) for images, (seq_len,) for language modeling.
-        num_classes: number of classes, or the vocabulary size for ``lm``.
-        num_train: training samples, or None for a streaming set.
+        task: ``"classification"``, ``"lm"`` or ``"translation"``.
+        input_shape: one sample's input: (C, H, W) for images, (seq_len,) for language modeling,
+            (src_len + tgt_len,) for translation (source | decoder input, lsgd.data.translation).
+        num_classes: number of classes, or the vocabulary size for ``lm`` and ``translation``.
+        num_train: training samples, or None when unknown without reading the data (a streaming
+            set, wmt17).
+        src_len: translation: where the source ends in the input (its first src_len positions).
+        pad_id: translation: the padding token id in the input.
     """
 
     name: str
@@ -62,6 +79,8 @@ class DatasetInfo:
     input_shape: tuple
     num_classes: int
     num_train: int | None
+    src_len: int | None = None
+    pad_id: int | None = None
 
 
 def resolve(dataset_cfg: dict) -> dict:
@@ -109,6 +128,8 @@ def resolve(dataset_cfg: dict) -> dict:
                     "{train: <path/glob or list>, validation: <path/glob or list>} of local C4-format "
                     f"json(.gz) files; got {files!r}"
                 )
+    elif name == "wmt17":
+        _check_wmt17(cfg)
     elif name == "synthetic":
         for key in ("num_train", "num_test"):
             _int(cfg, key, 1)
@@ -120,6 +141,42 @@ def resolve(dataset_cfg: dict) -> dict:
         if not _is_number(cfg["noise"]) or cfg["noise"] < 0:
             raise ConfigError(f"dataset.noise must be a number >= 0; got {cfg['noise']!r}")
     return cfg
+
+
+def _check_wmt17(cfg: dict) -> None:
+    from lsgd.data.translation import EVAL_SPLITS
+
+    if cfg["partition"] != "iid":
+        raise ConfigError("dataset.partition=dirichlet needs class labels; wmt17 supports only dataset.partition=iid")
+    for key in ("src_len", "tgt_len"):
+        _int(cfg, key, 2)
+    if cfg["eval_split"] not in EVAL_SPLITS:
+        raise ConfigError(f"dataset.eval_split must be one of {', '.join(EVAL_SPLITS)}; got {cfg['eval_split']!r}")
+    if cfg["eval_samples"] is not None:
+        _int(cfg, "eval_samples", 1)
+    if not isinstance(cfg["tokenizer"], str) or not cfg["tokenizer"]:
+        raise ConfigError(f"dataset.tokenizer must be 'byte' or a Hugging Face tokenizer name; got {cfg['tokenizer']!r}")
+    for key in ("src_lang", "tgt_lang"):
+        if not isinstance(cfg[key], str) or not cfg[key]:
+            raise ConfigError(f"dataset.{key} must be a language code of the pairs (de, en); got {cfg[key]!r}")
+    if cfg["src_lang"] == cfg["tgt_lang"]:
+        raise ConfigError(f"dataset.src_lang and dataset.tgt_lang must differ; both are {cfg['src_lang']!r}")
+    files = cfg["data_files"]
+    if files is None:
+        # the hub's configs are "<lang>-<lang>" (de-en, cs-en, ...): both directions use the same one
+        langs = str(cfg["config"]).split("-")
+        for key in ("src_lang", "tgt_lang"):
+            if len(langs) == 2 and cfg[key] not in langs:
+                raise ConfigError(
+                    f"dataset.{key}={cfg[key]!r} is not a language of dataset.config={cfg['config']}; "
+                    f"allowed: {', '.join(langs)}"
+                )
+    elif not hasattr(files, "keys") or not {"train", cfg["eval_split"]} <= set(files.keys()):
+        raise ConfigError(
+            "dataset.data_files must be null (dataset.path from the hub) or a mapping "
+            f"{{train: <path/glob or list>, {cfg['eval_split']}: <path/glob or list>}} of local files in the "
+            f"hub's wmt17 format (parquet or JSON lines with a 'translation' field); got {files!r}"
+        )
 
 
 def _is_number(v) -> bool:
@@ -134,7 +191,7 @@ def _int(cfg: dict, key: str, lo: int) -> None:
 
 def dataset_info(dataset_cfg: dict) -> DatasetInfo:
     """Static facts about the configured dataset. Reads no data files and downloads nothing
-    (exception: c4 with a Hugging Face tokenizer loads that tokenizer from the local cache to
+    (exception: c4 and wmt17 with a Hugging Face tokenizer load that tokenizer from the local cache to
     learn its vocabulary size).
 
     Raises:
@@ -152,6 +209,12 @@ def dataset_info(dataset_cfg: dict) -> DatasetInfo:
     if name == "c4":
         vocab = _tokenizer(cfg).vocab_size
         return DatasetInfo(name, "lm", (cfg["seq_len"],), vocab, None)
+    if name == "wmt17":
+        from lsgd.data.translation import SpecialIds
+
+        ids = SpecialIds.of(_tokenizer(cfg))
+        return DatasetInfo(name, "translation", (cfg["src_len"] + cfg["tgt_len"],), ids.vocab_size, None,
+                           src_len=cfg["src_len"], pad_id=ids.pad)
     return DatasetInfo(name, "classification", tuple(cfg["input_shape"]), cfg["num_classes"], cfg["num_train"])
 
 
@@ -225,6 +288,37 @@ def check_available(dataset_cfg: dict) -> None:
             )
         if cfg["tokenizer"] != "byte" and not cfg["download"]:
             _tokenizer(cfg)
+    elif name == "wmt17":
+        _check_wmt17_files(cfg)
+        if cfg["tokenizer"] != "byte" and not cfg["download"]:
+            _tokenizer(cfg)
+
+
+def _check_wmt17_files(cfg: dict) -> None:
+    from lsgd.data.text import resolve_data_files
+    from lsgd.data.translation import JSON_SUFFIXES, PARQUET_SUFFIXES, file_format
+
+    if cfg["data_files"] is None:
+        if not cfg["download"] or os.environ.get("HF_DATASETS_OFFLINE") == "1":
+            raise ConfigError(
+                f"wmt17 with dataset.data_files=null downloads {cfg['path']} ({cfg['config']}) from the Hugging Face "
+                "hub, which needs dataset.download=true and network access once (then it is cached); or set "
+                "dataset.data_files to local parquet / JSON-lines files in its format"
+            )
+        return
+    for split in ("train", cfg["eval_split"]):
+        files = resolve_data_files(cfg, split)
+        if not files:
+            raise ConfigError(
+                f"dataset.data_files.{split}={cfg['data_files'][split]!r} matches no file (relative paths are "
+                f"relative to dataset.root={cfg['root']}); point it to the hub's wmt17 files, e.g. "
+                f"de-en/{split}-*.parquet, or set dataset.data_files=null to download them"
+            )
+        if file_format(files) is None:
+            raise ConfigError(
+                f"dataset.data_files.{split} must be all parquet ({', '.join(PARQUET_SUFFIXES)}) or all JSON lines "
+                f"({', '.join(JSON_SUFFIXES)}); got {', '.join(files[:3])}"
+            )
 
 
 def prepare(dataset_cfg: dict) -> None:
@@ -250,9 +344,14 @@ def prepare(dataset_cfg: dict) -> None:
                 download_cifar(name, root)
         elif name == "c4" and cfg["tokenizer"] != "byte":
             _tokenizer(cfg)
+        elif name == "wmt17":
+            from lsgd.data.translation import load_pairs
+
+            _tokenizer(cfg)
+            load_pairs(cfg)  # downloads (hub) or converts (local files) once into the datasets cache
     except ConfigError:
         raise
-    except Exception as exc:  # network / disk errors from torchvision's downloader
+    except Exception as exc:  # network / disk errors from torchvision's or datasets' downloader
         raise ConfigError(
             f"downloading {name} into dataset.root={root} failed: {exc}. Without network, copy the files "
             "there by hand or point dataset.root at a copy"
@@ -267,7 +366,8 @@ def build_datasets(dataset_cfg: dict, seed: int) -> tuple[Any, Any]:
         :class:`lsgd.data.memory.TensorDataset`; imagenet: two
         :class:`lsgd.data.vision.ImageFolderSet`; c4: a
         :class:`lsgd.data.text.StreamingTextDataset` (train, shuffled with ``seed``) and an in-memory
-        :class:`lsgd.data.memory.TokenBlockDataset` (the first ``eval_sequences`` validation blocks).
+        :class:`lsgd.data.memory.TokenBlockDataset` (the first ``eval_sequences`` validation blocks);
+        wmt17: two :class:`lsgd.data.translation.TranslationPairs` (train and ``eval_split``).
         Use them through :class:`lsgd.data.ShardedLoader` and :func:`lsgd.data.eval_batches`.
     Raises:
         ConfigError: as :func:`check_available`, or an ImageFolder tree whose class / sample count
@@ -305,6 +405,11 @@ def build_datasets(dataset_cfg: dict, seed: int) -> tuple[Any, Any]:
 
         _tokenizer(cfg)
         return StreamingTextDataset(cfg, seed), load_eval_blocks(cfg)
+    if name == "wmt17":
+        from lsgd.data.translation import load_pairs
+
+        _tokenizer(cfg)
+        return load_pairs(cfg)
     from lsgd.data.vision import make_synthetic
 
     return make_synthetic(cfg)

@@ -20,7 +20,7 @@ from lsgd.errors import ConfigError
 class ShardedLoader:
     """Batches of one worker's shard of the training set.
 
-    Map-style sets (everything but c4): ``steps_per_epoch = floor(N / (world_size * batch_size))``
+    Map-style sets (everything but c4; wmt17's sentence pairs included): ``steps_per_epoch = floor(N / (world_size * batch_size))``
     on every rank.
 
     - ``dataset.partition=iid``: each epoch a permutation of all N samples seeded with
@@ -97,7 +97,9 @@ class ShardedLoader:
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
         """Yield batches ``start .. steps_per_epoch - 1`` of ``epoch``: classification x float32
-        (B, C, H, W), y int64 (B,); language modeling x int64 (B, T), y int64 (B, T) (x shifted by one).
+        (B, C, H, W), y int64 (B,); language modeling x int64 (B, T), y int64 (B, T) (x shifted by one);
+        translation x int64 (B, src_len + tgt_len), y int64 (B, tgt_len) with -100 at padding
+        (:mod:`lsgd.data.translation`).
 
         Raises:
             ValueError: ``start`` not in ``[0, steps_per_epoch]``.

@@ -11,6 +11,7 @@ resnet18/50/101 classification  ``torchvision.models.resnet*`` (weights=None)
 vgg16           classification  ``torchvision.models.vgg16`` / ``vgg16_bn`` (weights=None; >= 32 px)
 lstm_lm         lm              :class:`lsgd.models.lstm.LSTMLM`
 gpt             lm              :class:`lsgd.models.gpt.GPT`
+transformer_mt  translation     :class:`lsgd.models.transformer_mt.TransformerMT` (``torch.nn.Transformer``)
 ==============  ==============  =========================================================
 
 The torchvision models are used as they are, also on 32x32 CIFAR input (ImageNet stem: 7x7
@@ -19,7 +20,9 @@ adaptive pool replicates the 1x1 map to 7x7 before its 25088-4096-4096 classifie
 parameters). Only the first convolution is replaced when the input has C != 3 channels.
 Use resnet20/resnet56 for CIFAR results comparable to the literature on small models.
 
-Classification models return logits (B, num_classes); language models (B, T, vocab).
+Classification models return logits (B, num_classes); language models (B, T, vocab);
+translation models map the packed (B, src_len + tgt_len) int64 input (lsgd.data.translation) to
+(B, tgt_len, vocab) logits over the target positions.
 """
 
 from __future__ import annotations
@@ -43,9 +46,22 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "vgg16": {"batch_norm": False, "dropout": 0.5},
     "lstm_lm": {"num_layers": 2, "embed_dim": 256, "hidden_dim": 256, "dropout": 0.2, "tie_weights": True},
     "gpt": {"size": "tiny", "dropout": 0.0, "bias": True, "n_layer": None, "n_head": None, "n_embd": None},
+    "transformer_mt": {
+        "size": "tiny",
+        "d_model": None,
+        "nhead": None,
+        "num_encoder_layers": None,
+        "num_decoder_layers": None,
+        "dim_feedforward": None,
+        "dropout": None,
+        "positions": "sinusoidal",
+        "norm_first": False,
+        "share_embeddings": True,
+    },
 }
 MODELS = tuple(DEFAULTS)
 LM_MODELS = ("lstm_lm", "gpt")
+MT_MODELS = ("transformer_mt",)
 CNN_MAX_SIDE = 64
 
 
@@ -97,9 +113,41 @@ def resolve(model_cfg: dict) -> dict:
                 raise ConfigError(f"model.{key} must be null (from model.size) or an integer >= 1; got {v!r}")
         if n_embd % n_head:
             raise ConfigError(f"model.n_embd ({n_embd}) must be divisible by model.n_head ({n_head})")
-    if "dropout" in cfg and not (isinstance(cfg["dropout"], (int, float)) and 0 <= cfg["dropout"] < 1):
-        raise ConfigError(f"model.dropout must be in [0, 1); got {cfg['dropout']!r}")
+    elif name == "transformer_mt":
+        transformer_mt_dims(cfg)
+    dropout = cfg.get("dropout")
+    from_size = name == "transformer_mt" and dropout is None  # null: from model.size
+    if "dropout" in cfg and not from_size and not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
+        raise ConfigError(f"model.dropout must be in [0, 1); got {dropout!r}")
     return cfg
+
+
+def transformer_mt_dims(cfg: dict) -> dict:
+    """transformer_mt's ``torch.nn.Transformer`` sizes: ``model.size``'s, each overridden by its
+    key when not null.
+
+    Raises:
+        ConfigError: unknown ``model.size``, ``model.positions``, a size that is not a positive
+            integer, ``d_model`` not divisible by ``nhead`` (or odd with sinusoidal positions).
+    """
+    from lsgd.models.transformer_mt import DIMS, POSITIONS, SIZES
+
+    if cfg["size"] not in SIZES:
+        raise ConfigError(f"model.size must be one of {', '.join(SIZES)}; got {cfg['size']!r}")
+    if cfg["positions"] not in POSITIONS:
+        raise ConfigError(f"model.positions must be one of {', '.join(POSITIONS)}; got {cfg['positions']!r}")
+    for key in ("norm_first", "share_embeddings"):
+        if not isinstance(cfg[key], bool):
+            raise ConfigError(f"model.{key} must be true or false; got {cfg[key]!r}")
+    dims = {k: cfg[k] if cfg[k] is not None else SIZES[cfg["size"]][k] for k in DIMS}
+    for key in DIMS[:-1]:
+        if not _is_int(dims[key], 1):
+            raise ConfigError(f"model.{key} must be null (from model.size) or an integer >= 1; got {dims[key]!r}")
+    if dims["d_model"] % dims["nhead"]:
+        raise ConfigError(f"model.d_model ({dims['d_model']}) must be divisible by model.nhead ({dims['nhead']})")
+    if cfg["positions"] == "sinusoidal" and dims["d_model"] % 2:
+        raise ConfigError(f"model.positions=sinusoidal needs an even model.d_model; got {dims['d_model']}")
+    return dims
 
 
 def _is_int(v, lo: int) -> bool:
@@ -116,6 +164,18 @@ def check_compatible(model_cfg: dict, info: DatasetInfo) -> None:
     """
     cfg = resolve(model_cfg)
     name = cfg["name"]
+    if name in MT_MODELS or info.task == "translation":
+        if name not in MT_MODELS:
+            raise ConfigError(
+                f"dataset.name={info.name} is translation (sentence pairs) but model.name={name} is not an "
+                f"encoder-decoder model; use model.name={' or '.join(MT_MODELS)}"
+            )
+        if info.task != "translation" or info.src_len is None or info.pad_id is None:
+            raise ConfigError(
+                f"model.name={name} is an encoder-decoder translation model but dataset.name={info.name} is "
+                f"{info.task}; use dataset.name=wmt17"
+            )
+        return
     if name in LM_MODELS:
         if info.task != "lm":
             raise ConfigError(
@@ -150,7 +210,8 @@ def build_model(model_cfg: dict, info: DatasetInfo) -> nn.Module:
 
     Returns:
         classification: module mapping (B, C, H, W) float to (B, num_classes) logits;
-        lm: module mapping (B, T) int64 (T <= seq_len) to (B, T, vocab) logits.
+        lm: module mapping (B, T) int64 (T <= seq_len) to (B, T, vocab) logits;
+        translation: module mapping (B, src_len + tgt_len) int64 to (B, tgt_len, vocab) logits.
     Raises:
         ConfigError: see :func:`check_compatible`.
     """
@@ -175,6 +236,13 @@ def build_model(model_cfg: dict, info: DatasetInfo) -> nn.Module:
         from lsgd.models.lstm import LSTMLM
 
         return LSTMLM(k, cfg["embed_dim"], cfg["hidden_dim"], cfg["num_layers"], cfg["dropout"], cfg["tie_weights"])
+    if name == "transformer_mt":
+        from lsgd.models.transformer_mt import TransformerMT
+
+        return TransformerMT(
+            k, info.src_len, info.input_shape[0] - info.src_len, info.pad_id, **transformer_mt_dims(cfg),
+            positions=cfg["positions"], norm_first=cfg["norm_first"], share_embeddings=cfg["share_embeddings"],
+        )
     from lsgd.models.gpt import GPT, SIZES
 
     n_layer, n_head, n_embd = (

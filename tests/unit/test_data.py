@@ -219,7 +219,7 @@ def test_yaml_configs_match_code_defaults():
         assert cfg["name"] == f.stem
         assert set(cfg) - {"name"} == set(DEFAULTS[f.stem]), f.name
         info = dataset_info(cfg)
-        assert info.name == f.stem and info.task in ("classification", "lm")
+        assert info.name == f.stem and info.task in ("classification", "lm", "translation")
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,8 @@ CIFAR10 = DatasetInfo("cifar10", "classification", (3, 32, 32), 10, 50000)
 CIFAR100 = DatasetInfo("cifar100", "classification", (3, 32, 32), 100, 50000)
 IMAGENET_SMALL = DatasetInfo("imagenet", "classification", (3, 64, 64), 1000, 1281167)
 C4 = DatasetInfo("c4", "lm", (16,), 257, None)
+# byte tokenizer + BOS 257 + PAD 258; source 10 positions, decoder 7
+WMT = DatasetInfo("wmt17", "translation", (17,), 259, None, src_len=10, pad_id=258)
 
 
 def _n_params(model: torch.nn.Module) -> int:
@@ -68,6 +70,9 @@ def test_models_train_one_step():
         ({"name": "logreg"}, FASHION, torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))),
         ({"name": "gpt"}, C4, torch.randint(0, 257, (2, 16)), torch.randint(0, 257, (2, 16))),
         ({"name": "lstm_lm"}, C4, torch.randint(0, 257, (2, 16)), torch.randint(0, 257, (2, 16))),
+        ({"name": "transformer_mt"}, WMT, torch.randint(0, 257, (2, 17)), torch.randint(0, 257, (2, 7))),
+        ({"name": "transformer_mt", "positions": "learned", "share_embeddings": False}, WMT,
+         torch.randint(0, 257, (2, 17)), torch.randint(0, 257, (2, 7))),
     ]:
         model = build_model(cfg, info)
         out = model(x)
@@ -195,6 +200,14 @@ def test_cnn_has_batchnorm_buffers():
         ({"name": "logreg", "init": "ones"}, FASHION, ["model.init", "zeros, torch"]),
         ({"name": "logreg", "hidden": 8}, FASHION, ["model.hidden", "init"]),
         ({"name": "logreg"}, C4, ["model.name=logreg", "dataset.name=c4"]),
+        ({"name": "transformer_mt"}, C4, ["model.name=transformer_mt", "dataset.name=c4", "wmt17"]),
+        ({"name": "gpt"}, WMT, ["dataset.name=wmt17", "model.name=gpt", "transformer_mt"]),
+        ({"name": "cnn"}, WMT, ["dataset.name=wmt17", "model.name=cnn", "transformer_mt"]),
+        ({"name": "transformer_mt", "size": "large"}, WMT, ["model.size", "tiny, base, big"]),
+        ({"name": "transformer_mt", "d_model": 30, "nhead": 4}, WMT, ["model.d_model", "model.nhead"]),
+        ({"name": "transformer_mt", "positions": "rotary"}, WMT, ["model.positions", "sinusoidal, learned"]),
+        ({"name": "transformer_mt", "dropout": 1.5}, WMT, ["model.dropout"]),
+        ({"name": "transformer_mt", "nhead": 0}, WMT, ["model.nhead", "integer >= 1"]),
     ],
 )
 def test_check_compatible_raises_config_error(cfg, info, words):
@@ -215,4 +228,76 @@ def test_yaml_configs_match_code_defaults():
         assert cfg["name"] == f.stem
         assert set(cfg) - {"name"} == set(DEFAULTS[f.stem]), f.name
         assert cfg == {"name": f.stem, **DEFAULTS[f.stem]}, f.name
-        check_compatible(cfg, C4 if f.stem in ("gpt", "lstm_lm") else CIFAR10)
+        check_compatible(cfg, C4 if f.stem in ("gpt", "lstm_lm") else WMT if f.stem == "transformer_mt" else CIFAR10)
+
+
+# ------------------------------------------------------------------ transformer_mt
+def _packed(batch: int = 3, seed: int = 0, src_real: int = 6) -> torch.Tensor:
+    """A packed WMT input: ``src_real`` source tokens (+ padding) | BOS + 6 target tokens (7 positions)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (batch, 17), generator=g)
+    x[:, src_real:10] = WMT.pad_id
+    x[:, 10] = 257  # BOS
+    return x
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+def test_transformer_mt_outputs_target_logits(positions):
+    torch.manual_seed(0)
+    model = build_model({"name": "transformer_mt", "positions": positions}, WMT).eval()
+    with torch.no_grad():
+        out = model(_packed())
+        assert out.shape == (3, 7, 259) and torch.isfinite(out).all()
+        assert model(_packed()[:, :14]).shape == (3, 4, 259)  # a shorter decoder input too
+    with pytest.raises(ValueError, match="src_len"):
+        model(_packed()[:, :10])  # no target positions
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+def test_transformer_mt_decoder_is_causal(positions):
+    torch.manual_seed(0)
+    model = build_model({"name": "transformer_mt", "positions": positions}, WMT).eval()
+    x = _packed()
+    for t in (0, 3):  # changing decoder input t + 1 changes no logit at positions <= t
+        x2 = x.clone()
+        x2[:, 10 + t + 1] = (x[:, 10 + t + 1] + 1) % 256
+        with torch.no_grad():
+            a, b = model(x), model(x2)
+        assert torch.allclose(a[:, : t + 1], b[:, : t + 1], atol=1e-6)
+        assert not torch.allclose(a[:, t + 1 :], b[:, t + 1 :], atol=1e-4)
+
+
+def test_transformer_mt_source_padding_changes_nothing():
+    """Key padding masks: the same source with 4 padded positions or with none (the split moved),
+    and whatever the padding embeds, gives the same logits; a real source token does matter."""
+    torch.manual_seed(0)
+    model = build_model({"name": "transformer_mt"}, WMT).eval()
+    x = _packed(src_real=6)
+    with torch.no_grad():
+        padded = model(x)
+        model.src_len = 6
+        unpadded = model(torch.cat([x[:, :6], x[:, 10:]], dim=1))
+        model.src_len = 10
+        assert torch.allclose(padded, unpadded, atol=1e-5)
+        model.src_embed.weight[WMT.pad_id] += 3.0  # what the padded slots carry
+        assert torch.allclose(model(x), padded, atol=1e-5)
+        x2 = x.clone()
+        x2[:, 2] = (x[:, 2] + 1) % 256
+        assert not torch.allclose(model(x2), padded, atol=1e-4)
+
+
+def test_transformer_mt_shares_embeddings_and_sizes_match_the_paper():
+    model = build_model({"name": "transformer_mt"}, WMT)
+    assert model.out.weight is model.src_embed.weight and model.tgt_embed is model.src_embed
+    untied = build_model({"name": "transformer_mt", "share_embeddings": False}, WMT)
+    assert _n_params(untied) == _n_params(model) + 2 * 259 * 32
+    # Vaswani et al. 2017, Table 3 (shared 37k vocabulary): base 65M, big 213M parameters
+    info = DatasetInfo("wmt17", "translation", (256,), 37000, None, src_len=128, pad_id=36999)
+    with torch.device("meta"):
+        base = build_model({"name": "transformer_mt", "size": "base"}, info)
+        big = build_model({"name": "transformer_mt", "size": "big"}, info)
+    assert _n_params(base) == pytest.approx(65e6, rel=0.04) and _n_params(big) == pytest.approx(213e6, rel=0.01)
+    layer = base.transformer.encoder.layers[0]
+    assert (layer.self_attn.embed_dim, layer.self_attn.num_heads, layer.linear1.out_features) == (512, 8, 2048)
+    assert len(base.transformer.encoder.layers) == len(base.transformer.decoder.layers) == 6
+    assert layer.dropout.p == 0.1 and not layer.norm_first

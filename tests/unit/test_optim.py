@@ -1,4 +1,5 @@
-"""optim=lamb follows the LAMB paper's update; optim.lr_scaling gives the documented rates."""
+"""optim=lamb follows the LAMB paper's update; optim.lr_scaling gives the documented rates;
+schedule=inverse_sqrt is Vaswani et al.'s rate."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from lsgd.errors import ConfigError
-from lsgd.optim import build_optimizer, scaled_lr
+from lsgd.optim import build_optimizer, build_scheduler, lr_decay_steps, scaled_lr
 
 
 def lamb_reference(params, grads_per_step, lr, betas, eps, wd):
@@ -77,3 +78,22 @@ def test_lr_scaling_base_batch_and_hierarchical():
 def test_unknown_lr_scaling_names_the_key():
     with pytest.raises(ConfigError, match=r"optim\.lr_scaling"):
         scaled_lr({"optim": {"lr": 0.1, "lr_scaling": "cubic"}, "batch_size": 8}, 2)
+
+
+def test_inverse_sqrt_is_vaswanis_rate():
+    """lrate = d^-0.5 * min(n^-0.5, n * w^-1.5) for the n-th step (n from 1), d = 512, w = 4000,
+    with optim.lr = d^-0.5 * w^-0.5 (Vaswani et al. 2017, Sec. 5.3), as the optimizer sees it."""
+    d, w = 512, 4000
+    opt = build_optimizer([torch.nn.Parameter(torch.zeros(1))], {"name": "adamw", "lr": d**-0.5 * w**-0.5})
+    sched = build_scheduler(opt, {"name": "inverse_sqrt", "warmup_steps": w}, steps_per_epoch=100, total_steps=10**6)
+    seen = {}
+    for n in range(1, 20001):  # the rate of step n, then the step
+        seen[n] = opt.param_groups[0]["lr"]
+        opt.step()
+        sched.step()
+    for n in (1, 2, 1000, 3999, 4000, 4001, 10000, 20000):
+        assert seen[n] == pytest.approx(d**-0.5 * min(n**-0.5, n * w**-1.5), rel=1e-12), n
+    assert max(seen, key=seen.get) == w and seen[w] == pytest.approx(6.99e-4, rel=1e-3)
+    assert lr_decay_steps({"name": "inverse_sqrt", "warmup_steps": w}, 100) == ()
+    with pytest.raises(ConfigError, match=r"schedule\.warmup_steps"):
+        build_scheduler(opt, {"name": "inverse_sqrt", "warmup_steps": 0}, 100, 1000)
