@@ -46,6 +46,10 @@ ID_COLUMNS = ("run_id", "run_dir", "experiment_name", "status")
 #: would otherwise get identical labels.
 DEFAULT_IGNORED_KEYS = ("run_id", "run_dir", "results_dir", "resume")
 
+#: config.yaml entries that record facts following from the config (``Algorithm.describe``: a
+#: decentralized method's topology with its node count and spectral gap); never a run label.
+DERIVED_PREFIXES = ("topology.",)
+
 #: metrics.jsonl keys of the run format (used only to tell metric columns from config columns
 #: when a frame has lost its ``attrs``).
 METRIC_KEYS = (
@@ -505,14 +509,14 @@ def differing_keys(frame: pd.DataFrame, ignore: Iterable[str] = DEFAULT_IGNORED_
         frame: from :func:`load_summaries` or :func:`load_runs` (or a row subset of one).
         ignore: keys never returned; by default :data:`DEFAULT_IGNORED_KEYS` (``run_id``,
             ``run_dir``, ``results_dir``, ``resume``). ``seed`` counts, so seed repeats get
-            distinct labels.
+            distinct labels. Keys under :data:`DERIVED_PREFIXES` are never returned.
 
     Returns:
         The keys in column order, ``algo.*`` keys first.
     """
     ignore = set(ignore)
     per_run = frame.drop_duplicates("run_dir") if "run_dir" in frame else frame
-    candidates = [k for k in config_columns(per_run) if k not in ignore]
+    candidates = [k for k in config_columns(per_run) if k not in ignore and not str(k).startswith(DERIVED_PREFIXES)]
     candidates.sort(key=lambda k: not k.startswith("algo."))  # stable: keeps column order
     values = {k: per_run[k].map(_hashable) for k in candidates}
     chosen = [k for k in candidates if values[k].nunique(dropna=True) > 1]

@@ -17,9 +17,11 @@ from matplotlib.figure import Figure
 
 from lsgd.analysis.load import (
     PathLike,
+    _is_missing,
     _num,
     compression_frame,
     differing_keys,
+    format_value,
     read_runs,
     run_labels,
     runs_frame,
@@ -62,7 +64,7 @@ _SPECS = (
 )
 
 #: Title (key in the returned dicts) of the bytes-per-worker vs workers figure.
-SCALING_TITLE = "bytes sent per worker vs workers"
+SCALING_TITLE = "wire bytes per worker per step vs workers"
 
 
 def eval_metric(records: pd.DataFrame) -> str | None:
@@ -226,17 +228,21 @@ def plot_compression(
 
 
 def plot_bytes_vs_nodes(summaries: pd.DataFrame, out_dir: PathLike, prefix: str) -> dict[str, list[Path]]:
-    """Final ``comm_bytes`` per worker against the number of workers, one line per method (the
-    runs' differing config keys other than the world size), when the runs differ in world size:
-    a method whose every node talks to a fixed number of peers (gossip) stays flat, an all-reduce
-    grows towards 2x the model. Returns ``{title: [png, svg]}`` or ``{}``."""
+    """Wire bytes per worker per step (``wire_bytes`` / ``steps`` of each run's summary) against the
+    number of workers, one line per method (the runs' differing config keys other than the world
+    size), when the runs differ in world size: a method whose every node talks to a fixed number of
+    peers (gossip) stays flat, a ring all-reduce grows as 2 (p - 1) / p x the model. Returns
+    ``{title: [png, svg]}`` or ``{}``."""
     nodes = world_sizes(summaries)
-    if nodes.dropna().nunique() < 2 or "comm_bytes" not in summaries:
+    if nodes.dropna().nunique() < 2 or "wire_bytes" not in summaries or "steps" not in summaries:
         return {}
     keys = [k for k in differing_keys(summaries) if k not in WORLD_KEYS]
-    labels = run_labels(summaries, keys)
-    frame = pd.DataFrame({"label": summaries["run_dir"].map(labels), "nodes": nodes,
-                          "bytes": summaries["comm_bytes"].map(_num)}).dropna()
+    labels = [", ".join(f"{k}={format_value(row[k])}" for k in keys if k in row and not _is_missing(row[k])) or "run"
+              for _, row in summaries.iterrows()]
+    steps = summaries["steps"].map(_num)
+    frame = pd.DataFrame({"label": labels, "nodes": nodes,
+                          "bytes": summaries["wire_bytes"].map(_num) / steps.where(steps > 0)}, index=summaries.index)
+    frame = frame.dropna()
     if frame.empty:
         return {}
     methods = list(dict.fromkeys(frame["label"]))
@@ -249,11 +255,11 @@ def plot_bytes_vs_nodes(summaries: pd.DataFrame, out_dir: PathLike, prefix: str)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel(_METRIC_LABELS["nodes"] + " (log scale)")
-    ax.set_ylabel(_METRIC_LABELS["comm_bytes"] + " (log scale)")
+    ax.set_ylabel("wire bytes per worker per step (log scale)")
     ax.set_title(f"{prefix.rstrip('_')}: {SCALING_TITLE}", fontsize="medium")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return {SCALING_TITLE: _save(fig, Path(out_dir) / f"{prefix}comm_bytes_vs_nodes")}
+    return {SCALING_TITLE: _save(fig, Path(out_dir) / f"{prefix}wire_bytes_per_step_vs_nodes")}
 
 
 def plot_frames(

@@ -674,9 +674,10 @@ def test_bytes_per_worker_vs_workers_and_consensus_figures(tmp_path):
             rec["consensus_distance"] = 1.0 / (i + 1)
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     files = {p.name for p in plot_runs(root, tmp_path / "plots")}
-    assert {f"{EXP}_comm_bytes_vs_nodes.svg", f"{EXP}_consensus_distance_vs_step.svg"} <= files
-    svg = (tmp_path / "plots" / f"{EXP}_comm_bytes_vs_nodes.svg").read_text()
+    assert {f"{EXP}_wire_bytes_per_step_vs_nodes.svg", f"{EXP}_consensus_distance_vs_step.svg"} <= files
+    svg = (tmp_path / "plots" / f"{EXP}_wire_bytes_per_step_vs_nodes.svg").read_text()
     assert "algo.name=ddp" in svg and "algo.name=swarm_sgd" in svg and "world_size" not in svg
+    assert "ddp_4" not in svg  # one line per method: no run ids
     # one set of runs at one world size: no scaling figure
     single = tmp_path / "single"
     write_run(single, "a", {"name": "ddp"}, 0.01, 0.5, 0.5)
