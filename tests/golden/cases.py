@@ -273,35 +273,17 @@ PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "lsgd.trainer", "gloo"
 #: gloo's thread uses the default OpenMP team (all cores). torch's PowerSGD hook computes its P / Q
 #: products in such callbacks, so with the default-width cnn (accordion_powersgd) the run changed
 #: from run to run and the two ranks' replicas drifted apart at rounding level.
-THREAD_ENV = {"OMP_NUM_THREADS": "1"}
-
-
-@contextlib.contextmanager
-def _environ(values: dict[str, str]):
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+THREAD_ENV = {"OMP_NUM_THREADS": "1"}  # the same as tests/distributed/gloo.py's, which starts the forkserver
 
 
 def _run_group(world_size: int, jobs: list[tuple[str, dict]], work: Path) -> None:
     """:func:`gloo.run_gloo` (same rank setup: one torch thread, gloo over TCP), except that the
     ranks are forked from a forkserver holding the imports rather than spawned from scratch, and
     that the forkserver starts with :data:`THREAD_ENV` (the caller's environment is left as it was)."""
-    import multiprocessing.forkserver
-
     import gloo
     import torch.multiprocessing as mp
 
-    mp.get_context("forkserver").set_forkserver_preload(PRELOAD)
-    with _environ(THREAD_ENV):
-        multiprocessing.forkserver.ensure_running()  # no-op when already running (then _worker checks its env)
+    gloo.start_forkserver(PRELOAD)  # no-op when already running (then _worker checks its env)
     mp.start_processes(
         gloo._entry, args=(_worker, world_size, gloo._free_port(), (jobs, str(work))),
         nprocs=world_size, join=True, start_method="forkserver",
