@@ -911,10 +911,16 @@ class Communicator:
         """Non-blocking receive from group rank ``src`` into ``tensor``."""
         return self.exchange(None, {src: tensor}, count=count, async_op=True)
 
-    def _p2p_link_cost(self, peer: int, nbytes: int) -> np.ndarray:
-        link = self._s.network.link([self.global_ranks[self._rank], self.global_ranks[peer]])
+    def pair_cost(self, i: int, j: int, nbytes: float) -> np.ndarray:
+        """Modeled seconds (shape ``[k]``, one per clock entry) of one message of ``nbytes``
+        between group ranks ``i`` and ``j`` on their link (a paired exchange costs the same: both
+        directions travel at once); nothing is counted."""
+        link = self._s.network.link([self.global_ranks[i], self.global_ranks[j]])
         a, b = cost_terms("p2p", nbytes, 2)
         return np.array([m.cost(a, b) for m in self._s.network.models(link)])
+
+    def _p2p_link_cost(self, peer: int, nbytes: int) -> np.ndarray:
+        return self.pair_cost(self._rank, peer, nbytes)
 
     def _p2p_cost(self, peer: int, nbytes: int) -> np.ndarray:
         """Count one p2p send of ``nbytes`` to ``peer``; its cost on the pair's link."""

@@ -119,9 +119,11 @@ class Recorder:
         self.last_record_samples = samples
 
     # -- records --------------------------------------------------------------------------------
-    def make_record(self, trainer) -> dict | None:
-        """Reduce the loss accumulators over ranks (uncounted) and build a metrics record; None
-        when some rank saw a non-finite loss (every rank gets the same reduced flag)."""
+    def make_record(self, trainer, step: int | None = None) -> dict | None:
+        """Reduce the loss accumulators over ranks (uncounted) and build a metrics record at
+        progress ``step`` (default: the trainer's progress); None when some rank saw a non-finite
+        loss (every rank gets the same reduced flag)."""
+        step = trainer.progress if step is None else step
         comm = trainer.comm
         buf = torch.tensor([self.loss_sum.item(), float(self.loss_count), float(self.nonfinite)], dtype=torch.float64)
         if trainer.device.type == "cuda":
@@ -133,14 +135,14 @@ class Recorder:
         if nonfinite > 0:
             return None
         now = time.perf_counter()
-        samples = trainer.samples
+        samples = step * int(self.cfg["batch_size"]) * trainer.num_workers
         rate = (samples - self.last_record_samples) / max(now - self.last_record_time, 1e-9)
         self.last_record_time, self.last_record_samples = now, samples
         self.pending_rows = trainer.algorithm.pop_step_rows()
         self.figures = self.worker_figures(trainer)
         return {
-            "step": trainer.progress,
-            "epoch": trainer.progress / trainer.steps_per_epoch,
+            "step": step,
+            "epoch": step / trainer.steps_per_epoch,
             "samples": samples,
             "lr": trainer.optimizer.param_groups[0]["lr"],
             "train_loss": loss_sum / count if count else float("nan"),

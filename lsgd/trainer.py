@@ -187,6 +187,7 @@ class Trainer:
             lr=lambda: self.optimizer.param_groups[0]["lr"], seed=seed,
             lr_decay_steps=lr_decay_steps(cfg["schedule"], self.steps_per_epoch),
             step_compute_s=lambda: self.step_compute_s, compute_seconds=self.compute_model.seconds,
+            worker_step_s=self._worker_step_s(cluster, workers, seed),
         )
         self.algorithm = build_algorithm(cfg["algo"], self.comm)
         self.net = self.algorithm.setup(self.model, self.optimizer, self.ctx)
@@ -250,6 +251,14 @@ class Trainer:
         log.info("finished: status %s, final test metrics %s", status, self.recorder.last_eval)
         return summary
 
+    def _worker_step_s(self, cluster: dict, workers: list[int], seed: int) -> tuple[float, ...] | None:
+        """Every worker's modeled seconds per local step (profile mode; see RunContext)."""
+        base = self.compute_model.profile["step_time_s"]
+        if self.compute_model.mode != "profile" or base is None:
+            return None
+        speeds = resolve_speeds(cluster.get("speeds"), self.world_size, seed)
+        return tuple(base / speeds[r] for r in workers)
+
     def _check_injected_failure(self) -> None:
         inject = self.cfg.get("inject_failure") or {}
         if inject.get("step") is not None and self.step == int(inject["step"]) and self.rank == int(inject.get("rank", 0)):
@@ -257,6 +266,8 @@ class Trainer:
 
     def work(self) -> None:
         """A worker's loop over its shard until the algorithm's progress reaches the total."""
+        if self.bookkeeping():  # records a resumed rank had crossed but not yet made (not lockstep)
+            return
         while self.algorithm.progress(self.step) < self.total_steps:
             epoch, start = divmod(self.step, self.steps_per_epoch)
             for x, y in self.loader.batches(epoch, start):
@@ -282,6 +293,7 @@ class Trainer:
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """One local step: forward, backward, algorithm hooks, optimizer and schedule step."""
         t0 = time.perf_counter()
+        self.algorithm.before_step(self.step)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         out = self.net(x)
         loss = loss_fn(out, y)
@@ -295,6 +307,9 @@ class Trainer:
         self.clock.backward(st.backward_s)
         self.algorithm.after_backward(self.step)
         self.algorithm.optimizer_step()
+        position = self.algorithm.schedule_position(self.step + 1)
+        if position is not None:  # the schedule follows the algorithm's count, not the local steps
+            self.scheduler.last_epoch = position - 1
         self.scheduler.step()
         self.step += 1
         self.algorithm.after_step(self.step)
@@ -346,19 +361,41 @@ class Trainer:
         step = self.algorithm.progress(self.step)
         if step == self.bookkept:  # progress did not move (a round of local steps under way)
             return False
-        stop, saved = self._record_and_checkpoint()
+        points = [step] if self.algorithm.lockstep else self._record_points(self.bookkept, step)
+        if not points:  # not lockstep: no record crossed (no collective on any rank)
+            self.recorder.tick(step)
+            self.bookkept = step
+            return False
+        for at in points:
+            stop, saved = self._record_and_checkpoint(at, self.bookkept)
+            self.bookkept = at
+            if stop:
+                return True
+            if at < self.total_steps and self.watch.agreed(self.comm, self.device):
+                if not saved:
+                    self.comm.quiesce()
+                    self.save_checkpoint(at)
+                raise Preempted(f"preempted at step {at}: checkpoint written, stopping")
         self.bookkept = step
-        if not stop and step < self.total_steps and self.watch.agreed(self.comm, self.device):
-            if not saved:
-                self.comm.quiesce()
-                self.save_checkpoint()
-            raise Preempted(f"preempted at step {step}: checkpoint written, stopping")
-        return stop
+        return False
 
-    def _record_and_checkpoint(self) -> tuple[bool, bool]:
-        """(stop, checkpoint saved at this step)."""
+    def _record_points(self, before: int, step: int) -> list[int]:
+        """The progress counts in ``(before, step]`` at which some record, evaluation or checkpoint
+        falls (multiples of their periods, and the total), ascending. A rank whose progress jumps
+        over several makes each of them, so every rank makes the same records (and collectives) in
+        the same order, whatever its local step count."""
         cfg = self.cfg
-        step, before = self.algorithm.progress(self.step), self.bookkept
+        unit = self.steps_per_epoch if cfg["eval_unit"] == "epoch" else 1
+        periods = [p for p in (int(cfg["log_every"]), unit * int(cfg["eval_every"]), unit * int(cfg["checkpoint_every"])) if p > 0]
+        points = {m for p in periods for m in range((before // p + 1) * p, min(step, self.total_steps) + 1, p)}
+        if step >= self.total_steps:
+            points.add(self.total_steps)
+        return sorted(points)
+
+    def _record_and_checkpoint(self, step: int, before: int) -> tuple[bool, bool]:
+        """Record (and evaluate, checkpoint) at progress ``step``, the last record having been at
+        ``before``; returns (stop, checkpoint saved at this step)."""
+        cfg = self.cfg
         last = step >= self.total_steps
 
         def crossed(every: int) -> bool:  # a multiple of ``every`` in (before, step]
@@ -371,7 +408,7 @@ class Trainer:
         if not (is_eval or crossed(int(cfg["log_every"]))):
             self.recorder.tick(step)
             return False, False
-        rec = self.recorder.make_record(self)
+        rec = self.recorder.make_record(self, step)
         if rec is None:  # diverged: every rank saw the same reduced flag
             self.diverged = True
             log.warning("non-finite training loss at step %d: stopping with status diverged", step)
@@ -385,7 +422,7 @@ class Trainer:
         self.recorder.emit(rec, step, self.total_steps)
         if is_ckpt and not last:
             self.comm.quiesce()
-            self.save_checkpoint()
+            self.save_checkpoint(step)
             return False, True
         return False, False
 
@@ -397,12 +434,13 @@ class Trainer:
         return out
 
     # -- checkpoints ------------------------------------------------------------------------
-    def save_checkpoint(self) -> None:
-        """Every rank writes its shard (atomically); see :class:`lsgd.services.Checkpointer`."""
+    def save_checkpoint(self, at: int | None = None) -> None:
+        """Every rank writes its shard (atomically) named by the progress count ``at`` (default:
+        the current one); see :class:`lsgd.services.Checkpointer`."""
         # the algorithm's state first: it may complete an exchange in flight (swarm_sgd), which
         # changes the model and advances the clock
         algorithm = self.algorithm.state_dict()
-        self.checkpointer.save(self.progress, {
+        self.checkpointer.save(self.progress if at is None else at, {
             "local_step": self.step,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -424,8 +462,8 @@ class Trainer:
         self.comm.load_state_dict(state["comm"])
         self.recorder.load_state_dict(state["recorder"])
         self.step = state.get("local_step", state["step"])  # older checkpoints: progress = local steps
-        self.bookkept = self.progress
+        self.bookkept = state["step"]  # the checkpoint's record (a rank not in lockstep may be past it)
         self.compute_time_s = state["compute_time_s"]
         self.wall_offset_s = state["wall_time_s"]
-        self.recorder.truncate_to(self.progress)
-        log.info("resumed from %s at step %d", name, self.progress)
+        self.recorder.truncate_to(self.bookkept)
+        log.info("resumed from %s at step %d", name, self.bookkept)

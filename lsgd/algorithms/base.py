@@ -2,13 +2,18 @@
 
 Hook order in one step of a *worker* (trainer.py)::
 
-    loss.backward()
+    algorithm.before_step(step)         # work left over from the previous step's end (after its bookkeeping)
+    forward, loss.backward()
     algorithm.after_backward(step)      # gradient reduction (DDP buckets, warm-up all-reduce)
     algorithm.optimizer_step()          # the local optimizer step (a parameter-server worker skips it)
     scheduler.step()
     algorithm.after_step(step + 1)      # model synchronization (averaging, outer steps)
 
-``step`` passed to :meth:`Algorithm.after_step` is the number of completed local steps (1-based).
+``step`` passed to :meth:`Algorithm.after_step` is the number of completed local steps (1-based);
+:meth:`Algorithm.before_step` gets the same count before the next step begins (after the
+bookkeeping of the step that just ended). Methods whose workers take different numbers of local
+steps (asynchronous SwarmSGD) set :attr:`Algorithm.lockstep` to False: the trainer then performs
+each record at every multiple it crosses, one by one (see ``Trainer.bookkeeping``).
 All communication goes through the :class:`lsgd.comm.Communicator` given at construction.
 
 Roles: :meth:`Algorithm.roles` says what every rank is (``worker`` by default; ``server`` for
@@ -66,6 +71,9 @@ class RunContext:
             forward and backward pass: what the clock was charged (the FLOP profile in
             ``cluster.compute=profile`` mode, deterministic; the measured time otherwise) and the
             measured wall time; None: not known (hand-driven hooks).
+        worker_step_s: every worker's modeled compute seconds per local step (the profile divided
+            by the worker's speed, ``cluster.compute=profile``), indexed by worker; None in
+            measured mode or when not known. The same on every rank.
     """
 
     rank: int = 0
@@ -84,6 +92,7 @@ class RunContext:
     seed: int = 0
     compute_seconds: Callable[[float], float] | None = None
     step_compute_s: Callable[[], tuple[float, float]] | None = None
+    worker_step_s: tuple[float, ...] | None = None
 
 
 def float_buffers(model: nn.Module) -> list[torch.Tensor]:
@@ -112,6 +121,11 @@ class Algorithm:
     """
 
     name = "base"
+
+    #: True when every rank's :meth:`progress` passes through the same values at the same points
+    #: (all synchronous methods). False: ranks' progress moves at different local steps and by
+    #: different amounts, and the trainer records at each crossed multiple separately.
+    lockstep = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -187,6 +201,15 @@ class Algorithm:
         """The counter that decides logging, evaluation, checkpoints and stopping (the same on
         every rank at the same point); default: the local step count."""
         return step
+
+    def schedule_position(self, step: int) -> int | None:
+        """The learning-rate schedule's position after ``step`` completed local steps; None (the
+        default): the local step count (the trainer steps the scheduler once per local step)."""
+        return None
+
+    def before_step(self, step: int) -> None:
+        """Called before local step ``step`` (0-based; = completed steps), after the bookkeeping
+        of the previous step; not called after the last step."""
 
     def after_backward(self, step: int) -> None:
         """Called after ``loss.backward()`` of local step ``step`` (0-based)."""

@@ -39,6 +39,22 @@ count, the same on every node; with geometric H, ``H x`` completed rounds (the e
 so every node reaches each record at a round boundary and no exchange straddles a collective.
 A checkpoint completes an exchange in flight (non-blocking), at the same step in an uninterrupted
 and a resumed run, so resuming is exact.
+
+Pairing (``algo.pairing``):
+
+* ``rounds`` (default): the interaction rounds above, the same matching for everyone's round r;
+  a fast node paired with a slow one waits for it.
+* ``virtual_time``: asynchronous execution. Who is free to pair, and when, is decided on the
+  cluster clock: every rank simulates the same schedule (:mod:`lsgd.algorithms.virtual_pairing`)
+  from every worker's modeled step time (``cluster.compute=profile``, ``cluster.speeds``) and the
+  exchange's modeled cost; a node that has done its H local steps asks a random neighbour that is
+  not engaged, which answers after its current step; fast nodes take more local steps than slow
+  ones. Progress is the network's average local step count at the node's virtual time, the
+  learning-rate schedule follows it, and records are made at each multiple a node crosses (the
+  trainer's non-lockstep bookkeeping). The exchange of a boundary runs in :meth:`before_step`,
+  after that boundary's records. Reproducible: the same seed gives the same schedule and metrics.
+  Not with a non-blocking lattice exchange (its decode flags would need both ends at the same
+  point of their schedules).
 """
 
 from __future__ import annotations
@@ -49,6 +65,7 @@ import networkx as nx
 import numpy as np
 import torch
 
+from lsgd.algorithms import virtual_pairing
 from lsgd.algorithms.gossip import Gossip
 from lsgd.compression.lattice import (
     CHECKSUM_BYTES,
@@ -63,6 +80,7 @@ from lsgd.topology import Topology, random_matching
 
 QUANTIZERS = ("none", "lattice")
 STEP_DISTS = ("fixed", "geometric")
+PAIRINGS = ("rounds", "virtual_time")
 
 
 @lru_cache(maxsize=4096)
@@ -102,7 +120,8 @@ class SwarmSGD(Gossip):
 
     Config keys: ``topology``, ``weights`` (recorded; pairwise averaging weighs 1/2 each),
     ``local_steps`` (H >= 1), ``local_steps_dist`` (fixed | geometric), ``blocking`` (bool),
-    ``quantizer`` (none | lattice), ``bits``, ``side``, ``average_buffers`` (bool), ``seed``.
+    ``quantizer`` (none | lattice), ``bits``, ``side``, ``average_buffers`` (bool), ``pairing``
+    (rounds | virtual_time), ``seed``.
     """
 
     name = "swarm_sgd"
@@ -119,6 +138,19 @@ class SwarmSGD(Gossip):
                 check_params(algo.get("bits"), algo.get("side"))
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+        choice({"pairing": algo.get("pairing", "rounds")}, "pairing", PAIRINGS, "algo.")
+        if algo.get("pairing") == "virtual_time" and not algo["blocking"] and algo["quantizer"] == "lattice":
+            raise ConfigError("algo.pairing=virtual_time with algo.blocking=false takes algo.quantizer=none: a "
+                              "non-blocking lattice exchange needs both ends at one point of their schedules to "
+                              "agree on resends (use algo.blocking=true with the lattice)")
+
+    @classmethod
+    def validate_run(cls, cfg: dict, world_size: int) -> None:
+        if (cfg.get("algo") or {}).get("pairing") == "virtual_time":
+            compute = (cfg.get("cluster") or {}).get("compute", "profile")
+            if compute != "profile":
+                raise ConfigError(f"algo.pairing=virtual_time needs cluster.compute=profile (the schedule is "
+                                  f"simulated from modeled step times); got cluster.compute={compute!r}")
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
@@ -131,11 +163,40 @@ class SwarmSGD(Gossip):
         self.round_steps = self.local_steps
         self.resent = 0           # tensors resent at full precision (lattice decode outside the radius)
         self.pending: _Exchange | None = None
+        self.virtual = cfg.get("pairing", "rounds") == "virtual_time"
+        self.lockstep = not self.virtual
+        self.plan: virtual_pairing.NodePlan | None = None
 
     def setup(self, model, optimizer, ctx=None):
         out = super().setup(model, optimizer, ctx)
         self.round_steps = round_length(self.local_steps, self.dist, self.seed, self.node, self.round)
+        if self.virtual:
+            self.plan = self._plan()[self.node]
         return out
+
+    def _plan(self) -> list[virtual_pairing.NodePlan]:
+        """Every node's asynchronous schedule (algo.pairing=virtual_time), identical on every rank."""
+        step_s, total = self.ctx.worker_step_s, self.ctx.total_steps
+        if step_s is None or total is None:
+            raise ConfigError("algo.pairing=virtual_time needs cluster.compute=profile (modeled step times of "
+                              "every worker) and a known run length")
+        params, buffers = self._tensors()
+        flags = 0
+        if self.quantizer is None:
+            nbytes = sum(t.numel() * t.element_size() for t in params + buffers)
+        else:
+            payload = sum(self.quantizer.payload_like(p).numel() * self.quantizer.payload_like(p).element_size()
+                          for p in params)
+            nbytes = payload + CHECKSUM_BYTES * len(params) + sum(b.numel() * b.element_size() for b in buffers)
+            flags = len(params)
+
+        def cost(i: int, j: int) -> float:
+            c = float(self.comm.pair_cost(i, j, nbytes)[0])
+            return c + (float(self.comm.pair_cost(i, j, flags)[0]) if flags else 0.0)
+
+        return virtual_pairing.plan(
+            self.topology, self.seed, lambda i, r: round_length(self.local_steps, self.dist, self.seed, i, r),
+            step_s, cost, self.blocking, total)
 
     # -- the schedule ----------------------------------------------------------------------------
     def partner(self, round: int) -> int | None:
@@ -143,22 +204,36 @@ class SwarmSGD(Gossip):
         return round_partners(self.topology, self.seed, round).get(self.node)
 
     def progress(self, step: int) -> int:
+        if self.virtual:
+            return self.plan.progress[step - 1] if step > 0 else 0
         if self.dist == "fixed":
             return step
         return self.round * self.local_steps
 
+    def schedule_position(self, step: int) -> int | None:
+        return self.progress(step) if self.virtual else None
+
+    def before_step(self, step: int) -> None:
+        """Virtual-time pairing: this boundary's action (after its records): apply the exchange in
+        flight, then exchange with the planned partner, or start a new round alone."""
+        if self.virtual and step in self.plan.action:
+            peer = self.plan.action[step]
+            self._interact(None if peer == virtual_pairing.LEFT_OUT else peer)
+
     def after_step(self, step: int) -> None:
-        self.steps_in_round += 1
-        if self.steps_in_round >= self.round_steps:
-            self._end_round()
+        if not self.virtual:
+            self.steps_in_round += 1
+            if self.steps_in_round >= self.round_steps:
+                self._end_round()
         total = self.ctx.total_steps
         if self.pending is not None and total is not None and self.progress(step) >= total:
             self._complete(self.pending)  # the run ends: apply the exchange in flight
 
-    def _end_round(self) -> None:
+    def _interact(self, peer: int | None) -> None:
+        """The end of this node's round: apply the exchange in flight, then exchange with ``peer``
+        (blocking, or posted to overlap the next round), or none (left out)."""
         if self.pending is not None:
             self._complete(self.pending)
-        peer = self.partner(self.round)
         if peer is not None:
             self.comm.round()
             exchange = self._start(peer)
@@ -167,6 +242,9 @@ class SwarmSGD(Gossip):
             else:
                 self.pending = exchange
         self.round += 1
+
+    def _end_round(self) -> None:
+        self._interact(self.partner(self.round))
         self.steps_in_round = 0
         self.round_steps = round_length(self.local_steps, self.dist, self.seed, self.node, self.round)
 

@@ -12,11 +12,27 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from test_algorithms import SGD_M, WARMUP_COSINE, batch, lr_at, make_model, train
+from gloo import run_gloo
+from test_algorithms import (
+    SGD_M,
+    SPE,
+    WARMUP_COSINE,
+    B,
+    batch,
+    lr_at,
+    make_model,
+    train,
+)
 from trainer_runs import records, run
 
-from lsgd.algorithms.swarm_sgd import round_partners
+from lsgd.algorithms import build_algorithm
+from lsgd.algorithms.base import RunContext
+from lsgd.algorithms.swarm_sgd import round_length, round_partners
+from lsgd.algorithms.virtual_pairing import LEFT_OUT, plan
+from lsgd.cluster import resolve_speeds
+from lsgd.comm import Communicator, NetworkModel
 from lsgd.compression.lattice import LatticeQuantizer
+from lsgd.optim import build_optimizer, build_scheduler, lr_factor_fn
 from lsgd.seeding import derive_seed
 from lsgd.topology import Topology
 
@@ -81,7 +97,8 @@ class Reference:
         self.pending = {}
 
     def average(self, i, j, snaps, r):
-        """(Q(s_i) + Q(s_j)) / 2 (+ x_now - s_i when non-blocking) on both ends."""
+        """(Q(s_i) + Q(s_j)) / 2 (+ x_now - s_i when non-blocking) on both ends; ``r``: the round
+        (or ``{node: its round}``) that seeds each end's lattice rounding."""
         q = self.quant
         avg = {}
         if q is None:
@@ -92,7 +109,7 @@ class Reference:
         else:
             points, ok = {}, {}
             for k, other in ((i, j), (j, i)):
-                g = torch.Generator().manual_seed(derive_seed("swarm_lattice", SEED, k, r))
+                g = torch.Generator().manual_seed(derive_seed("swarm_lattice", SEED, k, r[k] if isinstance(r, dict) else r))
                 enc = [q.encode(t, g) for t in snaps[k]]
                 points[k] = [pt for _, pt in enc]
                 ok[other] = [q.decode(code, ref)[1] for (code, _), ref in zip(enc, snaps[other])]
@@ -204,3 +221,188 @@ def test_the_clock_prices_the_wait_and_the_overlap(tmp_path, blocking):
     assert c < 0.02
     expected = 8 * 0.01 + (4 * c if blocking else c)
     assert last["modeled_time_s"] == pytest.approx(expected, rel=1e-9)
+
+
+# -- asynchronous pairing in virtual time (algo.pairing=virtual_time) --------------------------------
+VIRTUAL_STEP_S = (0.01, 0.02, 0.01, 0.04)  # modeled seconds per local step of each node (speeds 1, 1/2, 1, 1/4)
+
+
+def _virtual_worker(rank, world, out, algo_cfg, total, schedule):
+    """The trainer's hook order for a method not in lockstep (lsgd/trainer.py, Trainer.work and
+    train_step): before_step, step, the schedule at the algorithm's position, after_step, until the
+    algorithm's progress reaches the total."""
+    model = make_model()
+    opt = build_optimizer(model.parameters(), SGD_M)
+    sched = build_scheduler(opt, schedule, SPE, total)
+    comm = Communicator(NetworkModel(bandwidth_gbps=10, latency_us=10))
+    algo = build_algorithm(algo_cfg, comm)
+    ctx = RunContext(rank=rank, world_size=world, num_workers=world, worker_index=rank, steps_per_epoch=SPE,
+                     total_steps=total, batch_size=B, lr=lambda: opt.param_groups[0]["lr"], worker_step_s=VIRTUAL_STEP_S)
+    net = algo.setup(model, opt, ctx)
+    assert not algo.lockstep
+    step = 0
+    while algo.progress(step) < total:
+        algo.before_step(step)
+        x, y = batch(rank, step)
+        loss = F.cross_entropy(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        algo.after_backward(step)
+        algo.optimizer_step()
+        sched.last_epoch = algo.schedule_position(step + 1) - 1
+        sched.step()
+        step += 1
+        algo.after_step(step)
+    torch.save({"params": [p.detach().clone() for p in model.parameters()], "steps": step,
+                "stats": comm.stats.as_dict(), "algo_state": algo.state_dict()}, out / f"rank{rank}.pt")
+
+
+class VirtualReference(Reference):
+    """The n nodes in one process following the plan (lsgd.algorithms.virtual_pairing, tested on its
+    own in tests/unit/test_virtual_pairing.py): each node's local steps with the learning rate at
+    its progress, its exchanges in virtual-time order; a non-blocking exchange applied by each end at
+    its own next action, or when it stops."""
+
+    def __init__(self, n, cfg, total, schedule, plans):
+        super().__init__(n, cfg, total, schedule)
+        self.plans = plans
+        self.factor = lr_factor_fn(schedule, SPE, total)
+        self.done = [0] * n      # local steps taken
+        self.rounds = [0] * n    # actions taken (each node's round count)
+        self.acted = set()       # (node, boundary) whose action ran
+        self.inflight = {}       # node -> (its average, its snapshot): non-blocking, not yet applied
+
+    def advance(self, i, k):
+        """Run node i's local steps up to k (its actions before k must have run)."""
+        plan = self.plans[i]
+        while self.done[i] < k:
+            s = self.done[i]
+            assert s == 0 or s not in plan.action or (i, s) in self.acted
+            x, y = batch(i, s)
+            self.opts[i].param_groups[0]["lr"] = SGD_M["lr"] * self.factor(plan.progress[s - 1] if s else 0)
+            loss = F.cross_entropy(self.models[i](x), y)
+            self.opts[i].zero_grad()
+            loss.backward()
+            self.opts[i].step()
+            self.done[i] += 1
+            if self.done[i] == plan.steps:
+                self.apply_inflight(i)
+
+    def apply_inflight(self, i):
+        if i in self.inflight:
+            avg, snap = self.inflight.pop(i)
+            with torch.no_grad():
+                for t, a, s in zip(self.params(i), avg, snap):
+                    t.copy_((a.view_as(t) + (t.double() - s.double())).float())
+
+    def exchange(self, i, j):
+        rounds = {i: self.rounds[i], j: self.rounds[j]}
+        snaps = {m: [t.clone() for t in self.params(m)] for m in (i, j)}
+        if self.cfg["blocking"]:
+            self.average(i, j, snaps, rounds)
+            return
+        saved = {m: [t.clone() for t in self.params(m)] for m in (i, j)}
+        self.average(i, j, snaps, rounds)  # computes (and counts) the averages; undone below
+        for m in (i, j):
+            avg = [t.double().clone() for t in self.params(m)]  # = average + (x - s) with x = s
+            with torch.no_grad():
+                for t, old in zip(self.params(m), saved[m]):
+                    t.copy_(old)
+            self.inflight[m] = (avg, snaps[m])
+
+    def run(self):
+        events = sorted((p.times[k - 1], i, k, j) for i, p in enumerate(self.plans) for k, j in p.action.items())
+        for x, i, k, j in events:
+            if k >= self.plans[i].steps or (i, k) in self.acted:
+                continue  # at or after the node's last step: never run; or run by the partner's event
+            self.advance(i, k)
+            self.acted.add((i, k))
+            self.apply_inflight(i)  # the exchange in flight is applied first
+            if j != LEFT_OUT:
+                kj = next(kk for kk, jj in self.plans[j].action.items() if jj == i and self.plans[j].times[kk - 1] == x)
+                self.advance(j, kj)
+                self.acted.add((j, kj))
+                self.apply_inflight(j)
+                self.exchange(i, j)
+                self.rounds[j] += 1
+            self.rounds[i] += 1
+        for i in range(self.n):
+            self.advance(i, self.plans[i].steps)
+        return self
+
+
+def exchange_cost(cfg, n_params, numels):
+    """Modeled seconds of one exchange on the tests' 10 Gbps, 10 us network: alpha + bytes x 8 / 1e10
+    for the message (+ the same for the decode flags with the lattice)."""
+    if cfg["quantizer"] == "none":
+        return 10e-6 + sum(numels) * 4 * 8 / 10e9
+    codes = sum(math.ceil(cfg["bits"] * m / 8) for m in numels) + 24 * n_params
+    return 10e-6 + codes * 8 / 10e9 + 10e-6 + n_params * 8 / 10e9
+
+
+def virtual_plans(cfg, total):
+    numels = [p.numel() for p in make_model().parameters()]
+    c = exchange_cost(cfg, len(numels), numels)
+    return plan(Topology(cfg["topology"], 4, cfg["weights"], SEED), SEED,
+                lambda i, r: round_length(cfg["local_steps"], cfg["local_steps_dist"], SEED, i, r),
+                VIRTUAL_STEP_S, lambda i, j: c, cfg["blocking"], total)
+
+
+@pytest.mark.parametrize("blocking,quantizer", [(True, "none"), (False, "none"), (True, "lattice")])
+def test_virtual_time_pairing_follows_its_schedule_against_a_single_process_reference(tmp_path, blocking, quantizer):
+    """Nodes of speeds 1, 1/2, 1, 1/4 on a complete graph, H = 2, 16 average steps: every rank
+    follows the common schedule (fast nodes take more local steps), its learning rate follows the
+    progress, and the models, local step counts and bytes equal the reference's."""
+    cfg = swarm_cfg(pairing="virtual_time", blocking=blocking, quantizer=quantizer, side=1e-3)
+    total = 16
+    out = tmp_path / "virtual"
+    out.mkdir()
+    run_gloo(_virtual_worker, 4, out, cfg, total, WARMUP_COSINE)
+    got = [torch.load(out / f"rank{r}.pt") for r in range(4)]
+    plans = virtual_plans(cfg, total)
+    assert [g["steps"] for g in got] == [p.steps for p in plans]
+    assert got[0]["steps"] > got[3]["steps"]  # the fastest node takes more steps than the slowest
+    ref = VirtualReference(4, cfg, total, WARMUP_COSINE, plans).run()
+    for r in range(4):
+        for a, b in zip(got[r]["params"], ref.params(r)):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+        assert got[r]["stats"]["comm_bytes"] == ref.bytes[r]
+
+
+def test_virtual_time_runs_in_the_trainer_records_every_multiple_and_resumes_exactly(tmp_path):
+    """Very heterogeneous speeds (spread 6), non-blocking, a record at every progress count: ranks
+    cross the counts at different local steps and slow ranks jump over several, yet every record
+    (a collective on every rank) is made once, in order; evaluations carry the nodes' own-model
+    metrics; a rank crashing after the checkpoint at 8 and the resumed run end with the same
+    metrics as an uninterrupted run."""
+    over = ["algo=swarm_sgd", "algo.pairing=virtual_time", "algo.local_steps=2", "algo.blocking=false",
+            "algo.topology=ring", "cluster.compute=profile", "cluster.speeds=very", "cluster.step_time_s=0.01",
+            "epochs=2", "eval_unit=step", "eval_every=4", "log_every=1", "checkpoint_every=8", "eval_workers=true"]
+    full = records(run(tmp_path, over, world=4, name="full"))
+    recs = [r for r in full if "kind" not in r]
+    assert [r["step"] for r in recs] == list(range(1, 17))
+    assert [r["step"] for r in recs if "test_acc" in r] == [4, 8, 12, 16]
+    assert all("test_acc_workers_min" in r for r in recs if "test_acc" in r)
+    speeds = resolve_speeds("very", 4, 0)
+    fastest = speeds.index(1.0)  # it takes 24 of the 64 local steps (waiting on slow neighbours); the 18th is past 8
+    with pytest.raises(Exception, match="inject_failure"):
+        run(tmp_path, [*over, "inject_failure.step=18", f"inject_failure.rank={fastest}"], world=4, name="crash")
+    crashed = [r["step"] for r in records(tmp_path / "crash") if "kind" not in r]
+    assert 8 <= crashed[-1] < 16  # the fastest rank fails after the checkpoint, before the end
+    resumed = records(run(tmp_path, over, world=4, name="crash", resume=True))
+    measured = {"wall_time_s", "comm_time_s", "compute_time_s", "compute_time_s_max", "samples_per_s"}
+
+    def strip(recs):
+        return [{k: v for k, v in r.items() if k not in measured} for r in recs]
+
+    assert strip(resumed) == strip(full)
+
+
+def test_virtual_time_pairing_needs_the_profile_clock(tmp_path):
+    from lsgd.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cluster.compute=profile"):
+        run(tmp_path, ["algo=swarm_sgd", "algo.pairing=virtual_time", "cluster.compute=measured"], world=2)
+    with pytest.raises(ConfigError, match="algo.quantizer=none"):
+        run(tmp_path, ["algo=swarm_sgd", "algo.pairing=virtual_time", "algo.blocking=false", "algo.quantizer=lattice"],
+            world=2)
