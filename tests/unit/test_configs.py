@@ -137,6 +137,7 @@ def test_slurm_launcher_composes():
         (["algo=decentlam", "algo.momentum=1.0", "optim.momentum=0", "launcher.nproc_per_node=4"], "algo.momentum"),
         (["algo=decentlam", "launcher.nproc_per_node=4"], "optim.momentum"),
         (["algo=sgp", "algo.weights=metropolis"], "algo.weights"),
+        (["algo=sgp", "algo.overlap=sometimes"], "algo.overlap"),
         (["algo=overlap_local_sgd", "algo.pull=0"], "algo.pull"),
         (["algo=overlap_local_sgd", "algo.anchor_momentum=1.5"], "algo.anchor_momentum"),
         (["algo=overlap_local_sgd", "algo.local_steps=0"], "algo.local_steps"),
