@@ -426,12 +426,42 @@ def reference_lead(topo, steps, alpha, gamma, optim_cfg=SGD, schedule=WARMUP_COS
     return nodes
 
 
-def test_lead_with_the_identity_compressor_follows_its_recursion(tmp_path):
+@pytest.mark.parametrize("topology", ["ring", "complete"])
+def test_lead_with_the_identity_compressor_follows_its_recursion(tmp_path, topology):
     steps, alpha, gamma = 6, 0.5, 1.0
-    got = train(tmp_path, "lead", N, cfg("lead", alpha=alpha, gamma=gamma, compressor="none", bits=2), SGD, steps,
-                schedule=WARMUP_COSINE)
-    assert_models(got, reference_lead(Topology("ring", N, "uniform", 0), steps, alpha, gamma), atol=2e-6)
+    got = train(tmp_path, "lead", N, cfg("lead", topology=topology, alpha=alpha, gamma=gamma, compressor="none", bits=2),
+                SGD, steps, schedule=WARMUP_COSINE)
+    assert_models(got, reference_lead(Topology(topology, N, "uniform", 0), steps, alpha, gamma), atol=2e-6)
     assert got[0]["stats"]["comm_rounds"] == steps - 1  # step 0 is a plain local step
+
+
+@pytest.mark.parametrize("compressor", ["none", "quantize"])
+def test_lead_keeps_h_w_equal_to_w_h_and_the_duals_summing_to_zero(tmp_path, compressor):
+    """Invariants of the recursion, whatever the compressor: H_w = W H at the start and
+    y_hat_w = h_w + W q keep h_w = W h; with a doubly stochastic W and D = 0 at the start, D moves
+    along (I - W) y_hat, so sum_i D_i = 0. Both hold only if every node decodes its neighbours'
+    messages to the very values they used themselves (the packed 2-bit wire format)."""
+    steps = 5
+    got = train(tmp_path, "leadinv", N, cfg("lead", alpha=0.5, gamma=1.0, compressor=compressor, bits=2), SGD, steps,
+                schedule=WARMUP_COSINE)
+    w = Topology("ring", N, "uniform", 0).mixing_matrix(0)
+    h, h_w, dual = ([g["algo_state"][k] for g in got] for k in ("h", "h_w", "dual"))
+    scale = max(t.abs().max().item() for t in h)
+    assert scale > 0 and max(t.abs().max().item() for t in dual) > 0  # the state did move
+    for i in range(N):
+        torch.testing.assert_close(h_w[i], sum(float(w[i, j]) * h[j] for j in range(N)), atol=1e-12 * scale, rtol=0)
+    dual_scale = max(t.abs().max().item() for t in dual)
+    assert sum(dual).abs().max().item() <= 1e-12 * dual_scale * N
+
+
+def test_lead_rejects_directed_and_time_varying_topologies():
+    from lsgd.algorithms.lead import LEAD
+    from lsgd.errors import ConfigError
+
+    for topology in ("exponential", "one_peer_exponential", "matching"):
+        with pytest.raises(ConfigError, match=f"algo.topology={topology}"):
+            LEAD.validate_config(cfg("lead", topology=topology, alpha=0.2, gamma=0.5, compressor="none"), N)
+    LEAD.validate_config(cfg("lead", topology="hypercube", alpha=0.2, gamma=0.5, compressor="none"), N)
 
 
 def test_lead_quantizer_is_unbiased_and_its_payload_is_packed(tmp_path):

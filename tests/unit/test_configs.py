@@ -143,6 +143,7 @@ def test_slurm_launcher_composes():
         (["algo=overlap_local_sgd", "algo.local_steps=0"], "algo.local_steps"),
         (["algo=ad_psgd", "algo.topology=matching", "launcher.nproc_per_node=4"], "algo.topology"),
         (["algo=lead", "algo.topology=exponential", "launcher.nproc_per_node=4"], "algo.topology"),
+        (["algo=lead", "algo.topology=matching", "launcher.nproc_per_node=4"], "algo.topology"),
         (["algo=lead", "algo.alpha=0", "launcher.nproc_per_node=4"], "algo.alpha"),
         (["algo=lead", "algo.bits=16", "launcher.nproc_per_node=4"], "algo.bits"),
         (["algo=lead", "algo.compressor=topk", "launcher.nproc_per_node=4"], "algo.compressor"),
