@@ -1,20 +1,40 @@
 """``lead``: LEAD, Liu, Li, Wang, Tang and Yan, "Linear Convergent Decentralized Optimization with
-Compression", ICLR 2021, Algorithm 1 (papers.md section 3, marked there "[check against the paper]":
-no public code was found; the recursion below is the one papers.md gives).
+Compression", ICLR 2021 (arXiv 2007.00232), Algorithm 1; papers.md section 3 gives the rule as it
+was recalled, marked "[check against the paper]".
+
+Source check (what was and was not verified). The paper's text of Algorithm 1 could not be read
+where this was written: the stored copies found (arXiv / OpenReview abstract pages, the ICLR 2021
+text dump of OpenReview id 84gjULz1t5 and the LaTeX source in the SPIQA data set, each reachable
+only from its beginning: abstract, introduction, related work) stop before the algorithm, and no
+public code by the authors was found (Papers with Code lists none; searches of the stored GitHub
+index for the update rules, ``Compress(Y - H)``-style lines and LEAD classes found none). So the
+recursion below is papers.md's; its line numbers in Algorithm 1 are NOT checked, and nothing
+here claims them. What follows from the recursion itself, and is tested
+(tests/distributed/test_gossip.py): with ``H_w = W H`` at the start and ``y_hat_w = h_w + sum_j
+W_ij q_j``, ``h_w`` stays ``W h`` (the neighbours' mix of ``h`` that no node holds); with a doubly
+stochastic ``W`` and ``D = 0`` at the start, ``D`` moves along ``(I - W) y_hat`` and ``sum_i D_i``
+stays 0 (``D`` in the range of ``I - W``, the form ``D^1 = (I - W) Z`` papers.md's check asks
+about, with ``Z = 0``). Both need one fixed ``W``, so time-varying topologies (``matching``) are
+rejected: with ``W_k`` changing every round, ``h_w`` stops being ``W_k h`` and ``y_hat_w`` stops
+being ``W_k y_hat``.
 
 Per worker ``i`` (``eta`` = the learning rate in use, per parameter group; ``a`` = ``algo.alpha``,
-``g`` = ``algo.gamma``; ``d_i`` the optimizer's step at ``x_i``, ``-eta grad f_i(x_i)`` for plain SGD):
+``g`` = ``algo.gamma``; ``d_i`` the optimizer's step at ``x_i``: ``-eta grad f_i(x_i)`` for plain SGD,
+the method's form; with momentum or weight decay it is that optimizer's step, a generalization):
 
     step 0:   x <- x + d                                   (X^1 = X^0 - eta grad F(X^0))
     step k:   y      = x + d - eta D                        (Y = X - eta grad F(X) - eta D)
-              q      = C(y - h)                             compressed, sent to the neighbours
+              q      = C(y - h)                             compressed against the node's own h; sent
               y_hat  = h + q;   y_hat_w = h_w + sum_j W_ij q_j
               h     <- (1 - a) h + a y_hat;   h_w <- (1 - a) h_w + a y_hat_w
-              D     <- D + g / (2 eta) (y_hat - y_hat_w)
-              x     <- x + d - eta D
+              D     <- D + g / (2 eta) (y_hat - y_hat_w)        (the dual step, with the new y_hat's)
+              x     <- x + d - eta D                        (X <- X - eta grad F(X) - eta D, the new D)
 
 with ``h = h_w = D = 0`` at the start (``H^1 = 0``, ``H_w^1 = W H^1``, ``D^1 = (I - W) Z`` with
-``Z = 0``). ``W`` is the topology's mixing matrix (undirected topologies: it must be symmetric).
+``Z = 0``). ``a`` weighs the compression state's move toward ``y_hat``, ``g`` the dual step, ``eta`` the
+primal step (and the dual's scale ``1 / (2 eta)``); a parameter whose ``eta`` is 0 keeps its ``D``.
+``W`` is the topology's mixing matrix: a static undirected topology (ring, torus, hypercube,
+complete), symmetric and doubly stochastic.
 
 Compressor (``algo.compressor``): ``none`` (``q = y - h`` exactly) or ``quantize``, LEAD's unbiased
 ``b``-bit quantizer (``algo.bits``): ``C(v) = ||v||_inf 2^-(b-1) sign(v) floor(2^(b-1) |v| / ||v||_inf + u)``
@@ -22,7 +42,9 @@ with ``u ~ U[0, 1)`` (one draw per element from ``(algo.seed, worker, step)``), 
 parameter tensor with its own norm (one norm for the whole model lets the largest layer's scale
 swamp the others: 2-bit LEAD then diverged on the CNN). Its levels ``-2^(b-1) .. 2^(b-1)`` are sent
 packed in the narrowest of 2, 4, 8 or 16 bits that holds them (b + 1 bits), plus a float32 norm per
-tensor: ``ceil(n (b + 1 rounded up) / 8) + 4 T`` bytes per step and neighbour (T tensors). One round per step (from step 1). Parameters only: BatchNorm buffers stay local.
+tensor: ``ceil(n (b + 1 rounded up) / 8) + 4 T`` bytes per step and neighbour (T tensors). A node
+decodes its own message as its neighbours do, so ``q`` is the same value everywhere. One round per
+step (from step 1). Parameters only: BatchNorm buffers stay local.
 """
 
 from __future__ import annotations
@@ -34,7 +56,7 @@ from lsgd.compression.lattice import pack, unpack
 from lsgd.config import choice, in_interval, positive
 from lsgd.errors import ConfigError
 from lsgd.seeding import derive_seed
-from lsgd.topology import DIRECTED
+from lsgd.topology import DIRECTED, DYNAMIC
 
 COMPRESSORS = ("none", "quantize")
 
@@ -75,9 +97,10 @@ class LEAD(Gossip):
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
         super().validate_config(algo, world_size)
-        if algo.get("topology") in DIRECTED:
-            raise ConfigError(f"algo.topology={algo['topology']} is directed; algo=lead needs a symmetric mixing matrix: "
-                              "ring, torus, hypercube, complete or matching")
+        if algo.get("topology") in DIRECTED or algo.get("topology") in DYNAMIC:
+            kind = "directed" if algo["topology"] in DIRECTED else "time-varying"
+            raise ConfigError(f"algo.topology={algo['topology']} is {kind}; algo=lead needs one fixed symmetric mixing "
+                              "matrix (module docstring): ring, torus, hypercube or complete")
         in_interval(algo, "alpha", 0.0, 1.0, "algo.")
         positive(algo, "gamma", "algo.")
         choice(algo, "compressor", COMPRESSORS, "algo.")

@@ -4,6 +4,8 @@ mixing matrices (papers.md section 3) and against each other where the papers sa
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -187,17 +189,84 @@ def test_sgp_equals_push_sum_and_keeps_the_mass(tmp_path, topology):
     assert sum(got_w) == pytest.approx(N, abs=1e-6)  # sum_i w_i = n
 
 
-def test_sgp_de_biased_models_reach_the_mean_on_a_static_strongly_connected_graph(tmp_path):
+def reference_osgp(topo, steps, optim_cfg, schedule):
+    """Overlap SGP with one step of staleness, n nodes in one process: the shares sent at step k
+    are added at step k + 1 (the last step's at once). Returns the nodes, the final weights and,
+    per step, the nodes' de-biased models and the network sums of the numerators and the weights
+    including the shares in flight."""
+    nodes = Nodes(optim_cfg, steps, schedule)
+    weights = [1.0] * N
+    in_flight = {i: [] for i in range(N)}  # the shares sent to i at the previous step
+    history, sums = [], []
+    for step in range(steps):
+        nodes.gradients(step)
+        z = [nodes.flat(i) for i in range(N)]
+        for opt in nodes.opts:
+            opt.step()
+        x = [z[i].double() * weights[i] + (nodes.flat(i) - z[i]).double() for i in range(N)]
+        kept, sent = {}, {i: [] for i in range(N)}
+        for i in range(N):
+            outs = topo.out_neighbors(i, step)
+            p = 1.0 / (len(outs) + 1)
+            kept[i] = torch.cat([x[i] * p, torch.tensor([weights[i] * p], dtype=torch.float64)]).float().double()
+            for j in outs:
+                sent[j].append(kept[i])
+        last = step == steps - 1
+        totals = []
+        for i in range(N):
+            total = kept[i] + sum(in_flight[i], torch.zeros_like(kept[i]))
+            if last:
+                total = total + sum(sent[i], torch.zeros_like(kept[i]))
+            totals.append(total)
+            nodes.write(i, total[:-1] / float(total[-1]))
+            weights[i] = float(total[-1])
+        in_flight = {i: [] for i in range(N)} if last else sent
+        network = sum(totals) + sum(m for msgs in in_flight.values() for m in msgs)
+        sums.append(network)
+        history.append([nodes.flat(i).clone() for i in range(N)])
+    return nodes, weights, history, sums
+
+
+@pytest.mark.parametrize("topology", ["one_peer_exponential", "exponential"])
+def test_osgp_adds_the_shares_one_step_late_and_keeps_the_mass(tmp_path, topology):
+    """algo.overlap: every step's models equal the one-step-stale push-sum recursion (which differs
+    from blocking SGP's), the push-sum weights end summing to n and the numerators to the network
+    sum the recursion predicts."""
+    steps = 6
+    got = train(tmp_path, "osgp", N, cfg("sgp", topology=topology, overlap=True), SGD_M, steps, schedule=WARMUP_COSINE)
+    topo = Topology(topology, N, "uniform", 0)
+    nodes, weights, history, sums = reference_osgp(topo, steps, SGD_M, WARMUP_COSINE)
+    blocking, _ = reference_sgp(topo, steps, SGD_M, WARMUP_COSINE)
+    assert max((nodes.flat(i) - blocking.flat(i)).abs().max().item() for i in range(N)) > 1e-4  # a different method
+    assert_models(got, nodes)
+    for step in range(steps):  # the de-biased models after every step, not only the last
+        for r in range(N):
+            flat = torch.cat([t.reshape(-1) for t in got[r]["pre_sync"][step][: len(got[r]["params"])]])
+            torch.testing.assert_close(flat, history[step][r], atol=1e-6, rtol=0)
+    got_w = [g["algo_state"]["weight"] for g in got]
+    np.testing.assert_allclose(got_w, weights, rtol=0, atol=1e-7)
+    assert sum(got_w) == pytest.approx(N, abs=1e-6)  # sum_i w_i = n once every share has arrived
+    numerators = sum(w * torch.cat([p.reshape(-1) for p in g["params"]]).double() for w, g in zip(got_w, got))
+    torch.testing.assert_close(numerators, sums[-1][:-1], atol=1e-5, rtol=0)
+    for total in sums:  # the recursion itself: the weights, counting those in flight, sum to n every step
+        assert float(total[-1]) == pytest.approx(N, abs=1e-6)
+    assert got[0]["stats"]["comm_rounds"] == steps
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_sgp_de_biased_models_reach_the_mean_on_a_static_strongly_connected_graph(tmp_path, overlap):
     """Learning rate 0 after the first epoch (3 steps): the models only mix, and on the static
-    directed exponential graph every z_i = x_i / w_i converges to sum_i x_i / n."""
+    directed exponential graph every z_i = x_i / w_i converges to sum_i x_i / n (with overlap too,
+    the shares arriving one step late)."""
     steps = 40
     stop = {"name": "step", "milestones": [1], "gamma": 0.0}
-    got = train(tmp_path, "sgp", N, cfg("sgp", topology="exponential"), SGD, steps, schedule=stop)
+    got = train(tmp_path, "sgp", N, cfg("sgp", topology="exponential", overlap=overlap), SGD, steps, schedule=stop)
     # after step SPE no more gradient steps: x_i = w_i z_i sum to the mass of step SPE's end
     flats = [torch.cat([p.reshape(-1) for p in g["params"]]).double() for g in got]
     w = [g["algo_state"]["weight"] for g in got]
     mean = sum(wi * f for wi, f in zip(w, flats)) / N
     before = [torch.cat([t.reshape(-1) for t in g["pre_sync"][SPE - 1][:len(g["params"])]]).double() for g in got]
+    assert sum(w) == pytest.approx(N, abs=1e-6)
     assert max((f - mean).abs().max().item() for f in flats) < 1e-6
     assert not all(torch.equal(before[0], b) for b in before[1:])  # they did differ after the gradient steps
 
@@ -232,6 +301,50 @@ def test_dpsgd_resumes_with_the_exchange_in_flight_to_identical_metrics(tmp_path
     assert [{k: v for k, v in r.items() if k not in measured} for r in resumed] == \
            [{k: v for k, v in r.items() if k not in measured} for r in full]
     assert "consensus_distance" in full[-1] and full[-1]["test_acc_workers_min"] <= full[-1]["test_acc_workers_mean"]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_clock_hides_the_osgp_exchange_behind_the_next_step(tmp_path, overlap):
+    """One-peer exponential graph of 4, 8 steps of t = 10 ms, one share of cost c sent and one
+    received per step: SGP waits c every step (8 t + 8 c); Overlap SGP's exchange of step k runs
+    during step k + 1's forward and backward pass (c < t), so only the last step's, waited for at
+    once, shows (8 t + c)."""
+    from trainer_runs import records, run
+
+    over = ["algo=sgp", f"algo.overlap={str(overlap).lower()}", "max_steps=8", "cluster.compute=profile",
+            "cluster.step_time_s=0.01", "network.bandwidth_gbps=1", "network.latency_us=10", "launcher.nproc_per_node=4"]
+    last = [r for r in records(run(tmp_path, over, world=4)) if "kind" not in r][-1]
+    sends = 8  # one out-neighbour per step
+    c = 10e-6 + (last["comm_bytes"] / sends) * 8 / 1e9
+    assert c < 0.01 and last["comm_rounds"] == 8
+    expected = 8 * 0.01 + (c if overlap else 8 * c)
+    assert last["modeled_time_s"] == pytest.approx(expected, rel=1e-9)
+    assert last["push_sum_weight"] > 0
+
+
+def test_osgp_resumes_with_the_shares_in_flight_to_identical_metrics(tmp_path):
+    """A checkpoint at step 8 waits for the shares sent at step 8 and saves their sum; the resumed
+    run adds them at step 9 as the uninterrupted run does."""
+    from trainer_runs import records, run
+
+    over = ["algo=sgp", "algo.overlap=true", "epochs=2", "eval_unit=step", "eval_every=8", "log_every=4",
+            "checkpoint_every=8", "eval_workers=true"]
+    from lsgd.failures import PEER_LOSS
+
+    full = records(run(tmp_path, over, world=4, name="full"))
+    # the spawner reports whichever rank exits first: rank 2's own error or a peer's lost connection
+    with pytest.raises(Exception, match=f"inject_failure|{PEER_LOSS.pattern}"):
+        run(tmp_path, [*over, "inject_failure.step=11", "inject_failure.rank=2"], world=4, name="crash")
+    ckpt = tmp_path / "crash" / "checkpoints"
+    assert json.loads((ckpt / "last.json").read_text())["step"] == 8
+    for r in range(4):  # every node had shares in flight at the checkpoint: their sum was saved
+        arrived = torch.load(ckpt / "step_00000008" / f"rank{r}.pt", weights_only=False)["algorithm"]["arrived"]
+        assert arrived is not None and arrived["weight"] > 0
+    resumed = records(run(tmp_path, over, world=4, name="crash", resume=True))
+    measured = {"wall_time_s", "comm_time_s", "compute_time_s", "compute_time_s_max", "samples_per_s"}
+    assert [{k: v for k, v in r.items() if k not in measured} for r in resumed] == \
+           [{k: v for k, v in r.items() if k not in measured} for r in full]
+    assert "consensus_distance" in full[-1] and "push_sum_weight" in full[-1]
 
 
 def reference_ad_psgd(topo, steps, optim_cfg=SGD_M, schedule=WARMUP_COSINE):
@@ -313,12 +426,42 @@ def reference_lead(topo, steps, alpha, gamma, optim_cfg=SGD, schedule=WARMUP_COS
     return nodes
 
 
-def test_lead_with_the_identity_compressor_follows_its_recursion(tmp_path):
+@pytest.mark.parametrize("topology", ["ring", "complete"])
+def test_lead_with_the_identity_compressor_follows_its_recursion(tmp_path, topology):
     steps, alpha, gamma = 6, 0.5, 1.0
-    got = train(tmp_path, "lead", N, cfg("lead", alpha=alpha, gamma=gamma, compressor="none", bits=2), SGD, steps,
-                schedule=WARMUP_COSINE)
-    assert_models(got, reference_lead(Topology("ring", N, "uniform", 0), steps, alpha, gamma), atol=2e-6)
+    got = train(tmp_path, "lead", N, cfg("lead", topology=topology, alpha=alpha, gamma=gamma, compressor="none", bits=2),
+                SGD, steps, schedule=WARMUP_COSINE)
+    assert_models(got, reference_lead(Topology(topology, N, "uniform", 0), steps, alpha, gamma), atol=2e-6)
     assert got[0]["stats"]["comm_rounds"] == steps - 1  # step 0 is a plain local step
+
+
+@pytest.mark.parametrize("compressor", ["none", "quantize"])
+def test_lead_keeps_h_w_equal_to_w_h_and_the_duals_summing_to_zero(tmp_path, compressor):
+    """Invariants of the recursion, whatever the compressor: H_w = W H at the start and
+    y_hat_w = h_w + W q keep h_w = W h; with a doubly stochastic W and D = 0 at the start, D moves
+    along (I - W) y_hat, so sum_i D_i = 0. Both hold only if every node decodes its neighbours'
+    messages to the very values they used themselves (the packed 2-bit wire format)."""
+    steps = 5
+    got = train(tmp_path, "leadinv", N, cfg("lead", alpha=0.5, gamma=1.0, compressor=compressor, bits=2), SGD, steps,
+                schedule=WARMUP_COSINE)
+    w = Topology("ring", N, "uniform", 0).mixing_matrix(0)
+    h, h_w, dual = ([g["algo_state"][k] for g in got] for k in ("h", "h_w", "dual"))
+    scale = max(t.abs().max().item() for t in h)
+    assert scale > 0 and max(t.abs().max().item() for t in dual) > 0  # the state did move
+    for i in range(N):
+        torch.testing.assert_close(h_w[i], sum(float(w[i, j]) * h[j] for j in range(N)), atol=1e-12 * scale, rtol=0)
+    dual_scale = max(t.abs().max().item() for t in dual)
+    assert sum(dual).abs().max().item() <= 1e-12 * dual_scale * N
+
+
+def test_lead_rejects_directed_and_time_varying_topologies():
+    from lsgd.algorithms.lead import LEAD
+    from lsgd.errors import ConfigError
+
+    for topology in ("exponential", "one_peer_exponential", "matching"):
+        with pytest.raises(ConfigError, match=f"algo.topology={topology}"):
+            LEAD.validate_config(cfg("lead", topology=topology, alpha=0.2, gamma=0.5, compressor="none"), N)
+    LEAD.validate_config(cfg("lead", topology="hypercube", alpha=0.2, gamma=0.5, compressor="none"), N)
 
 
 def test_lead_quantizer_is_unbiased_and_its_payload_is_packed(tmp_path):

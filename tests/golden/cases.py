@@ -167,6 +167,8 @@ CASES: list[Case] = [
           note="adapt-with-combine on the ring, exchange overlapped with the gradient (issue 12)"),
     _case("decentlam_w4", "algo=decentlam", "optim.momentum=0", "algo.momentum=0.9", world_size=4),
     _case("sgp_w4", "algo=sgp", world_size=4, note="push-sum on the one-peer exponential graph (issue 12)"),
+    _case("osgp_w4", "algo=sgp", "algo.overlap=true", world_size=4,
+          note="Overlap SGP: push-sum shares added one step after they are sent, the exchange in flight meanwhile"),
     _case("ad_psgd_w4", "algo=ad_psgd", world_size=4, note="active/passive pairwise averaging on the ring (issue 12)"),
     _case("lead_w4", "algo=lead", "optim.momentum=0", world_size=4, note="compressed primal-dual, 2-bit quantizer (issue 12)"),
     _case("overlap_local_sgd_w4", "algo=overlap_local_sgd", world_size=4,

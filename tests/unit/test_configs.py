@@ -137,11 +137,13 @@ def test_slurm_launcher_composes():
         (["algo=decentlam", "algo.momentum=1.0", "optim.momentum=0", "launcher.nproc_per_node=4"], "algo.momentum"),
         (["algo=decentlam", "launcher.nproc_per_node=4"], "optim.momentum"),
         (["algo=sgp", "algo.weights=metropolis"], "algo.weights"),
+        (["algo=sgp", "algo.overlap=sometimes"], "algo.overlap"),
         (["algo=overlap_local_sgd", "algo.pull=0"], "algo.pull"),
         (["algo=overlap_local_sgd", "algo.anchor_momentum=1.5"], "algo.anchor_momentum"),
         (["algo=overlap_local_sgd", "algo.local_steps=0"], "algo.local_steps"),
         (["algo=ad_psgd", "algo.topology=matching", "launcher.nproc_per_node=4"], "algo.topology"),
         (["algo=lead", "algo.topology=exponential", "launcher.nproc_per_node=4"], "algo.topology"),
+        (["algo=lead", "algo.topology=matching", "launcher.nproc_per_node=4"], "algo.topology"),
         (["algo=lead", "algo.alpha=0", "launcher.nproc_per_node=4"], "algo.alpha"),
         (["algo=lead", "algo.bits=16", "launcher.nproc_per_node=4"], "algo.bits"),
         (["algo=lead", "algo.compressor=topk", "launcher.nproc_per_node=4"], "algo.compressor"),
@@ -164,7 +166,7 @@ def study_of(variant: str) -> str:
 
 @pytest.mark.parametrize("variant", options("variant"))
 def test_every_variant_composes_with_its_study(variant):
-    swarm = {"local_sgd_h4": "local_sgd", "dpsgd_ring": "dpsgd", "sgp": "sgp", "decentlam": "decentlam",
+    swarm = {"local_sgd_h4": "local_sgd", "dpsgd_ring": "dpsgd", "sgp": "sgp", "osgp": "sgp", "decentlam": "decentlam",
              "overlap_local_sgd": "overlap_local_sgd", "swarm_h1": "swarm_sgd", "swarm_h1_nonblocking": "swarm_sgd",
              "swarm_h4": "swarm_sgd", "swarm_h4_nonblocking": "swarm_sgd", "ad_psgd_ring": "ad_psgd"}
     experiment = "swarm_fmnist" if variant in swarm else study_of(variant)
