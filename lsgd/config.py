@@ -91,6 +91,14 @@ def in_interval(cfg: dict, key: str, lo: float, hi: float, where: str, lo_open: 
         raise ConfigError(f"{where}{key} must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {value!r}")
 
 
+def in_half_open(cfg: dict, key: str, lo: float, hi: float, where: str) -> None:
+    """``cfg[key]`` is a number in [lo, hi)."""
+    value = cfg.get(key)
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and lo <= value < hi
+    if not ok:
+        raise ConfigError(f"{where}{key} must be a number in [{lo:g}, {hi:g}), got {value!r}")
+
+
 def validate(cfg: dict, world_size: int | None = None, local_world_size: int | None = None) -> None:
     """Check a resolved config (plain dict) and resolve ``launcher.nproc_per_node: auto`` in place.
 
@@ -121,6 +129,8 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
     choice(cfg, "device", ("auto", "cpu", "cuda"), "")
     if cfg.get("target_acc") is not None and not 0 < float(cfg["target_acc"]) <= 1:
         raise ConfigError(f"target_acc must be in (0, 1], got {cfg['target_acc']!r}")
+    if cfg.get("label_smoothing") is not None:
+        in_half_open(cfg, "label_smoothing", 0.0, 1.0, "")
 
     choice(cfg["optim"], "name", OPTIMIZERS, "optim.")
     positive(cfg["optim"], "lr", "optim.")

@@ -36,14 +36,22 @@ from lsgd.loggers import Progress, build_logger
 log = logging.getLogger("lsgd")
 
 
-def loss_fn(out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy; language and translation models: over the (B*T) next-token targets, where
-    targets equal to ``IGNORE_INDEX`` (-100, translation padding) carry no loss and ``mean``
-    averages over the others."""
+def loss_fn(out: torch.Tensor, y: torch.Tensor, reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
+    """Cross-entropy in nats; language and translation models: over the (B*T) next-token targets,
+    where targets equal to ``IGNORE_INDEX`` (-100, translation padding) carry no loss and ``mean``
+    averages over the others.
+
+    ``label_smoothing`` = eps in [0, 1) (Szegedy et al. 2016, "Rethinking the Inception
+    Architecture", Sec. 7; Vaswani et al. 2017 train with eps_ls = 0.1, Sec. 5.4): the target is
+    (1 - eps) one-hot + eps uniform over all C classes, so a target's loss is
+    (1 - eps) * (-log p_y) + eps * (1/C) sum_c (-log p_c) (``F.cross_entropy``'s
+    ``label_smoothing``); ignored targets still carry none. 0 (the default) is plain
+    cross-entropy, bit for bit. The trainer smooths its training loss only (``label_smoothing``
+    in the run config); the evaluator's ``test_loss`` is always plain cross-entropy."""
     if out.dim() == 3:
         return F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1), reduction=reduction,
-                               ignore_index=IGNORE_INDEX)
-    return F.cross_entropy(out, y, reduction=reduction, ignore_index=IGNORE_INDEX)
+                               ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)
+    return F.cross_entropy(out, y, reduction=reduction, ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)
 
 
 def target_count(y: torch.Tensor) -> int:

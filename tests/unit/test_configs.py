@@ -94,6 +94,8 @@ def test_slurm_launcher_composes():
             __import__("torch").cuda.is_available(), reason="CUDA present: device=cuda is valid")),
         (["eval_unit=hour"], "eval_unit"),
         (["target_acc=1.5"], "target_acc"),
+        (["label_smoothing=1.0"], "label_smoothing"),
+        (["label_smoothing=-0.1"], "label_smoothing"),
         (["model=gpt"], "model"),
         (["batch_size=4096"], "batch_size"),
         (["algo=compressed", "algo.cf=0.5"], "algo.cf"),

@@ -272,6 +272,74 @@ def test_evaluator_averages_over_real_target_tokens(tmp_path):
     assert "test_acc" not in out
 
 
+# ------------------------------------------------------------------ label smoothing (training loss only)
+def test_label_smoothing_matches_the_closed_form_and_ignores_padding():
+    """(1 - eps) * NLL + eps * mean over the C classes of -log p, averaged over the real targets;
+    a -100 target adds nothing whatever its logits; eps = 0 is plain cross-entropy, bit for bit."""
+    eps = 0.1
+    logits = torch.tensor([[[2.0, -1.0, 0.5, 0.0], [0.3, 0.3, -2.0, 1.5], [9.0, -9.0, 4.0, 1.0]]], dtype=torch.float64)
+    y = torch.tensor([[2, 0, IGNORE_INDEX]])
+    logp = torch.log_softmax(logits[0, :2], -1).tolist()  # the two real targets
+    by_hand = [(1 - eps) * -lp[t] + eps * sum(-v for v in lp) / 4 for lp, t in zip(logp, (2, 0))]
+    assert loss_fn(logits, y, label_smoothing=eps).item() == pytest.approx(sum(by_hand) / 2, rel=1e-12)
+    assert loss_fn(logits, y, reduction="sum", label_smoothing=eps).item() == pytest.approx(sum(by_hand), rel=1e-12)
+    assert by_hand[0] != pytest.approx(-logp[0][2])  # smoothing moves the loss
+    other = logits.clone()
+    other[0, 2] = torch.tensor([-50.0, 50.0, 0.0, 3.0])  # the ignored position's logits do not matter
+    assert loss_fn(other, y, label_smoothing=eps).item() == loss_fn(logits, y, label_smoothing=eps).item()
+    assert torch.equal(loss_fn(logits, y, label_smoothing=0.0), loss_fn(logits, y))
+    # classification logits (B, C): the same closed form per sample
+    lp = torch.log_softmax(logits[0], -1)
+    labels = torch.tensor([1, 3, 0])
+    expected = ((1 - eps) * -lp[torch.arange(3), labels] + eps * -lp.mean(-1)).mean()
+    assert loss_fn(logits[0], labels, label_smoothing=eps).item() == pytest.approx(expected.item(), rel=1e-12)
+
+
+def test_trainer_smooths_the_training_loss_and_not_the_test_loss(tmp_path):
+    """A real Trainer (one process) on the WMT17 files: ``label_smoothing`` reaches its training
+    loss (``Trainer.loss_fn``), while the evaluator's ``test_loss`` stays plain cross-entropy."""
+    from lsgd.trainer import Trainer
+
+    write_wmt17(tmp_path / "wmt")
+    cfg = _mt_run_cfg(tmp_path, ["label_smoothing=0.1"])
+    trainer = Trainer(cfg, tmp_path / "run")
+    x, y = next(iter(trainer.loader.batches(0, 0)))
+    with torch.no_grad():
+        out = trainer.model(x)
+    assert trainer.loss_fn(out, y).item() == pytest.approx(loss_fn(out, y, label_smoothing=0.1).item(), rel=1e-12)
+    assert trainer.loss_fn(out, y).item() != pytest.approx(loss_fn(out, y).item(), rel=1e-6)
+    ev = trainer.evaluator
+    loss_sum, _, _ = ev._sums(trainer.model.eval(), 0, 1)
+    batches = list(eval_batches(trainer.test_set, 0, 1, 4))  # eval_batch_size=4
+    plain = sum(loss_fn(trainer.model(bx), by, reduction="sum").item() for bx, by in batches)
+    smoothed = sum(loss_fn(trainer.model(bx), by, reduction="sum", label_smoothing=0.1).item() for bx, by in batches)
+    assert loss_sum == plain and smoothed != pytest.approx(plain, rel=1e-3)
+
+
+def _mt_run_cfg(tmp_path: Path, overrides: list[str]) -> dict:
+    """A composed (and validated) one-process run config on the files of :func:`write_wmt17`."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from lsgd.cli import _register_resolvers
+    from lsgd.config import validate
+
+    _register_resolvers()
+    with initialize_config_module(config_module="lsgd.conf", version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "dataset=wmt17", "model=transformer_mt", "algo=ddp", "device=cpu", "launcher.nproc_per_node=1",
+            f"dataset.root={tmp_path / 'wmt'}", "dataset.download=false",
+            "dataset.data_files={train: de-en/train-*.parquet, validation: de-en/validation-*.parquet}",
+            "dataset.src_len=40", "dataset.tgt_len=48", "batch_size=8", "eval_batch_size=4", "epochs=1",
+            f"results_dir={tmp_path}", *overrides,
+        ])
+    cfg = OmegaConf.to_container(cfg, resolve=True)
+    validate(cfg)
+    cfg["run_id"], cfg["resume"] = "run", False
+    (tmp_path / "run").mkdir(exist_ok=True)
+    return cfg
+
+
 def test_wmt17_with_a_hugging_face_tokenizer_folder(tmp_path):
     """dataset.tokenizer = a local Hugging Face tokenizer (here a word-level one built with the
     tokenizers library): its EOS ends sequences, BOS and PAD come after its vocabulary."""
