@@ -141,6 +141,11 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
     choice(cfg["schedule"], "name", SCHEDULES, "schedule.")
     if cfg["schedule"]["name"] == "inverse_sqrt":
         int_at_least(cfg["schedule"], "warmup_steps", 1, "schedule.")
+    if cfg["schedule"]["name"] in ("step", "cosine"):
+        if cfg["schedule"].get("warmup_epochs") is not None:
+            number_at_least(cfg["schedule"], "warmup_epochs", 0, "schedule.")
+        if cfg["schedule"].get("warmup_start_factor") is not None:
+            in_interval(cfg["schedule"], "warmup_start_factor", 0, 1, "schedule.", lo_open=False)
     positive(cfg["network"], "bandwidth_gbps", "network.")
     number_at_least(cfg["network"], "latency_us", 0, "network.")
     intra = cfg["network"].get("intra_node")
