@@ -126,6 +126,8 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
     choice(cfg, "consensus_every_record", (False, True), "")
     if cfg.get("eval_workers_samples") is not None:
         int_at_least(cfg, "eval_workers_samples", 1)
+    if cfg.get("eval_bleu_samples") is not None:
+        int_at_least(cfg, "eval_bleu_samples", 0)
     choice(cfg, "device", ("auto", "cpu", "cuda"), "")
     if cfg.get("target_acc") is not None and not 0 < float(cfg["target_acc"]) <= 1:
         raise ConfigError(f"target_acc must be in (0, 1], got {cfg['target_acc']!r}")

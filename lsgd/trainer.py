@@ -196,7 +196,8 @@ class Trainer:
         self.recorder = Recorder(cfg, self.run_dir, self.rank, self.total_steps)
         self.evaluator = Evaluator(self.test_set, self.info.task, int(cfg.get("eval_batch_size", 512)), self.device,
                                    workers=bool(cfg.get("eval_workers", False)),
-                                   workers_samples=cfg.get("eval_workers_samples"))
+                                   workers_samples=cfg.get("eval_workers_samples"),
+                                   bleu_samples=int(cfg.get("eval_bleu_samples") or 0))
         self.checkpointer = Checkpointer(self.run_dir, self.rank, self.world_size, self.device)
 
         # progress counters (checkpointed)

@@ -95,6 +95,7 @@ def test_slurm_launcher_composes():
         (["eval_unit=hour"], "eval_unit"),
         (["target_acc=1.5"], "target_acc"),
         (["label_smoothing=1.0"], "label_smoothing"),
+        (["eval_bleu_samples=-1"], "eval_bleu_samples"),
         (["label_smoothing=-0.1"], "label_smoothing"),
         (["model=gpt"], "model"),
         (["batch_size=4096"], "batch_size"),
