@@ -91,6 +91,14 @@ def in_interval(cfg: dict, key: str, lo: float, hi: float, where: str, lo_open: 
         raise ConfigError(f"{where}{key} must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {value!r}")
 
 
+def in_half_open(cfg: dict, key: str, lo: float, hi: float, where: str) -> None:
+    """``cfg[key]`` is a number in [lo, hi)."""
+    value = cfg.get(key)
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and lo <= value < hi
+    if not ok:
+        raise ConfigError(f"{where}{key} must be a number in [{lo:g}, {hi:g}), got {value!r}")
+
+
 def validate(cfg: dict, world_size: int | None = None, local_world_size: int | None = None) -> None:
     """Check a resolved config (plain dict) and resolve ``launcher.nproc_per_node: auto`` in place.
 
@@ -118,9 +126,13 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
     choice(cfg, "consensus_every_record", (False, True), "")
     if cfg.get("eval_workers_samples") is not None:
         int_at_least(cfg, "eval_workers_samples", 1)
+    if cfg.get("eval_bleu_samples") is not None:
+        int_at_least(cfg, "eval_bleu_samples", 0)
     choice(cfg, "device", ("auto", "cpu", "cuda"), "")
     if cfg.get("target_acc") is not None and not 0 < float(cfg["target_acc"]) <= 1:
         raise ConfigError(f"target_acc must be in (0, 1], got {cfg['target_acc']!r}")
+    if cfg.get("label_smoothing") is not None:
+        in_half_open(cfg, "label_smoothing", 0.0, 1.0, "")
 
     choice(cfg["optim"], "name", OPTIMIZERS, "optim.")
     positive(cfg["optim"], "lr", "optim.")
@@ -131,6 +143,11 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
     choice(cfg["schedule"], "name", SCHEDULES, "schedule.")
     if cfg["schedule"]["name"] == "inverse_sqrt":
         int_at_least(cfg["schedule"], "warmup_steps", 1, "schedule.")
+    if cfg["schedule"]["name"] in ("step", "cosine"):
+        if cfg["schedule"].get("warmup_epochs") is not None:
+            number_at_least(cfg["schedule"], "warmup_epochs", 0, "schedule.")
+        if cfg["schedule"].get("warmup_start_factor") is not None:
+            in_interval(cfg["schedule"], "warmup_start_factor", 0, 1, "schedule.", lo_open=False)
     positive(cfg["network"], "bandwidth_gbps", "network.")
     number_at_least(cfg["network"], "latency_us", 0, "network.")
     intra = cfg["network"].get("intra_node")

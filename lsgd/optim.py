@@ -19,9 +19,16 @@ Schedules are multiplicative factors of the base learning rate as a function of 
 step, applied with ``torch.optim.lr_scheduler.LambdaLR`` (its state is checkpointed):
 
 * ``constant``: 1
-* ``step``: ``gamma ** k`` where k = number of ``milestones`` (in epochs) already reached
+* ``step``: ``w(n) * gamma ** k`` after n completed steps, where k = number of ``milestones`` (in
+  epochs) already reached and w the linear warm-up below (``warmup_epochs`` 0, the default: w = 1).
+  Goyal et al. 2017 ("Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", Sec. 2.2) warm
+  up over 5 epochs from the batch-256 rate to the linearly scaled one: ``warmup_start_factor`` =
+  256 / global batch.
 * ``cosine``: linear warm-up over ``warmup_epochs`` from ``warmup_start_factor``, then cosine decay to
   ``min_factor`` at the last step (Goyal et al. 2017 warm-up; Loshchilov and Hutter 2017 cosine).
+
+The linear warm-up of ``step`` and ``cosine``: with W = round(``warmup_epochs`` x steps per epoch)
+steps and s = ``warmup_start_factor``, w(n) = s + (1 - s) n / W for n < W, then 1.
 * ``inverse_sqrt``: ``min(n / w, sqrt(w / n))`` for the n-th step (n = completed steps + 1) and
   w = ``warmup_steps``: linear warm-up to ``lr`` at step w, then decay as 1 / sqrt(n). With
   ``lr`` = d_model^-0.5 * w^-0.5 this is Vaswani et al. 2017's rate (Sec. 5.3, "Attention Is All
@@ -125,7 +132,8 @@ def lr_factor_fn(cfg: dict, steps_per_epoch: int, total_steps: int) -> Callable[
 
     Raises:
         ConfigError: unknown ``schedule.name`` (allowed: constant, step, cosine, inverse_sqrt), or
-            ``schedule.warmup_steps`` < 1.
+            ``schedule.warmup_steps`` < 1. (``warmup_epochs`` >= 0 and ``warmup_start_factor`` in
+            [0, 1] are checked by :func:`lsgd.config.validate`.)
     """
     name = cfg.get("name")
     if name == "constant":
@@ -133,9 +141,18 @@ def lr_factor_fn(cfg: dict, steps_per_epoch: int, total_steps: int) -> Callable[
     if name == "step":
         milestones = [int(round(m * steps_per_epoch)) for m in cfg.get("milestones", [])]
         gamma = float(cfg.get("gamma", 0.1))
-        return lambda step: gamma ** sum(step >= m for m in milestones)
+        warmup = warmup_steps(cfg, steps_per_epoch)
+        if not warmup:
+            return lambda step: gamma ** sum(step >= m for m in milestones)
+        start = float(cfg.get("warmup_start_factor", 0.1))
+
+        def step_factor(step: int) -> float:
+            ramp = start + (1.0 - start) * step / warmup if step < warmup else 1.0
+            return ramp * gamma ** sum(step >= m for m in milestones)
+
+        return step_factor
     if name == "cosine":
-        warmup = int(round(float(cfg.get("warmup_epochs", 0)) * steps_per_epoch))
+        warmup = warmup_steps(cfg, steps_per_epoch)
         start = float(cfg.get("warmup_start_factor", 0.1))
         floor = float(cfg.get("min_factor", 0.0))
 
@@ -154,11 +171,17 @@ def lr_factor_fn(cfg: dict, steps_per_epoch: int, total_steps: int) -> Callable[
     raise ConfigError(f"schedule.name={name!r} is unknown; allowed: {', '.join(SCHEDULES)}")
 
 
+def warmup_steps(cfg: dict, steps_per_epoch: int) -> int:
+    """Local steps of the linear warm-up of ``step`` and ``cosine``: round(``warmup_epochs`` x
+    ``steps_per_epoch``), 0 without warm-up."""
+    return round(float(cfg.get("warmup_epochs", 0) or 0) * steps_per_epoch)
+
+
 def lr_decay_steps(cfg: dict, steps_per_epoch: int) -> tuple[int, ...]:
     """The learning-rate decays of a ``step`` schedule: the local step counts (completed steps,
     ascending, distinct) from which a milestone's decay applies; empty for ``constant``, and for
     ``cosine`` and ``inverse_sqrt``, whose continuous decay has no milestones (Accordion's decay
-    rule uses these).
+    rule uses these). A warm-up only raises the rate, so it adds no decay and moves none.
 
     Args:
         cfg: the ``schedule`` group.

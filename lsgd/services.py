@@ -5,8 +5,9 @@ Each service owns one concern and its part of the checkpoint:
 * :class:`Recorder`: the training-loss accumulators, metrics records (per-worker figures gathered
   over all ranks at a record point), metrics.jsonl, the logger and progress display, target
   accuracy and summary.json;
-* :class:`Evaluator`: test loss / accuracy / perplexity of the model the algorithm exposes for
-  evaluation (the average model when replicas differ, with the consensus distance);
+* :class:`Evaluator`: test loss / accuracy / perplexity (translation: also BLEU of greedy decodes)
+  of the model the algorithm exposes for evaluation (the average model when replicas differ, with
+  the consensus distance);
 * :class:`Checkpointer`: per-rank shards under ``checkpoints/step_XXXXXXXX/`` and ``last.json``.
 
 Every collective here is uncounted (measurement, not training) and every rank reaches it at the
@@ -36,14 +37,52 @@ from lsgd.loggers import Progress, build_logger
 log = logging.getLogger("lsgd")
 
 
-def loss_fn(out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy; language and translation models: over the (B*T) next-token targets, where
-    targets equal to ``IGNORE_INDEX`` (-100, translation padding) carry no loss and ``mean``
-    averages over the others."""
+def loss_fn(out: torch.Tensor, y: torch.Tensor, reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
+    """Cross-entropy in nats; language and translation models: over the (B*T) next-token targets,
+    where targets equal to ``IGNORE_INDEX`` (-100, translation padding) carry no loss and ``mean``
+    averages over the others.
+
+    ``label_smoothing`` = eps in [0, 1) (Szegedy et al. 2016, "Rethinking the Inception
+    Architecture", Sec. 7; Vaswani et al. 2017 train with eps_ls = 0.1, Sec. 5.4): the target is
+    (1 - eps) one-hot + eps uniform over all C classes, so a target's loss is
+    (1 - eps) * (-log p_y) + eps * (1/C) sum_c (-log p_c) (``F.cross_entropy``'s
+    ``label_smoothing``); ignored targets still carry none. 0 (the default) is plain
+    cross-entropy, bit for bit. The trainer smooths its training loss only (``label_smoothing``
+    in the run config); the evaluator's ``test_loss`` is always plain cross-entropy."""
     if out.dim() == 3:
         return F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1), reduction=reduction,
-                               ignore_index=IGNORE_INDEX)
-    return F.cross_entropy(out, y, reduction=reduction, ignore_index=IGNORE_INDEX)
+                               ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)
+    return F.cross_entropy(out, y, reduction=reduction, ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)
+
+
+#: BLEU's sufficient statistics: matching n-gram counts (n = 1..4), n-gram totals, hypothesis and
+#: reference lengths (in 13a tokens); sums over sentences, so ranks add theirs
+BLEU_STATS = 10
+
+
+def bleu_stats(hypotheses: list[str], references: list[str]) -> np.ndarray:
+    """float64 (``BLEU_STATS``,) statistics of sacreBLEU's corpus BLEU (Post 2018, "A Call for
+    Clarity in Reporting BLEU Scores"; its default: one reference, mixed case, 13a tokenization of
+    detokenized text, exponential smoothing) of ``hypotheses`` against ``references`` (one each,
+    same order); zeros for none."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    if not hypotheses:
+        return np.zeros(BLEU_STATS)
+    from sacrebleu.metrics import BLEU
+
+    score = BLEU().corpus_score(list(hypotheses), [list(references)])
+    return np.asarray([*score.counts, *score.totals, score.sys_len, score.ref_len], dtype=np.float64)
+
+
+def bleu_from_stats(stats) -> float:
+    """Corpus BLEU in [0, 100] from summed :func:`bleu_stats` (what ``sacrebleu.corpus_bleu`` gives
+    on all the sentences together): 100 x brevity penalty x geometric mean of the 1..4-gram
+    precisions, exponentially smoothed; 0 for an empty corpus."""
+    from sacrebleu.metrics import BLEU
+
+    c = [round(float(v)) for v in stats]
+    return float(BLEU.compute_bleu(c[0:4], c[4:8], c[8], c[9], smooth_method="exp").score)
 
 
 def target_count(y: torch.Tensor) -> int:
@@ -87,6 +126,7 @@ class Recorder:
         self.nonfinite = 0
         self.best_test_acc = None
         self.best_test_ppl = None
+        self.best_test_bleu = None
         self.last_eval: dict = {}
         self.target_hit: dict | None = None
         self.figures: dict = {}  # per-worker figures of the last record (worker_figures)
@@ -202,7 +242,10 @@ class Recorder:
         if "test_ppl" in out:
             ppl = out["test_ppl"]
             self.best_test_ppl = ppl if self.best_test_ppl is None else min(self.best_test_ppl, ppl)
-        self.last_eval = {k: v for k, v in out.items() if k in ("test_loss", "test_acc", "test_ppl")}
+        if "test_bleu" in out:
+            bleu = out["test_bleu"]
+            self.best_test_bleu = bleu if self.best_test_bleu is None else max(self.best_test_bleu, bleu)
+        self.last_eval = {k: v for k, v in out.items() if k in ("test_loss", "test_acc", "test_ppl", "test_bleu")}
 
     def emit(self, rec: dict, step: int, total_steps: int) -> None:
         """Rank 0: append the record to metrics.jsonl, the logger and the progress display."""
@@ -224,7 +267,8 @@ class Recorder:
             log.info(
                 "step %d/%d epoch %.2f loss %.4f%s %.0f samples/s %.2f MB sent",
                 rec["step"], total_steps, rec["epoch"], rec["train_loss"],
-                f" test_acc {rec['test_acc']:.4f}" if "test_acc" in rec else (f" test_ppl {rec['test_ppl']:.2f}" if "test_ppl" in rec else ""),
+                (f" test_acc {rec['test_acc']:.4f}" if "test_acc" in rec else (f" test_ppl {rec['test_ppl']:.2f}" if "test_ppl" in rec else ""))
+                + (f" test_bleu {rec['test_bleu']:.2f}" if "test_bleu" in rec else ""),
                 rec["samples_per_s"], rec["comm_bytes"] / 1e6,
             )
 
@@ -252,6 +296,8 @@ class Recorder:
             "best_test_acc": self.best_test_acc,
             "final_test_ppl": self.last_eval.get("test_ppl"),
             "best_test_ppl": self.best_test_ppl,
+            "final_test_bleu": self.last_eval.get("test_bleu"),
+            "best_test_bleu": self.best_test_bleu,
             "comm_rounds": s.comm_rounds,
             "wall_time_s": wall,
             "comm_time_s": s.comm_time_s,
@@ -291,12 +337,14 @@ class Recorder:
         return {
             "loss_sum": self.loss_sum.clone(), "loss_count": self.loss_count, "nonfinite": self.nonfinite,
             "best_test_acc": self.best_test_acc, "best_test_ppl": self.best_test_ppl,
+            "best_test_bleu": self.best_test_bleu,
             "last_eval": self.last_eval, "target_hit": self.target_hit,
         }
 
     def load_state_dict(self, state: dict) -> None:
         for key in ("loss_sum", "loss_count", "nonfinite", "best_test_acc", "best_test_ppl", "last_eval", "target_hit"):
             setattr(self, key, state[key])
+        self.best_test_bleu = state.get("best_test_bleu")  # absent from checkpoints written before BLEU
 
 
 class Evaluator:
@@ -305,12 +353,36 @@ class Evaluator:
     The test set is split across all ranks and the sums reduced (uncounted). Inside the
     algorithm's ``eval_context`` every rank holds the model to evaluate (the average model when the
     replicas differ, with the consensus distance in the record).
+
+    Translation with ``bleu_samples`` > 0 adds ``test_bleu``: sacreBLEU's corpus BLEU (in [0, 100])
+    of the model's greedy decodes (``model.greedy_decode``: at most source length + 50 tokens,
+    stopping at EOS) of the first ``bleu_samples`` test pairs, detokenized with the loader's
+    tokenizer, against the stored target texts; the pairs are split across ranks and the BLEU
+    statistics summed, so the score is that of the whole corpus at once.
     """
 
     def __init__(self, test_set, task: str, batch_size: int, device: torch.device, workers: bool = False,
-                 workers_samples: int | None = None):
+                 workers_samples: int | None = None, bleu_samples: int = 0):
         self.test_set, self.task, self.batch_size, self.device = test_set, task, batch_size, device
         self.workers, self.workers_samples = workers, workers_samples
+        self.bleu_samples = int(bleu_samples or 0) if task == "translation" else 0
+
+    def _bleu_stats(self, model, rank: int, world_size: int) -> np.ndarray:
+        """:func:`bleu_stats` of this rank's contiguous slice of the first ``bleu_samples`` test
+        pairs (the slicing of :func:`lsgd.data.eval_batches`)."""
+        test = self.test_set
+        n = min(len(test), self.bleu_samples)
+        idx = torch.arange(rank * n // world_size, (rank + 1) * n // world_size)
+        hyps: list[str] = []
+        refs: list[str] = []
+        for part in idx.split(self.batch_size):
+            if not len(part):
+                continue
+            x, _ = test.batch(part)
+            out = model.greedy_decode(x[:, : model.src_len].to(self.device), test.ids.bos, test.ids.eos)
+            hyps += [test.detokenize(row) for row in out.tolist()]
+            refs += test.references(part.tolist())
+        return bleu_stats(hyps, refs)
 
     def _sums(self, model, rank: int, world_size: int, limit: int | None = None) -> tuple[float, float, float]:
         """(loss sum, correct, count) of ``model`` on this rank's slice of the test set (of its
@@ -331,7 +403,8 @@ class Evaluator:
         """Test metrics of the evaluation model (split across ranks). With ``eval_workers`` and
         differing replicas, also every worker's own model on the whole test set (its first
         ``eval_workers_samples`` samples when set):
-        ``test_acc_workers_mean`` / ``_min`` (``test_ppl_workers_mean`` / ``_max``)."""
+        ``test_acc_workers_mean`` / ``_min`` (``test_ppl_workers_mean`` / ``_max``). Translation
+        with ``bleu_samples``: ``test_bleu`` of the evaluation model (class docstring)."""
         was_training = model.training
         model.eval()
         own = None
@@ -339,11 +412,12 @@ class Evaluator:
             own = self._sums(model, 0, 1, self.workers_samples) if is_worker else None
         with algorithm.eval_context():
             loss_sum, correct, count = self._sums(model, rank, world_size)
+            bleu = self._bleu_stats(model, rank, world_size) if self.bleu_samples else np.zeros(0)
         model.train(was_training)
         extra = self._worker_metrics(own, comm) if self.workers and not algorithm.models_in_sync and world_size > 1 else {}
-        buf = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=self.device)
+        buf = torch.tensor([loss_sum, correct, count, *bleu], dtype=torch.float64, device=self.device)
         comm.all_reduce(buf, count=False)
-        loss_sum, correct, count = buf.tolist()
+        loss_sum, correct, count, *bleu = buf.tolist()
         test_loss = loss_sum / max(count, 1)
         out = {"test_loss": test_loss}
         if algorithm.consensus_distance is not None:
@@ -352,6 +426,8 @@ class Evaluator:
             out["test_acc"] = correct / max(count, 1)
         else:
             out["test_ppl"] = math.exp(min(test_loss, 50.0))
+        if self.bleu_samples:
+            out["test_bleu"] = bleu_from_stats(bleu)
         out.update(extra)
         return out
 

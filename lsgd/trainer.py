@@ -141,6 +141,7 @@ class Trainer:
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         self.is_main = self.rank == 0
         seed = int(cfg["seed"])
+        self.label_smoothing = float(cfg.get("label_smoothing") or 0.0)  # training loss only
 
         # roles: the algorithm says what every rank is; data shards go to workers only
         roles = ALGORITHMS[cfg["algo"]["name"]].roles(self.world_size)
@@ -196,7 +197,8 @@ class Trainer:
         self.recorder = Recorder(cfg, self.run_dir, self.rank, self.total_steps)
         self.evaluator = Evaluator(self.test_set, self.info.task, int(cfg.get("eval_batch_size", 512)), self.device,
                                    workers=bool(cfg.get("eval_workers", False)),
-                                   workers_samples=cfg.get("eval_workers_samples"))
+                                   workers_samples=cfg.get("eval_workers_samples"),
+                                   bleu_samples=int(cfg.get("eval_bleu_samples") or 0))
         self.checkpointer = Checkpointer(self.run_dir, self.rank, self.world_size, self.device)
 
         # progress counters (checkpointed)
@@ -296,7 +298,7 @@ class Trainer:
         self.algorithm.before_step(self.step)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         out = self.net(x)
-        loss = loss_fn(out, y)
+        loss = self.loss_fn(out, y)
         t1 = self._sync_time()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -329,14 +331,16 @@ class Trainer:
             return
         states = (torch.get_rng_state(), random.getstate(), np.random.get_state())
         x, y = next(iter(self.loader.batches(0, 0)))
-        self.compute_model.calibrate(self.model, x.to(self.device), y.to(self.device), loss_fn)
+        self.compute_model.calibrate(self.model, x.to(self.device), y.to(self.device), self.loss_fn)
         torch.set_rng_state(states[0])
         random.setstate(states[1])
         np.random.set_state(states[2])
 
     def loss_fn(self, out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-        """Cross-entropy (:func:`lsgd.services.loss_fn`); padding targets (-100) carry no loss."""
-        return loss_fn(out, y, reduction)
+        """The training loss: cross-entropy (:func:`lsgd.services.loss_fn`) with the run's
+        ``label_smoothing``; padding targets (-100) carry no loss. Evaluation does not use it
+        (``test_loss`` is plain cross-entropy)."""
+        return loss_fn(out, y, reduction, label_smoothing=self.label_smoothing)
 
     @property
     def progress(self) -> int:

@@ -55,7 +55,7 @@ DERIVED_PREFIXES = ("topology.",)
 METRIC_KEYS = (
     "step", "epoch", "samples", "lr", "train_loss", "comm_bytes", "wire_bytes", "comm_rounds",
     "wall_time_s", "compute_time_s", "comm_time_s", "modeled_time_s", "model_alpha_terms",
-    "model_beta_bytes", "samples_per_s", "test_loss", "test_acc", "test_ppl",
+    "model_beta_bytes", "samples_per_s", "test_loss", "test_acc", "test_ppl", "test_bleu",
 )  # fmt: skip
 
 #: ``kind`` of the per-step compression rows of metrics.jsonl (docs/run_format.md).
@@ -71,7 +71,7 @@ COMPRESSION_KEYS = (
 SUMMARY_KEYS = (
     "status", "run_id", "experiment_name", "algo", "world_size", "steps", "epochs", "samples",
     "final_test_loss", "final_test_acc", "best_test_acc", "final_test_ppl", "best_test_ppl",
-    "comm_bytes", "wire_bytes", "comm_rounds", "wall_time_s", "compute_time_s", "comm_time_s",
+    "final_test_bleu", "best_test_bleu", "comm_bytes", "wire_bytes", "comm_rounds", "wall_time_s", "compute_time_s", "comm_time_s",
     "modeled_time_s", "model_alpha_terms", "model_beta_bytes", "target_acc", "time_to_target_s",
     "modeled_time_to_target_s", "step_to_target", "error", "failed_rank",
 )  # fmt: skip
@@ -379,7 +379,7 @@ def _progress_from_records(run: RunData) -> dict:
         last = run.records[-1]
         for key, metric in _PROGRESS_FROM_RECORD.items():
             out[key] = last.get(metric)
-        for metric, best in (("test_acc", max), ("test_ppl", min)):
+        for metric, best in (("test_acc", max), ("test_ppl", min), ("test_bleu", max)):
             evals = [r[metric] for r in run.records if _is_number(r.get(metric))]
             if evals:
                 out[f"final_{metric}"] = evals[-1]

@@ -61,7 +61,8 @@ class HFTokenizer:
         return [np.asarray(i, dtype=np.int64) for i in ids]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.tok.decode(list(ids))
+        """Text of ``ids``, the tokenizer's special tokens (eos, pad, unk, ...) left out."""
+        return self.tok.decode(list(ids), skip_special_tokens=True)
 
 
 @functools.lru_cache(maxsize=8)

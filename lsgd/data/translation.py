@@ -163,6 +163,23 @@ class TranslationPairs:
         rows = self.table[[int(i) for i in idx]]["translation"]
         return [(r[self.src_lang], r[self.tgt_lang]) for r in rows]
 
+    def references(self, idx: Iterable[int]) -> list[str]:
+        """Target texts of the pairs ``idx`` as stored (untokenized: BLEU's references)."""
+        return [t for _, t in self.pairs(idx)]
+
+    def detokenize(self, ids: Iterable[int]) -> str:
+        """Text of a decoded target: the ids before the first EOS, less the packing's own ids
+        (BOS, PAD), through the loader's tokenizer (``ByteTokenizer``: UTF-8, invalid bytes
+        replaced; a Hugging Face tokenizer: its ``decode`` without special tokens)."""
+        out = []
+        for i in ids:
+            i = int(i)
+            if i == self.ids.eos:
+                break
+            if 0 <= i < self.tokenizer.vocab_size:
+                out.append(i)
+        return self.tokenizer.decode(out)
+
     def batch(self, idx: Tensor, aug_seed: int | None = None) -> tuple[Tensor, Tensor]:
         """Pairs ``idx`` packed: x int64 (B, src_len + tgt_len), y int64 (B, tgt_len)."""
         pairs = self.pairs(idx.tolist())

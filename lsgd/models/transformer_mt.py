@@ -19,6 +19,9 @@ token j from the source and decoder inputs 0..j.
   (True = masked). Padded source positions therefore change no logit.
 - ``norm_first=false``: post-norm layers as in the paper (``nn.Transformer`` adds a final
   LayerNorm after the encoder and the decoder stacks either way); ReLU feed-forward.
+- Inference: :meth:`TransformerMT.greedy_decode` (argmax at each position, the source encoded once),
+  at most source length + 50 tokens as in Vaswani et al. Sec. 6.1 (who use beam search, size 4, with
+  length penalty 0.6; greedy decoding is the cheap evaluation-time stand-in), stopping at EOS.
 
 Sizes (``model.size``; ``d_model``, ``nhead``, ``num_encoder_layers``, ``num_decoder_layers``,
 ``dim_feedforward``, ``dropout`` override them when set). Parameters with a shared 37,000-token
@@ -49,6 +52,8 @@ SIZES = {
     "big": {"d_model": 1024, "nhead": 16, "num_encoder_layers": 6, "num_decoder_layers": 6, "dim_feedforward": 4096, "dropout": 0.3},
 }
 DIMS = tuple(SIZES["base"])
+#: greedy decoding's output limit beyond the source length, in tokens (Vaswani et al. 2017, Sec. 6.1)
+MAX_EXTRA = 50
 POSITIONS = ("sinusoidal", "learned")
 
 
@@ -163,3 +168,59 @@ class TransformerMT(nn.Module):
             tgt_is_causal=True,
         )
         return self.out(h)
+
+    @torch.no_grad()
+    def greedy_decode(
+        self, src: torch.Tensor, bos_id: int, eos_id: int, max_extra: int = MAX_EXTRA, max_len: int | None = None
+    ) -> torch.Tensor:
+        """Greedy (argmax) translation of each source row, one target token at a time.
+
+        The source is encoded once; step t runs the decoder on BOS + the t tokens chosen so far
+        (the same masks and positions as :meth:`forward`, so the chosen token is the argmax of
+        :meth:`forward`'s logits at that position given that prefix). A row stops after it emits
+        ``eos_id`` or after L_i = min(n_i + ``max_extra``, ``max_len``) tokens, n_i its source
+        length in tokens (its positions that are not ``pad_id``, less the EOS that ends every
+        packed source): Vaswani et al. 2017,
+        Sec. 6.1, "maximum output length ... input length + 50, but terminate early when
+        possible". Call it in eval mode (dropout off).
+
+        Args:
+            src: int64 (B, S), S <= src_len: source ids + EOS, padded with ``pad_id`` (the
+                first ``src_len`` columns of the packed input).
+            bos_id, eos_id: the decoder's start token and the end token.
+            max_extra: tokens allowed beyond the source length (>= 0).
+            max_len: cap on the tokens of a row (None: ``tgt_len``, the decoder positions trained).
+        Returns:
+            int64 (B, T), T <= max L_i: row i holds its tokens, then ``eos_id`` if it emitted one,
+            then ``pad_id``.
+        Raises:
+            ValueError: ``max_len`` outside 1..tgt_len, ``max_extra`` < 0, or a source wider than
+                src_len.
+        """
+        cap = self.tgt_len if max_len is None else int(max_len)
+        if not 1 <= cap <= self.tgt_len:
+            raise ValueError(f"max_len must be in 1..tgt_len ({self.tgt_len}); got {max_len}")
+        if max_extra < 0:
+            raise ValueError(f"max_extra must be >= 0; got {max_extra}")
+        if src.shape[1] > self.src_len:
+            raise ValueError(f"source width {src.shape[1]} exceeds src_len ({self.src_len})")
+        b, device = src.shape[0], src.device
+        src_pad = src == self.pad_id
+        n = torch.clamp((~src_pad).sum(1) - 1, min=0)
+        limit = torch.clamp(n + int(max_extra), max=cap)
+        memory = self.transformer.encoder(self._embed(src, self.src_embed, "src_pos"), src_key_padding_mask=src_pad)
+        ys = torch.full((b, 1), bos_id, dtype=torch.long, device=device)
+        done = limit <= 0
+        for t in range(int(limit.max()) if b else 0):
+            causal = torch.triu(torch.ones(t + 1, t + 1, dtype=torch.bool, device=device), diagonal=1)
+            h = self.transformer.decoder(
+                self._embed(ys, self.tgt_embed, "tgt_pos"), memory, tgt_mask=causal,
+                tgt_key_padding_mask=ys == self.pad_id, memory_key_padding_mask=src_pad, tgt_is_causal=True,
+            )
+            nxt = self.out(h[:, -1]).argmax(-1)
+            nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
+            ys = torch.cat([ys, nxt[:, None]], dim=1)
+            done = done | (nxt == eos_id) | (t + 1 >= limit)
+            if bool(done.all()):
+                break
+        return ys[:, 1:]

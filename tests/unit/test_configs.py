@@ -94,6 +94,9 @@ def test_slurm_launcher_composes():
             __import__("torch").cuda.is_available(), reason="CUDA present: device=cuda is valid")),
         (["eval_unit=hour"], "eval_unit"),
         (["target_acc=1.5"], "target_acc"),
+        (["label_smoothing=1.0"], "label_smoothing"),
+        (["eval_bleu_samples=-1"], "eval_bleu_samples"),
+        (["label_smoothing=-0.1"], "label_smoothing"),
         (["model=gpt"], "model"),
         (["batch_size=4096"], "batch_size"),
         (["algo=compressed", "algo.cf=0.5"], "algo.cf"),
@@ -122,6 +125,9 @@ def test_slurm_launcher_composes():
         (["network.report_gbps=[0]"], "network.report_gbps"),
         (["optim.lr_scaling=cubic"], "optim.lr_scaling"),
         (["schedule=inverse_sqrt", "schedule.warmup_steps=0"], "schedule.warmup_steps"),
+        (["schedule=step", "schedule.warmup_epochs=-1"], "schedule.warmup_epochs"),
+        (["schedule=step", "schedule.warmup_start_factor=1.5"], "schedule.warmup_start_factor"),
+        (["schedule=cosine", "schedule.warmup_start_factor=-0.1"], "schedule.warmup_start_factor"),
         (["model=transformer_mt"], "model"),
         (["dataset=wmt17", "model=transformer_mt", "dataset.src_len=1"], "dataset.src_len"),
         (["algo=swarm_sgd", "algo.topology=star"], "algo.topology"),
@@ -268,3 +274,13 @@ def test_resolvers_come_with_the_config_package():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert len(out.stdout.strip()) > 10  # a run id such as 20261122-101502-123456-a3f9
+
+
+@pytest.mark.parametrize("experiment", ["imagenet_resnet50_swarm", "imagenet_resnet50_local_sgd"])
+def test_imagenet_bundles_warm_up_as_goyal_et_al(experiment):
+    """Goyal et al. 2017: 5 epochs of linear warm-up from the batch-256 rate 0.1 to the linearly
+    scaled rate optim.lr, under the step schedule's milestones."""
+    cfg = load([f"experiment={experiment}"])
+    sched = cfg["schedule"]
+    assert sched["name"] == "step" and sched["warmup_epochs"] == 5 and sched["milestones"] == [30, 60, 80]
+    assert cfg["optim"]["lr"] * sched["warmup_start_factor"] == pytest.approx(0.1, rel=1e-12)

@@ -301,3 +301,101 @@ def test_transformer_mt_shares_embeddings_and_sizes_match_the_paper():
     assert (layer.self_attn.embed_dim, layer.self_attn.num_heads, layer.linear1.out_features) == (512, 8, 2048)
     assert len(base.transformer.encoder.layers) == len(base.transformer.decoder.layers) == 6
     assert layer.dropout.p == 0.1 and not layer.norm_first
+
+
+# ------------------------------------------------------------------ transformer_mt: greedy decoding
+EOS_ID, BOS_ID = 256, 257
+# 8 source positions, 64 decoder positions: room for source length + 50
+WMT_LONG = DatasetInfo("wmt17", "translation", (72,), 259, None, src_len=8, pad_id=258)
+
+
+def _sources(lengths: list[int], src_len: int = 8, seed: int = 0) -> torch.Tensor:
+    """Source rows of ``lengths`` byte tokens, then EOS, then PAD (the packing's first src_len columns)."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.full((len(lengths), src_len), WMT.pad_id)
+    for i, n in enumerate(lengths):
+        src[i, :n] = torch.randint(0, 256, (n,), generator=g)
+        src[i, n] = EOS_ID
+    return src
+
+
+def _always(token: int, positions: str = "sinusoidal") -> torch.nn.Module:
+    """A transformer_mt whose every logit vector has its argmax at ``token``: the decoder's final
+    LayerNorm outputs a constant vector e (weight 0, bias e) and the (untied) output row of
+    ``token`` is e, every other row 0 (logit |e|^2 vs 0)."""
+    torch.manual_seed(0)
+    model = build_model({"name": "transformer_mt", "share_embeddings": False, "positions": positions}, WMT_LONG).eval()
+    with torch.no_grad():
+        norm = model.transformer.decoder.norm
+        norm.weight.zero_()
+        norm.bias.copy_(torch.linspace(-1.0, 1.0, norm.bias.numel()))
+        model.out.weight.zero_()
+        model.out.weight[token] = norm.bias
+    return model
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+def test_greedy_decode_length_is_source_plus_extra_capped_at_tgt_len(positions):
+    """A model that never says EOS: row i gets exactly min(n_i + max_extra, max_len or tgt_len)
+    tokens (n_i: its source tokens, EOS and padding not counted), then PAD."""
+    model = _always(ord("a"), positions)
+    src = _sources([0, 3, 7])
+    out = model.greedy_decode(src, BOS_ID, EOS_ID)  # max_extra 50 (Vaswani et al.), tgt_len 64
+    expected = [50, 53, 57]
+    assert out.shape == (3, 57)
+    for row, n in zip(out.tolist(), expected):
+        assert row == [ord("a")] * n + [WMT.pad_id] * (57 - n)
+    short = model.greedy_decode(src, BOS_ID, EOS_ID, max_extra=2)
+    assert [int((r != WMT.pad_id).sum()) for r in short] == [2, 5, 9] and short.shape == (3, 9)
+    capped = model.greedy_decode(src, BOS_ID, EOS_ID, max_extra=2, max_len=4)
+    assert capped.tolist() == [[97, 97, 258, 258], [97] * 4, [97] * 4]
+    for bad in ({"max_len": 65}, {"max_len": 0}, {"max_extra": -1}):
+        with pytest.raises(ValueError):
+            model.greedy_decode(src, BOS_ID, EOS_ID, **bad)
+
+
+def test_greedy_decode_stops_at_eos():
+    """A model whose argmax is always EOS: every row is [EOS] and decoding stops after one step."""
+    model = _always(EOS_ID)
+    calls = []
+    model.transformer.decoder.register_forward_hook(lambda *a: calls.append(1))
+    out = model.greedy_decode(_sources([2, 5]), BOS_ID, EOS_ID)
+    assert out.tolist() == [[EOS_ID], [EOS_ID]] and len(calls) == 1
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+def test_greedy_decode_picks_forwards_argmax_given_its_own_prefix(positions):
+    """An untrained model: feeding the decoded tokens back as the teacher-forced decoder input
+    (BOS + tokens, PAD after), :meth:`forward`'s argmax at every decoded position is the decoded
+    token (the incremental decoder uses forward's masks and positions). Declaring a token that the
+    model emits to be the end token cuts every row right after its first occurrence, PAD after."""
+    torch.manual_seed(1)
+    model = build_model({"name": "transformer_mt", "positions": positions, "share_embeddings": False}, WMT_LONG).eval()
+    src = _sources([1, 4, 6, 7, 2, 5], seed=3)
+    dec = model.greedy_decode(src, BOS_ID, EOS_ID, max_extra=6)
+    lengths = [min(n + 6, 64) for n in (1, 4, 6, 7, 2, 5)]
+    assert dec.shape == (6, max(lengths))
+    x = torch.full((6, 8 + 64), WMT_LONG.pad_id)
+    x[:, :8], x[:, 8] = src, BOS_ID
+    x[:, 9 : 9 + dec.shape[1]] = dec
+    with torch.no_grad():
+        pred = model(x).argmax(-1)
+    rows = []
+    for i, row in enumerate(dec.tolist()):
+        real = row[: row.index(EOS_ID) + 1] if EOS_ID in row else row[: lengths[i]]
+        assert row[len(real) :] == [WMT_LONG.pad_id] * (len(row) - len(real))
+        assert pred[i, : len(real)].tolist() == real, (i, real)
+        rows.append(real)
+    assert len({t for r in rows for t in r}) > 3  # not a degenerate constant output
+
+    # declare as the end token one the model emits in some rows (never first) and not in others
+    def rows_with(t):
+        return sum(t in r for r in rows) if all(r.index(t) > 0 for r in rows if t in r) else 0
+
+    end = max(sorted({t for r in rows for t in r}), key=lambda t: rows_with(t) if rows_with(t) < len(rows) else 0)
+    assert 1 <= rows_with(end) < len(rows)
+    cut = model.greedy_decode(src, BOS_ID, end, max_extra=6)
+    expected = [r[: r.index(end) + 1] if end in r else r for r in rows]
+    assert cut.shape[1] == max(map(len, expected))
+    for i, e in enumerate(expected):
+        assert cut[i].tolist() == e + [WMT_LONG.pad_id] * (cut.shape[1] - len(e)), i

@@ -1,15 +1,22 @@
 """optim=lamb follows the LAMB paper's update; optim.lr_scaling gives the documented rates;
-schedule=inverse_sqrt is Vaswani et al.'s rate."""
+schedule=inverse_sqrt is Vaswani et al.'s rate; schedule=step warms up as Goyal et al. 2017."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 import torch
 
 from lsgd.errors import ConfigError
-from lsgd.optim import build_optimizer, build_scheduler, lr_decay_steps, scaled_lr
+from lsgd.optim import (
+    build_optimizer,
+    build_scheduler,
+    lr_decay_steps,
+    lr_factor_fn,
+    scaled_lr,
+)
 
 
 def lamb_reference(params, grads_per_step, lr, betas, eps, wd):
@@ -97,3 +104,43 @@ def test_inverse_sqrt_is_vaswanis_rate():
     assert lr_decay_steps({"name": "inverse_sqrt", "warmup_steps": w}, 100) == ()
     with pytest.raises(ConfigError, match=r"schedule\.warmup_steps"):
         build_scheduler(opt, {"name": "inverse_sqrt", "warmup_steps": 0}, 100, 1000)
+
+
+def test_step_schedule_warmup_is_goyals_linear_ramp_then_the_milestones():
+    """schedule=step with warmup_epochs=E, warmup_start_factor=s: after n completed steps the factor
+    is (s + (1 - s) n / W) * gamma^k for n < W = E x steps per epoch, then gamma^k (k: milestones
+    reached), as the optimizer sees it; warmup_epochs=0 is the schedule without warm-up, and the
+    milestones (lr_decay_steps) do not move."""
+    spe, lr, s, gamma = 10, 1.6, 0.0625, 0.1
+    cfg = {"name": "step", "milestones": [3, 6], "gamma": gamma, "warmup_epochs": 2, "warmup_start_factor": s}
+    opt = build_optimizer([torch.nn.Parameter(torch.zeros(1))], {"name": "sgd", "lr": lr})
+    sched = build_scheduler(opt, cfg, steps_per_epoch=spe, total_steps=80)
+    seen = []
+    for _ in range(80):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    w = 20  # 2 epochs x 10 steps
+    for n, expected in {0: s, 1: s + (1 - s) / w, 10: (1 + s) / 2, 19: s + (1 - s) * 19 / w, 20: 1.0, 29: 1.0,
+                        30: gamma, 59: gamma, 60: gamma**2, 79: gamma**2}.items():
+        assert seen[n] == pytest.approx(lr * expected, rel=1e-12), n
+    assert all(b > a for a, b in itertools.pairwise(seen[: w + 1]))  # strictly rising to lr over the warm-up
+    assert seen[0] == pytest.approx(0.1, rel=1e-12)  # Goyal et al.: from the batch-256 rate 0.1 to 1.6
+    assert lr_decay_steps(cfg, spe) == lr_decay_steps({**cfg, "warmup_epochs": 0}, spe) == (30, 60)
+
+    # a milestone inside the warm-up multiplies the ramp
+    inside = lr_factor_fn({**cfg, "milestones": [1]}, spe, 80)
+    assert inside(15) == pytest.approx((s + (1 - s) * 15 / w) * gamma, rel=1e-12)
+    # no warm-up (the default): gamma^k from step 0, whatever warmup_start_factor
+    plain = lr_factor_fn({"name": "step", "milestones": [3, 6], "gamma": gamma}, spe, 80)
+    zero = lr_factor_fn({**cfg, "warmup_epochs": 0}, spe, 80)
+    assert [plain(n) for n in range(80)] == [zero(n) for n in range(80)] == [gamma ** ((n >= 30) + (n >= 60)) for n in range(80)]
+
+
+def test_step_warmup_keys_are_the_cosine_schedules():
+    """The same ramp as schedule=cosine over the warm-up (same keys, same semantics)."""
+    keys = {"warmup_epochs": 1.5, "warmup_start_factor": 0.2}
+    step = lr_factor_fn({"name": "step", "milestones": [], **keys}, 8, 100)
+    cos = lr_factor_fn({"name": "cosine", "min_factor": 0.0, **keys}, 8, 100)
+    assert [step(n) for n in range(13)] == [cos(n) for n in range(13)]  # W = round(1.5 x 8) = 12
+    assert step(12) == 1.0 and cos(12) == 1.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import itertools
 import json
 import math
 from pathlib import Path
@@ -27,7 +28,7 @@ from lsgd.data import (
 )
 from lsgd.data.translation import SpecialIds, pack_pairs
 from lsgd.errors import ConfigError
-from lsgd.services import Evaluator, loss_fn
+from lsgd.services import Evaluator, bleu_from_stats, bleu_stats, loss_fn
 
 EOS, BOS, PAD = 256, 257, 258  # ByteTokenizer: bytes 0..255, EOS 256; BOS and PAD appended
 
@@ -270,6 +271,195 @@ def test_evaluator_averages_over_real_target_tokens(tmp_path):
     assert out["test_loss"] == pytest.approx(expected, rel=1e-6)
     assert out["test_ppl"] == pytest.approx(math.exp(expected), rel=1e-6)
     assert "test_acc" not in out
+
+
+# ------------------------------------------------------------------ label smoothing (training loss only)
+def test_label_smoothing_matches_the_closed_form_and_ignores_padding():
+    """(1 - eps) * NLL + eps * mean over the C classes of -log p, averaged over the real targets;
+    a -100 target adds nothing whatever its logits; eps = 0 is plain cross-entropy, bit for bit."""
+    eps = 0.1
+    logits = torch.tensor([[[2.0, -1.0, 0.5, 0.0], [0.3, 0.3, -2.0, 1.5], [9.0, -9.0, 4.0, 1.0]]], dtype=torch.float64)
+    y = torch.tensor([[2, 0, IGNORE_INDEX]])
+    logp = torch.log_softmax(logits[0, :2], -1).tolist()  # the two real targets
+    by_hand = [(1 - eps) * -lp[t] + eps * sum(-v for v in lp) / 4 for lp, t in zip(logp, (2, 0))]
+    assert loss_fn(logits, y, label_smoothing=eps).item() == pytest.approx(sum(by_hand) / 2, rel=1e-12)
+    assert loss_fn(logits, y, reduction="sum", label_smoothing=eps).item() == pytest.approx(sum(by_hand), rel=1e-12)
+    assert by_hand[0] != pytest.approx(-logp[0][2])  # smoothing moves the loss
+    other = logits.clone()
+    other[0, 2] = torch.tensor([-50.0, 50.0, 0.0, 3.0])  # the ignored position's logits do not matter
+    assert loss_fn(other, y, label_smoothing=eps).item() == loss_fn(logits, y, label_smoothing=eps).item()
+    assert torch.equal(loss_fn(logits, y, label_smoothing=0.0), loss_fn(logits, y))
+    # classification logits (B, C): the same closed form per sample
+    lp = torch.log_softmax(logits[0], -1)
+    labels = torch.tensor([1, 3, 0])
+    expected = ((1 - eps) * -lp[torch.arange(3), labels] + eps * -lp.mean(-1)).mean()
+    assert loss_fn(logits[0], labels, label_smoothing=eps).item() == pytest.approx(expected.item(), rel=1e-12)
+
+
+def test_trainer_smooths_the_training_loss_and_not_the_test_loss(tmp_path):
+    """A real Trainer (one process) on the WMT17 files: ``label_smoothing`` reaches its training
+    loss (``Trainer.loss_fn``), while the evaluator's ``test_loss`` stays plain cross-entropy."""
+    from lsgd.trainer import Trainer
+
+    write_wmt17(tmp_path / "wmt")
+    cfg = _mt_run_cfg(tmp_path, ["label_smoothing=0.1"])
+    trainer = Trainer(cfg, tmp_path / "run")
+    x, y = next(iter(trainer.loader.batches(0, 0)))
+    with torch.no_grad():
+        out = trainer.model(x)
+    assert trainer.loss_fn(out, y).item() == pytest.approx(loss_fn(out, y, label_smoothing=0.1).item(), rel=1e-12)
+    assert trainer.loss_fn(out, y).item() != pytest.approx(loss_fn(out, y).item(), rel=1e-6)
+    ev = trainer.evaluator
+    loss_sum, _, _ = ev._sums(trainer.model.eval(), 0, 1)
+    batches = list(eval_batches(trainer.test_set, 0, 1, 4))  # eval_batch_size=4
+    plain = sum(loss_fn(trainer.model(bx), by, reduction="sum").item() for bx, by in batches)
+    smoothed = sum(loss_fn(trainer.model(bx), by, reduction="sum", label_smoothing=0.1).item() for bx, by in batches)
+    assert loss_sum == plain and smoothed != pytest.approx(plain, rel=1e-3)
+
+
+def _mt_run_cfg(tmp_path: Path, overrides: list[str]) -> dict:
+    """A composed (and validated) one-process run config on the files of :func:`write_wmt17`."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from lsgd.cli import _register_resolvers
+    from lsgd.config import validate
+
+    _register_resolvers()
+    with initialize_config_module(config_module="lsgd.conf", version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "dataset=wmt17", "model=transformer_mt", "algo=ddp", "device=cpu", "launcher.nproc_per_node=1",
+            f"dataset.root={tmp_path / 'wmt'}", "dataset.download=false",
+            "dataset.data_files={train: de-en/train-*.parquet, validation: de-en/validation-*.parquet}",
+            "dataset.src_len=40", "dataset.tgt_len=48", "batch_size=8", "eval_batch_size=4", "epochs=1",
+            f"results_dir={tmp_path}", *overrides,
+        ])
+    cfg = OmegaConf.to_container(cfg, resolve=True)
+    validate(cfg)
+    cfg["run_id"], cfg["resume"] = "run", False
+    (tmp_path / "run").mkdir(exist_ok=True)
+    return cfg
+
+
+# ------------------------------------------------------------------ BLEU
+REFS = [
+    "the cat sat on the mat and looked at the dog",
+    "a house by the river, with a garden full of trees",
+    "Grüße aus Köln: die Straße ist schön",
+    "he reads the book every evening before dinner",
+    "it rained all day, so we stayed inside",
+]
+
+
+def test_bleu_of_references_against_themselves_is_100_and_statistics_add_up():
+    """sacreBLEU corpus BLEU: a corpus against itself scores 100; statistics summed over any split
+    of the corpus (the ranks' slices) give exactly sacrebleu.corpus_bleu of the whole."""
+    import sacrebleu
+
+    assert bleu_from_stats(bleu_stats(REFS, REFS)) == pytest.approx(100.0, abs=1e-9)
+    hyps = ["the cat sat on a mat and looked at a dog", "a house near the river", REFS[2], "", "it rained all day"]
+    whole = sacrebleu.corpus_bleu(hyps, [REFS]).score
+    assert 0 < whole < 100
+    for cuts in ([0, 5], [0, 2, 5], [0, 1, 1, 4, 5]):  # an empty slice included
+        parts = [bleu_stats(hyps[a:b], REFS[a:b]) for a, b in itertools.pairwise(cuts)]
+        assert bleu_from_stats(sum(parts)) == pytest.approx(whole, abs=1e-9)
+    assert bleu_from_stats(bleu_stats([], [])) == 0.0
+    assert bleu_from_stats(bleu_stats([""] * 5, REFS)) == 0.0
+    with pytest.raises(ValueError):
+        bleu_stats(hyps[:2], REFS)
+
+
+def test_detokenize_inverts_the_packing_of_targets(tmp_path):
+    """The decoded form of a packed target (y up to EOS) through the loader's tokenizer is the
+    stored target text (when not truncated); BOS, PAD and anything after EOS are left out."""
+    pairs = write_wmt17(tmp_path)
+    _, test = build_datasets(wmt_cfg(tmp_path, src_len=16, tgt_len=80), seed=0)
+    _, y = test.batch(torch.arange(len(test)))
+    refs = test.references(range(len(test)))
+    assert refs == [p["translation"]["en"] for p in pairs["validation"]]
+    for row, ref in zip(y.tolist(), refs):
+        assert test.detokenize(row) == ref  # y = target + EOS, then -100
+        assert test.detokenize([BOS, *_bytes(ref), PAD, EOS, *_bytes("junk")]) == ref
+
+
+class _Oracle(_Unigram):
+    """Translation by lookup: ``greedy_decode`` returns the byte tokens + EOS of the stored target
+    of each source (the ``wrong`` pairs get another pair's target); the forward pass (test loss)
+    is :class:`_Unigram`'s."""
+
+    def __init__(self, test, src_len: int, wrong: frozenset = frozenset()):
+        super().__init__(259, 80)
+        self.src_len, self.calls = src_len, []
+        n = len(test)
+        texts = test.pairs(range(n))
+        self.table = {}
+        for i, (src, _) in enumerate(texts):
+            key = tuple(_bytes(src)[: src_len - 1])
+            self.table[key] = texts[(i + 1) % n][1] if i in wrong else texts[i][1]
+
+    def greedy_decode(self, src, bos_id, eos_id):
+        self.calls.append(len(src))
+        rows = []
+        for row in src.tolist():
+            key = tuple(row[: row.index(eos_id)])
+            rows.append(_bytes(self.table[key]) + [eos_id])
+        width = max(map(len, rows))
+        return torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
+
+
+def test_evaluator_bleu_is_that_of_the_first_pairs_split_across_ranks(tmp_path):
+    """test_bleu through the Evaluator: an oracle that returns every reference scores 100; one that
+    is wrong on pairs 1 and 3 scores sacrebleu.corpus_bleu of exactly those hypotheses; pairs past
+    bleu_samples are never decoded (an oracle wrong only there still scores 100); the statistics of
+    3 ranks' slices sum to the one-rank result."""
+    import sacrebleu
+
+    write_wmt17(tmp_path)
+    _, test = build_datasets(wmt_cfg(tmp_path, src_len=40, tgt_len=80), seed=0)  # 10 validation pairs
+    refs = test.references(range(10))
+    ev = Evaluator(test, "translation", batch_size=3, device=torch.device("cpu"), bleu_samples=6)
+
+    perfect = _Oracle(test, 40)
+    out = ev.evaluate(perfect, _Algo(), _Comm(), 0, 1)
+    assert out["test_bleu"] == pytest.approx(100.0, abs=1e-9) and sum(perfect.calls) == 6 and max(perfect.calls) <= 3
+    assert out["test_loss"] > 0 and "test_ppl" in out  # the other metrics are still there
+    assert ev.evaluate(_Oracle(test, 40, wrong=frozenset({6, 7, 9})), _Algo(), _Comm(), 0, 1)["test_bleu"] == pytest.approx(100.0, abs=1e-9)
+
+    wrong = _Oracle(test, 40, wrong=frozenset({1, 3}))
+    hyps = [refs[(i + 1) % 10] if i in (1, 3) else refs[i] for i in range(6)]
+    expected = sacrebleu.corpus_bleu(hyps, [refs[:6]]).score
+    assert 0 < expected < 100
+    assert ev.evaluate(wrong, _Algo(), _Comm(), 0, 1)["test_bleu"] == pytest.approx(expected, abs=1e-9)
+    parts = [ev._bleu_stats(wrong, r, 3) for r in range(3)]  # pairs 0-1, 2-3, 4-5
+    assert all(p[9] > 0 for p in parts) and np.array_equal(sum(parts), ev._bleu_stats(wrong, 0, 1))
+    assert bleu_from_stats(sum(parts)) == pytest.approx(expected, abs=1e-9)
+
+    assert "test_bleu" not in Evaluator(test, "translation", 3, torch.device("cpu"), bleu_samples=0).evaluate(
+        perfect, _Algo(), _Comm(), 0, 1)
+    assert Evaluator(test, "classification", 3, torch.device("cpu"), bleu_samples=6).bleu_samples == 0
+
+
+def test_evaluator_bleu_of_real_transformers(tmp_path):
+    """The untrained transformer_mt decodes greedily and scores a number in [0, 100]; one whose
+    every argmax is EOS translates everything to the empty string and scores 0."""
+    from lsgd.models import build_model
+
+    write_wmt17(tmp_path)
+    cfg = wmt_cfg(tmp_path, src_len=40, tgt_len=48)
+    _, test = build_datasets(cfg, seed=0)
+    torch.manual_seed(0)
+    model = build_model({"name": "transformer_mt", "share_embeddings": False}, dataset_info(cfg))
+    ev = Evaluator(test, "translation", batch_size=4, device=torch.device("cpu"), bleu_samples=5)
+    out = ev.evaluate(model, _Algo(), _Comm(), 0, 1)
+    assert isinstance(out["test_bleu"], float) and 0.0 <= out["test_bleu"] <= 100.0
+    assert model.training  # evaluate restores the mode it found
+    with torch.no_grad():  # the decoder's final LayerNorm outputs e; only EOS's output row is e
+        norm = model.transformer.decoder.norm
+        norm.weight.zero_()
+        norm.bias.copy_(torch.linspace(-1.0, 1.0, norm.bias.numel()))
+        model.out.weight.zero_()
+        model.out.weight[EOS] = norm.bias
+    assert ev.evaluate(model, _Algo(), _Comm(), 0, 1)["test_bleu"] == 0.0
 
 
 def test_wmt17_with_a_hugging_face_tokenizer_folder(tmp_path):
