@@ -174,7 +174,8 @@ def study_of(variant: str) -> str:
 def test_every_variant_composes_with_its_study(variant):
     swarm = {"local_sgd_h4": "local_sgd", "dpsgd_ring": "dpsgd", "sgp": "sgp", "osgp": "sgp", "decentlam": "decentlam",
              "overlap_local_sgd": "overlap_local_sgd", "swarm_h1": "swarm_sgd", "swarm_h1_nonblocking": "swarm_sgd",
-             "swarm_h4": "swarm_sgd", "swarm_h4_nonblocking": "swarm_sgd", "ad_psgd_ring": "ad_psgd"}
+             "swarm_h4": "swarm_sgd", "swarm_h4_nonblocking": "swarm_sgd", "swarm_h1_async": "swarm_sgd",
+             "ad_psgd_ring": "ad_psgd"}
     experiment = "swarm_fmnist" if variant in swarm else study_of(variant)
     cfg = load([f"experiment={experiment}", f"variant={variant}"])
     expected = swarm.get(variant) or {"dense": "ddp", "avg": "ddp", "topk": "compressed", "dgc": "compressed",
