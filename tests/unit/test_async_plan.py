@@ -189,3 +189,28 @@ def test_config_needs_two_processes_and_the_profile_clock():
         AsyncLocalSGD.validate_config(_algo(), 1)
     with pytest.raises(ConfigError, match="cluster.compute=profile"):
         AsyncLocalSGD.validate_run({"algo": _algo(), "cluster": {"compute": "measured"}}, 3)
+
+
+# -- the server's outer step with the staleness baselines ---------------------------------------------
+def _server(**kw):
+    algo = AsyncLocalSGD(_algo(outer_optimizer="sgd", outer_lr=1.0, **kw), comm=None)
+    algo.params = [torch.tensor([1.0, 2.0]), torch.tensor([3.0])]
+    algo.outer = algo._outer_optimizer()
+    return algo
+
+
+def test_polynomial_staleness_discount_scales_the_pseudo_gradient():
+    """a = 0.5, staleness 3: g / (1 + 3)^0.5 = g / 2, applied with SGD at lr 1."""
+    algo = _server(staleness_exponent=0.5)
+    algo.apply(torch.tensor([2.0, -4.0, 1.0]), 3)
+    assert [p.tolist() for p in algo.params] == [[0.0, 4.0], [2.5]]
+    algo.apply(torch.tensor([2.0, -4.0, 1.0]), 0)  # fresh: undiscounted
+    assert [p.tolist() for p in algo.params] == [[-2.0, 8.0], [1.5]]
+
+
+def test_updates_staler_than_max_staleness_are_dropped():
+    algo = _server(max_staleness=2)
+    algo.apply(torch.tensor([1.0, 1.0, 1.0]), 3)
+    assert [p.tolist() for p in algo.params] == [[1.0, 2.0], [3.0]] and algo.dropped == 1
+    algo.apply(torch.tensor([1.0, 1.0, 1.0]), 2)
+    assert [p.tolist() for p in algo.params] == [[0.0, 1.0], [2.0]] and algo.dropped == 1
