@@ -56,6 +56,7 @@ and ``staleness_max``, ``updates_worker<w>`` (arrivals applied from worker w, 0-
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import warnings
 from collections.abc import Iterator
@@ -67,6 +68,8 @@ from lsgd.algorithms.base import Algorithm, float_buffers, model_tensors
 from lsgd.comm import copy_back
 from lsgd.config import choice, int_at_least, number_at_least, positive
 from lsgd.errors import ConfigError
+
+log = logging.getLogger("lsgd")
 
 SERVER = 0
 OUTER_OPTIMIZERS = ("sgd", "nesterov", "delayed_nesterov")
@@ -202,6 +205,13 @@ class AsyncLocalSGD(Algorithm):
                               "step times of every worker) and a known run length")
         nbytes = sum(t.numel() * t.element_size() for t in self.params + self.buffers)
         cost = [float(self.comm.pair_cost(SERVER, w + 1, nbytes)[0]) for w in range(n_workers)]
+        # one plan for all: every rank takes rank 0's inputs (an uncounted all-gather), so ranks
+        # whose FLOP counts of their first batch differ (variable-length text) still agree
+        table = self.comm.gather_values([*step_s, *cost])
+        if not (table == table[0]).all():
+            log.warning("async_local_sgd: ranks' modeled step times or message costs differ; every rank "
+                        "follows the plan built from rank 0's")
+        step_s, cost = [float(v) for v in table[0][:n_workers]], [float(v) for v in table[0][n_workers:]]
         hs = async_plan.dylu_steps(self.local_steps, step_s, self.dylu)
         return async_plan.plan(step_s, hs, cost, cost, total)
 

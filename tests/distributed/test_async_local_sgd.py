@@ -101,3 +101,15 @@ def test_heterogeneous_workers_record_every_multiple_reproducibly_and_resume_exa
     assert 8 <= crashed[-1] < TOTAL
     resumed = records(run(tmp_path, over, world=4, name="crash", resume=True))
     assert strip(resumed) == strip(full)
+
+
+def test_config_errors_through_the_run_validation():
+    from trainer_runs import compose_cfg
+
+    from lsgd.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="needs cluster.compute=profile"):
+        compose_cfg(["algo=async_local_sgd", "cluster.compute=measured"])
+    with pytest.raises(ConfigError, match="at least 2 processes"):
+        compose_cfg(["algo=async_local_sgd", "launcher.nproc_per_node=1"])
+    assert compose_cfg(["algo=async_local_sgd"])["optim"]["name"] == "adamw"  # the paper's inner optimizer
