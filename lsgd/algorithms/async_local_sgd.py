@@ -151,7 +151,7 @@ class AsyncLocalSGD(Algorithm):
         m = algo.get("outer_momentum", 0.9)
         if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m < 1:
             raise ConfigError(f"algo.outer_momentum must be in [0, 1), got {m!r}")
-        int_at_least({"dn_buffer": algo.get("dn_buffer", 1)}, "dn_buffer", 1, "algo.")
+        int_at_least({"dn_buffer": algo.get("dn_buffer", 4)}, "dn_buffer", 1, "algo.")
         number_at_least({"dn_c": algo.get("dn_c", 0.0)}, "dn_c", 0.0, "algo.")
         number_at_least({"staleness_exponent": algo.get("staleness_exponent", 0.0)}, "staleness_exponent", 0.0, "algo.")
         if algo.get("max_staleness") is not None:
@@ -216,14 +216,14 @@ class AsyncLocalSGD(Algorithm):
         return async_plan.plan(step_s, hs, cost, cost, total)
 
     def _outer_optimizer(self):
-        kind = self.cfg.get("outer_optimizer", "nesterov")
+        kind = self.cfg.get("outer_optimizer", "delayed_nesterov")
         lr = float(self.cfg.get("outer_lr", 0.7))
         beta = float(self.cfg.get("outer_momentum", 0.9))
         if kind == "sgd":
             return torch.optim.SGD(self.params, lr=lr)
         if kind == "nesterov":
             return torch.optim.SGD(self.params, lr=lr, momentum=beta, nesterov=True)
-        return DelayedNesterov(self.params, lr, beta, int(self.cfg.get("dn_buffer", 1)), float(self.cfg.get("dn_c", 0.0)))
+        return DelayedNesterov(self.params, lr, beta, int(self.cfg.get("dn_buffer", 4)), float(self.cfg.get("dn_c", 0.0)))
 
     # -- the schedule ------------------------------------------------------------------------------
     def progress(self, step: int) -> int:
