@@ -113,3 +113,21 @@ def test_config_errors_through_the_run_validation():
     with pytest.raises(ConfigError, match="at least 2 processes"):
         compose_cfg(["algo=async_local_sgd", "launcher.nproc_per_node=1"])
     assert compose_cfg(["algo=async_local_sgd"])["optim"]["name"] == "adamw"  # the paper's inner optimizer
+
+
+def test_dropped_stale_updates_and_the_workers_own_models_through_the_trainer(tmp_path):
+    """Server + 2 workers of speeds 1 and 1/3, H = 2, max_staleness = 0: the server drops exactly
+    the planned arrivals that are stale; eval records carry the workers' own-model metrics beside
+    the server model's."""
+    over = ["algo=async_local_sgd", "algo.local_steps=2", "algo.outer_optimizer=sgd", "algo.outer_lr=1.0",
+            "algo.max_staleness=0", "cluster.compute=profile", "cluster.speeds=[1.0,1.0,0.3333333333333333]",
+            "cluster.step_time_s=0.01", "max_steps=8", "eval_every=4", "eval_workers=true"]
+    recs = [r for r in records(run(tmp_path, over, world=3)) if "kind" not in r]
+    cost = 10e-6 + 4 * (CNN_PARAMS + CNN_FLOAT_BUFFERS) * 8 / 10e9
+    p = plan([0.01, 0.03], [2, 2], [cost] * 2, [cost] * 2, 8)
+    stale = sum(a.staleness > 0 for a in p.arrivals)
+    assert 0 < stale < len(p.arrivals)
+    assert recs[-1]["dropped"] == stale and recs[-1]["comm_rounds"] == len(p.arrivals)
+    evals = [r for r in recs if "test_acc" in r]
+    assert [r["step"] for r in evals] == [4, 8]
+    assert all("test_acc_workers_min" in r and "test_acc_workers_mean" in r for r in evals)
