@@ -282,10 +282,15 @@ class Trainer:
 
     def serve(self) -> None:
         """A server's loop: the algorithm's serve step, the schedule, the same bookkeeping."""
+        if self.bookkeeping():  # records a resumed rank had crossed but not yet made (not lockstep)
+            return
         while self.algorithm.progress(self.step) < self.total_steps:
             self._check_injected_failure()
             t0 = time.perf_counter()
             self.algorithm.serve_step(self.step)
+            position = self.algorithm.schedule_position(self.step + 1)
+            if position is not None:  # the schedule follows the algorithm's count, not the serve steps
+                self.scheduler.last_epoch = position - 1
             self.scheduler.step()
             self.step += 1
             self.compute_time_s += max(0.0, time.perf_counter() - t0 - self.comm.pop_step_time())

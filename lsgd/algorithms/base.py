@@ -12,14 +12,15 @@ Hook order in one step of a *worker* (trainer.py)::
 ``step`` passed to :meth:`Algorithm.after_step` is the number of completed local steps (1-based);
 :meth:`Algorithm.before_step` gets the same count before the next step begins (after the
 bookkeeping of the step that just ended). Methods whose workers take different numbers of local
-steps (asynchronous SwarmSGD) set :attr:`Algorithm.lockstep` to False: the trainer then performs
-each record at every multiple it crosses, one by one (see ``Trainer.bookkeeping``).
+steps (asynchronous SwarmSGD, asynchronous Local-SGD) set :attr:`Algorithm.lockstep` to False: the
+trainer then performs each record at every multiple it crosses, one by one (see
+``Trainer.bookkeeping``).
 All communication goes through the :class:`lsgd.comm.Communicator` given at construction.
 
 Roles: :meth:`Algorithm.roles` says what every rank is (``worker`` by default; ``server`` for
 parameter-server methods). The trainer dispatches once: a worker runs the loop above, a server
 runs ``algorithm.serve_step(step)`` per step, with the same recording, evaluation and checkpoint
-services. Data shards are dealt to workers only (``RunContext.worker_index`` of
+services (its schedule, too, follows :meth:`Algorithm.schedule_position` where that is not None). Data shards are dealt to workers only (``RunContext.worker_index`` of
 ``RunContext.num_workers``).
 
 Registration: a subclass that sets ``name`` in its class body registers itself in

@@ -1,0 +1,336 @@
+"""``async_local_sgd``: asynchronous Local-SGD with a parameter server (Liu, Douillard et al. 2024,
+"Asynchronous Local-SGD Training for Language Modeling", arXiv 2401.09135; papers.md section 4).
+
+Roles: rank 0 is the server, ranks 1..W the workers (data shards go to the W workers). The server
+holds the global model theta (its ``self.model``: evaluation and checkpoints see it) and the outer
+optimizer. Worker ``w``:
+
+1. starts a task from the server's model theta_start (the model it pulled last);
+2. runs ``H_w`` local steps with the run's inner optimizer (``optim``, AdamW for the paper; its
+   state stays on the worker across tasks); ``H_w = algo.local_steps``, or with DyLU
+   (``algo.dylu``) ``max(1, floor(v_w / max v x H))``, v = speed (Liu et al. 2024 section 3.3);
+3. pushes the pseudo-gradient ``g = theta_start - theta_end`` (start minus end) with its
+   floating buffers (BatchNorm statistics) and pulls the server's new model at once.
+
+The server applies one outer step per arrival, in the order of virtual finish time (ties by worker
+id), and sends the model back (with the buffers of the worker that arrived last: the server runs no
+forward pass of its own). Outer optimizers (``algo.outer_optimizer``, lr eps = ``algo.outer_lr``,
+momentum beta = ``algo.outer_momentum``):
+
+* ``sgd``: theta <- theta - eps g;
+* ``nesterov``: torch SGD with Nesterov momentum per arrival (naive async DiLoCo):
+  b <- beta b + g; theta <- theta - eps (g + beta b);
+* ``delayed_nesterov`` (DN, Liu et al. 2024 Algorithm 2; papers.md section 4; the same as HALoS,
+  utnslab/halos src/halos/opt.py): for the t-th arrival g_t (t = 0, 1, ...), buffer N =
+  ``algo.dn_buffer``, c = ``algo.dn_c``: Delta <- Delta + g_t; if (t + 1) % N == 0:
+  m <- beta m + Delta / N, theta <- theta - eps ((1 - cN + c) beta m + g_t / N), Delta <- 0;
+  otherwise theta <- theta - eps (c beta m + g_t / N). With c = 0 each arrival is plain SGD at
+  eps / N and the momentum acts once per N arrivals; N = 1 is Nesterov per arrival.
+
+Staleness (server arrivals between a worker's pull and its push) baselines: ``algo.staleness_exponent``
+a > 0 scales g by ``1 / (1 + s)^a`` (polynomial discount); ``algo.max_staleness`` drops arrivals
+staler than it (the worker still pulls the current model; the dropped task's steps still count as
+spent compute in the progress).
+
+Timing (``algo.timing``): ``virtual`` (the only one so far) decides the order on the cluster clock:
+every rank computes the same plan (:mod:`lsgd.algorithms.async_plan`, whose docstring has the rules,
+each rank's progress and the deadlock-freedom argument) from every worker's modeled seconds per
+step (``cluster.compute=profile`` with ``cluster.speeds``) and the modeled cost of the messages,
+then follows its part: reproducible bit for bit, and records, evaluations and checkpoints follow
+virtual time (the trainer's non-lockstep bookkeeping). A worker pushes and pulls in
+:meth:`before_step` of the step after its task's last, after that boundary's records. Each
+worker's messages travel on its own 2-rank process group with the server (torchft's
+ParameterServer pattern; papers.md section 4).
+
+Progress: floor(local steps of the applied tasks / W), so ``T`` progress steps are the compute of
+W workers x T local steps; the run ends when the server has applied enough. The learning-rate
+schedule of a worker follows the network's average local step count at its virtual time; the
+server's follows the progress. ``lr`` in records is the server's (rank 0).
+
+Bytes (all ``p2p``): per task, the worker sends n + b and the server n + b back (n parameter bytes,
+b floating-buffer bytes). Metrics (rank 0, the server): ``staleness`` (mean over applied arrivals)
+and ``staleness_max``, ``updates_worker<w>`` (arrivals applied from worker w, 0-based), ``dropped``
+(with ``max_staleness``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import warnings
+from collections.abc import Iterator
+
+import torch
+
+from lsgd.algorithms import async_plan
+from lsgd.algorithms.base import Algorithm, float_buffers, model_tensors
+from lsgd.comm import copy_back
+from lsgd.config import choice, int_at_least, number_at_least, positive
+from lsgd.errors import ConfigError
+
+log = logging.getLogger("lsgd")
+
+SERVER = 0
+OUTER_OPTIMIZERS = ("sgd", "nesterov", "delayed_nesterov")
+TIMINGS = ("virtual",)
+
+
+class DelayedNesterov:
+    """Delayed Nesterov (module docstring) over ``params`` (updated in place from their ``.grad``).
+
+    Args:
+        params: the server's parameters theta.
+        lr: eps, the outer learning rate.
+        beta: momentum.
+        buffer: N >= 1, arrivals per momentum update.
+        c: momentum activation between momentum updates (0: none).
+    """
+
+    def __init__(self, params: list[torch.Tensor], lr: float, beta: float, buffer: int, c: float = 0.0):
+        self.params, self.lr, self.beta, self.buffer, self.c = list(params), float(lr), float(beta), int(buffer), float(c)
+        self.t = 0
+        self.m = [torch.zeros_like(p) for p in self.params]
+        self.delta = [torch.zeros_like(p) for p in self.params]
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Apply the arrival held in the parameters' ``.grad``."""
+        n, beta, c = self.buffer, self.beta, self.c
+        update_momentum = (self.t + 1) % n == 0
+        for p, m, delta in zip(self.params, self.m, self.delta):
+            g = p.grad
+            delta.add_(g)
+            if update_momentum:
+                m.mul_(beta).add_(delta / n)
+                p.sub_(self.lr * ((1 - c * n + c) * beta * m + g / n))
+                delta.zero_()
+            else:
+                p.sub_(self.lr * (c * beta * m + g / n))
+        self.t += 1
+
+    def state_dict(self) -> dict:
+        return {"t": self.t, "m": [t.clone() for t in self.m], "delta": [t.clone() for t in self.delta]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.t = int(state["t"])
+        for dst, src in zip(self.m + self.delta, list(state["m"]) + list(state["delta"])):
+            dst.copy_(src)
+
+
+def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.detach().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
+
+
+class AsyncLocalSGD(Algorithm):
+    """Asynchronous Local-SGD / async DiLoCo (module docstring).
+
+    Config keys: ``timing`` (virtual), ``local_steps`` (H >= 1), ``dylu`` (bool), ``outer_optimizer``
+    (sgd | nesterov | delayed_nesterov), ``outer_lr`` (> 0), ``outer_momentum`` ([0, 1)),
+    ``dn_buffer`` (N >= 1), ``dn_c`` (>= 0), ``staleness_exponent`` (>= 0), ``max_staleness``
+    (null or an integer >= 0).
+    """
+
+    name = "async_local_sgd"
+    lockstep = False
+
+    @classmethod
+    def roles(cls, world_size: int) -> list[str]:
+        return ["server"] + ["worker"] * (world_size - 1)
+
+    @classmethod
+    def validate_config(cls, algo: dict, world_size: int) -> None:
+        if world_size < 2:
+            raise ConfigError(f"algo=async_local_sgd needs at least 2 processes (rank 0 serves, the rest are "
+                              f"workers); got {world_size}: set launcher.nproc_per_node >= 2")
+        choice({"timing": algo.get("timing", "virtual")}, "timing", TIMINGS, "algo.")
+        int_at_least(algo, "local_steps", 1, "algo.")
+        choice({"dylu": algo.get("dylu", False)}, "dylu", (True, False), "algo.")
+        choice(algo, "outer_optimizer", OUTER_OPTIMIZERS, "algo.")
+        positive(algo, "outer_lr", "algo.")
+        m = algo.get("outer_momentum", 0.9)
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m < 1:
+            raise ConfigError(f"algo.outer_momentum must be in [0, 1), got {m!r}")
+        int_at_least({"dn_buffer": algo.get("dn_buffer", 4)}, "dn_buffer", 1, "algo.")
+        number_at_least({"dn_c": algo.get("dn_c", 0.0)}, "dn_c", 0.0, "algo.")
+        number_at_least({"staleness_exponent": algo.get("staleness_exponent", 0.0)}, "staleness_exponent", 0.0, "algo.")
+        if algo.get("max_staleness") is not None:
+            int_at_least(algo, "max_staleness", 0, "algo.")
+
+    @classmethod
+    def validate_run(cls, cfg: dict, world_size: int) -> None:
+        compute = (cfg.get("cluster") or {}).get("compute", "profile")
+        if compute != "profile":
+            raise ConfigError(f"algo=async_local_sgd with algo.timing=virtual needs cluster.compute=profile (the "
+                              f"arrival order is simulated from modeled step times); got cluster.compute={compute!r}")
+
+    def __init__(self, cfg, comm):
+        super().__init__(cfg, comm)
+        self.local_steps = int(cfg.get("local_steps", 50))
+        self.dylu = bool(cfg.get("dylu", False))
+        self.exponent = float(cfg.get("staleness_exponent", 0.0) or 0.0)
+        self.max_staleness = cfg.get("max_staleness")
+        self.dropped = 0
+        self.served = 0  # arrivals the server has handled
+        self.plan: async_plan.Plan | None = None
+
+    def setup(self, model, optimizer, ctx=None):
+        model = super().setup(model, optimizer, ctx)
+        self.params = [p for p in model.parameters()]
+        self.buffers = float_buffers(model)
+        dtypes = {t.dtype for t in self.params + self.buffers}
+        if len(dtypes) > 1:
+            raise ValueError(f"async_local_sgd moves one flat buffer per message: all parameters and buffers must "
+                             f"share a dtype, got {dtypes}")
+        self.is_server = self.comm.rank == SERVER
+        n_workers = self.comm.world_size - 1
+        # one 2-rank group per (server, worker): every rank creates them all, in the same order
+        pairs = [self.comm.subgroup([SERVER, w]) for w in range(1, n_workers + 1)]
+        self.pairs = pairs if self.is_server else None
+        self.pair = None if self.is_server else pairs[self.comm.rank - 1]
+        self.worker = None if self.is_server else self.comm.rank - 1
+        self.plan = self._plan(n_workers)
+        if self.is_server:
+            self.outer = self._outer_optimizer()
+        else:
+            self.start = [p.detach().clone() for p in self.params]  # theta_start of the current task
+        # the server steps the schedule (its lr is the records') and never its inner optimizer
+        warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before `optimizer.step()`"))
+        return model
+
+    def _plan(self, n_workers: int) -> async_plan.Plan:
+        step_s, total = self.ctx.worker_step_s, self.ctx.total_steps
+        if step_s is None or total is None:
+            raise ConfigError("algo=async_local_sgd with algo.timing=virtual needs cluster.compute=profile (modeled "
+                              "step times of every worker) and a known run length")
+        nbytes = sum(t.numel() * t.element_size() for t in self.params + self.buffers)
+        cost = [float(self.comm.pair_cost(SERVER, w + 1, nbytes)[0]) for w in range(n_workers)]
+        # one plan for all: every rank takes rank 0's inputs (an uncounted all-gather), so ranks
+        # whose FLOP counts of their first batch differ (variable-length text) still agree
+        table = self.comm.gather_values([*step_s, *cost])
+        if not (table == table[0]).all():
+            log.warning("async_local_sgd: ranks' modeled step times or message costs differ; every rank "
+                        "follows the plan built from rank 0's")
+        step_s, cost = [float(v) for v in table[0][:n_workers]], [float(v) for v in table[0][n_workers:]]
+        hs = async_plan.dylu_steps(self.local_steps, step_s, self.dylu)
+        return async_plan.plan(step_s, hs, cost, cost, total)
+
+    def _outer_optimizer(self):
+        kind = self.cfg.get("outer_optimizer", "delayed_nesterov")
+        lr = float(self.cfg.get("outer_lr", 0.7))
+        beta = float(self.cfg.get("outer_momentum", 0.9))
+        if kind == "sgd":
+            return torch.optim.SGD(self.params, lr=lr)
+        if kind == "nesterov":
+            return torch.optim.SGD(self.params, lr=lr, momentum=beta, nesterov=True)
+        return DelayedNesterov(self.params, lr, beta, int(self.cfg.get("dn_buffer", 4)), float(self.cfg.get("dn_c", 0.0)))
+
+    # -- the schedule ------------------------------------------------------------------------------
+    def progress(self, step: int) -> int:
+        if step <= 0:
+            return 0
+        if self.is_server:
+            return self.plan.arrivals[step - 1].progress
+        return self.plan.workers[self.worker].progress[step - 1]
+
+    def schedule_position(self, step: int) -> int | None:
+        if step <= 0:
+            return None
+        if self.is_server:
+            return self.progress(step)
+        return self.plan.workers[self.worker].schedule[step - 1]
+
+    # -- worker ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def before_step(self, step: int) -> None:
+        """Worker, at the end of a task (after its boundary's records): push g = theta_start -
+        theta_end with the buffers, pull the server's model, start the next task from it."""
+        if self.is_server or step not in self.plan.workers[self.worker].push:
+            return
+        g = _flat([s - p for s, p in zip(self.start, self.params)] + self.buffers)
+        self.pair.sendrecv(g, None, 0)
+        theta = torch.empty_like(g)
+        self.pair.sendrecv(None, theta, 0)
+        copy_back(theta, self.params + self.buffers)
+        for s, p in zip(self.start, self.params):
+            s.copy_(p)
+        self.comm.round()
+
+    # -- server ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def serve_step(self, step: int) -> None:
+        """Server: receive arrival ``step`` (the plan's order) from its worker, apply the outer
+        step, send the model back."""
+        arrival = self.plan.arrivals[step]
+        pair = self.pairs[arrival.worker]
+        n_params = sum(p.numel() for p in self.params)
+        recv = torch.empty(n_params + sum(b.numel() for b in self.buffers), dtype=self.params[0].dtype,
+                           device=self.params[0].device)
+        pair.sendrecv(None, recv, 1)
+        self.apply(recv[:n_params], arrival.staleness)
+        copy_back(recv[n_params:], self.buffers)
+        pair.sendrecv(_flat(self.params + self.buffers), None, 1)
+        self.served = step + 1
+        self.comm.round()
+
+    @torch.no_grad()
+    def apply(self, g: torch.Tensor, staleness: int) -> None:
+        """The outer step on the flat pseudo-gradient ``g`` of an arrival ``staleness`` updates stale."""
+        if self.max_staleness is not None and staleness > int(self.max_staleness):
+            self.dropped += 1
+            return
+        if self.exponent > 0:
+            g = g * (1.0 + staleness) ** -self.exponent
+        offset = 0
+        for p in self.params:
+            p.grad = g[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        self.outer.step()
+        for p in self.params:
+            p.grad = None
+
+    # -- evaluation, metrics, checkpoints ------------------------------------------------------------
+    @contextlib.contextmanager
+    def eval_context(self) -> Iterator[None]:
+        """Within the block every rank holds the server's model (an uncounted broadcast from rank 0;
+        the workers' own models are restored afterwards)."""
+        self.consensus_distance = None
+        tensors = model_tensors(self.model, buffers=True)
+        saved = [t.clone() for t in tensors]
+        self.comm.broadcast_(tensors, src=SERVER, count=False)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for t, s in zip(tensors, saved):
+                    t.copy_(s)
+
+    def metrics(self) -> dict:
+        if not self.is_server:
+            return {}
+        applied = self.plan.arrivals[: self.served]
+        out = {"staleness": sum(a.staleness for a in applied) / max(len(applied), 1),
+               "staleness_max": max((a.staleness for a in applied), default=0)}
+        for w in range(len(self.plan.workers)):
+            out[f"updates_worker{w}"] = sum(1 for a in applied if a.worker == w)
+        if self.max_staleness is not None:
+            out["dropped"] = self.dropped
+        return out
+
+    def state_dict(self) -> dict:
+        if self.is_server:
+            return {"outer": self.outer.state_dict(), "dropped": self.dropped, "served": self.served}
+        return {"start": [t.clone() for t in self.start]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.is_server:
+            self.outer.load_state_dict(state["outer"])
+            self.dropped = int(state["dropped"])
+            self.served = int(state["served"])
+        else:
+            with torch.no_grad():
+                for t, s in zip(self.start, state["start"]):
+                    t.copy_(s)
+
+
+__all__ = ["AsyncLocalSGD", "DelayedNesterov"]

@@ -1,0 +1,253 @@
+"""Asynchronous Local-SGD's schedule in virtual time: which worker's update the server applies
+next, and every rank's progress at every point of the run.
+
+Liu, Douillard et al. 2024, "Asynchronous Local-SGD Training for Language Modeling" (arXiv
+2401.09135; papers.md section 4) simulate time deterministically: a worker's task lasts its
+local steps times its seconds per step (+ communication), and the server applies the update with
+the earliest virtual finish time next (ties broken by worker id). lsgd runs real processes but
+decides this order on the cluster clock, so a run is reproducible: every rank computes the same
+:func:`plan` from what all ranks know (every worker's modeled seconds per local step under
+``cluster.compute=profile`` and ``cluster.speeds``, the local step counts, the modeled cost of one
+message each way) and then follows its own part. No message decides anything.
+
+The rules (times in modeled seconds; workers indexed 0..W-1 among the workers):
+
+1. Worker ``w`` starts its task 0 at time 0 from the server's model (version 0). Its task takes
+   ``H_w`` local steps of ``step_s[w]`` seconds each: its local step boundaries fall at
+   ``start + j x step_s[w]`` (j = 1..H_w), the last one is the task's *finish* ``f``; the push of
+   the pseudo-gradient reaches the server at ``a = f + push_s[w]`` (its *arrival*).
+2. The server takes arrivals in order of ``(a, w)`` (virtual finish time, ties by worker id). It
+   handles one at a time on its single link: it receives arrival ``i`` at
+   ``r_i = max(a_i, r_{i-1} + pull_s[w_{i-1}])`` (it was busy sending the previous model back),
+   applies the outer step (no modeled time), and sends the new model back, which the worker has
+   at ``r_i + pull_s[w]``: it starts its next task then, from the server's model after arrival
+   ``i``. These are exactly the cluster clock's point-to-point rules (:mod:`lsgd.comm`), so the
+   processes' clocks follow the plan.
+3. Staleness of arrival ``i`` = arrivals the server received between the worker's pull and this
+   one (the server's version now minus the version the worker started from).
+4. Progress (what records, evaluation, checkpoints and stopping count) after arrival ``i`` is
+   ``min(T, floor(sum of H over arrivals 0..i / W))``: the local steps of the applied tasks, per
+   worker, so a run of ``T`` progress steps spends the compute of ``W`` workers x ``T`` local
+   steps on the server's model. The run ends with the first arrival whose progress reaches ``T``.
+
+Each rank's progress at each point, and why no rank can block in a point-to-point operation
+while its peer blocks in a collective (records, evaluations and checkpoints are collectives of
+every rank, made at the progress multiples each rank crosses, in order: the trainer's
+non-lockstep bookkeeping):
+
+* The server's progress after its ``i``-th serve step is arrival ``i``'s: it makes the records
+  arrival ``i`` crosses right after the push/pull of arrival ``i``.
+* A worker at a local step boundary at time ``t`` inside a task has the progress of the arrivals
+  with ``r <= t`` (a prefix of the server's order: ``r`` is non-decreasing along it).
+* A worker at the finish boundary of a task whose arrival is ``i`` has the progress of the
+  arrivals *strictly before* ``i`` in the server's order (whatever their times); the trainer makes
+  that boundary's records, then the algorithm's ``before_step`` pushes and pulls. Its next
+  boundary (after ``r_i + pull_s``) counts arrival ``i`` too.
+* A worker whose task would arrive after the last applied arrival never pushes it: it stops at
+  its first boundary whose progress reaches ``T`` (at the latest that task's finish boundary,
+  whose "arrivals strictly before" are all applied ones). The worker of the last applied arrival
+  takes one more local step after its push and pull, and stops there.
+
+Give every operation a key: the push/pull of arrival ``i`` has key ``(i, 0)``; a record at
+progress count ``m`` has key ``(i, 1, m)`` with ``i`` the first arrival whose progress reaches
+``m``. The server performs all its operations in increasing key order. So does every worker: at
+a boundary inside a task it makes the records of a prefix of arrivals that ends before its own
+next arrival ``j`` (their ``r <= t < f_j <= a_j <= r_j``, and ``r`` never decreases along the
+order); at a finish boundary exactly the records of arrivals before ``j``, then the push/pull
+``(j, 0)``, and afterwards records of arrivals ``>= j`` only. Every rank takes part in every
+record, and the server and worker ``w`` in every push/pull of ``w``. Hence each rank's blocking
+operations are the subsequence, in one global order, of the operations it takes part in; the
+smallest operation not yet complete has every participant waiting at it (each has completed all
+smaller ones and computes only in between), so it completes: no deadlock, by induction.
+Point-to-point messages travel on one 2-rank process group per (server, worker) pair, so a
+worker's messages never wait behind another worker's.
+
+The learning-rate schedule of a worker follows the network's average local step count at the
+boundary's time (:attr:`WorkerPlan.schedule`): ``min(T, floor(G(t) / W))`` with ``G(t)`` the local
+step boundaries of all workers at times ``<= t`` (one worker: its own step count, as in sync
+DiLoCo).
+
+DyLU (dynamic local updates, Liu et al. 2024 section 3.3): worker ``w`` runs
+``max(1, floor(v_w / max_w' v_w' x H))`` local steps per task, ``v`` its speed (1 / step_s):
+:func:`dylu_steps`.
+
+Why hand-written: the arrival order and the per-rank progress are the algorithm under study (the
+DeepMind notebook and HALoS, utnslab/halos src/halos/simulation, use a heap of (virtual finish
+time, worker id) too); the event queue is Python's ``heapq``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+#: added before flooring the DyLU ratio, so that a speed ratio that is an exact fraction in
+#: decimal (1/2 x 4 = 2) is not floored to one less by binary rounding
+_DYLU_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One pseudo-gradient the server applies (in the server's order).
+
+    Attributes:
+        worker: the sending worker's index (0-based among the workers).
+        task: the worker's task number (0-based).
+        steps: local steps of the task (H_w).
+        staleness: server arrivals between the worker's pull and this one (updates).
+        finish_s: the task's last local step ends (s).
+        arrive_s: the push reaches the server, ``finish_s + push_s`` (s).
+        apply_s: the server receives and applies it, ``>= arrive_s`` (s).
+        progress: the run's progress after applying it (progress steps, <= T).
+    """
+
+    worker: int
+    task: int
+    steps: int
+    staleness: int
+    finish_s: float
+    arrive_s: float
+    apply_s: float
+    progress: int
+
+
+@dataclass
+class WorkerPlan:
+    """One worker's part of the plan.
+
+    Attributes:
+        progress: ``progress[k - 1]`` = the run's progress at the boundary after this worker's local
+            step ``k`` (non-decreasing; the last one = T: the worker stops after its last step).
+        push: ``{k: i}`` after local step ``k`` (in ``before_step(k)``) the worker pushes the
+            pseudo-gradient that is arrival ``i`` and pulls the server's model.
+        times: ``times[k - 1]`` = the virtual time of the boundary after step ``k`` (s).
+        schedule: ``schedule[k - 1]`` = the learning-rate schedule's position after step ``k``.
+    """
+
+    progress: list[int] = field(default_factory=list)
+    push: dict[int, int] = field(default_factory=dict)
+    times: list[float] = field(default_factory=list)
+    schedule: list[int] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        """Local steps this worker takes in the run."""
+        return len(self.progress)
+
+
+@dataclass
+class Plan:
+    """The whole schedule: the server's arrivals in order and every worker's part."""
+
+    arrivals: list[Arrival]
+    workers: list[WorkerPlan]
+
+    @property
+    def end_s(self) -> float:
+        """Virtual time the last arrival is applied (s)."""
+        return self.arrivals[-1].apply_s
+
+
+def dylu_steps(h: int, step_s: Sequence[float], dylu: bool) -> list[int]:
+    """Local steps per task of every worker: ``h`` each, or with DyLU
+    ``max(1, floor(v_w / max v x h))`` with ``v_w = 1 / step_s[w]`` (step_s in s per local step)."""
+    if not dylu:
+        return [int(h)] * len(step_s)
+    fastest = min(step_s)
+    return [max(1, math.floor(fastest / s * h + _DYLU_EPS)) for s in step_s]
+
+
+def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[float], pull_s: Sequence[float],
+         total_steps: int) -> Plan:
+    """The asynchronous Local-SGD schedule (module docstring).
+
+    Args:
+        step_s: modeled seconds per local step of each worker (> 0).
+        local_steps: local steps per task of each worker (H_w >= 1).
+        push_s, pull_s: modeled seconds of a worker's push (pseudo-gradient to the server) and pull
+            (model back) message (>= 0).
+        total_steps: T, the run's length in progress steps (>= 1).
+
+    Raises:
+        ValueError: lengths differ, a step time <= 0, a step count < 1, a cost < 0 or T < 1.
+    """
+    n = len(step_s)
+    if n < 1 or not len(local_steps) == len(push_s) == len(pull_s) == n:
+        raise ValueError(f"one step time, step count and cost per worker, got {n}, {len(local_steps)}, "
+                         f"{len(push_s)}, {len(pull_s)}")
+    if any(not s > 0 for s in step_s):
+        raise ValueError(f"step times must be > 0, got {list(step_s)}")
+    if any(int(h) < 1 for h in local_steps):
+        raise ValueError(f"local steps must be >= 1, got {list(local_steps)}")
+    if any(c < 0 for c in list(push_s) + list(pull_s)):
+        raise ValueError("message costs must be >= 0")
+    if total_steps < 1:
+        raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+    step_s = [float(s) for s in step_s]
+    hs = [int(h) for h in local_steps]
+    # tasks[w]: (start, arrival index or None) of each of w's tasks, in order
+    tasks: list[list[list]] = [[[0.0, None]] for _ in range(n)]
+    pulled = [0] * n  # server version each worker started its current task from
+    heap = []
+
+    def launch(w: int, start: float) -> None:
+        finish = start + hs[w] * step_s[w]
+        heapq.heappush(heap, (finish + float(push_s[w]), w, finish))
+
+    for w in range(n):
+        launch(w, 0.0)
+    arrivals: list[Arrival] = []
+    applied_steps = 0
+    server_free = 0.0
+    while True:
+        arrive, w, finish = heapq.heappop(heap)
+        apply = max(arrive, server_free)
+        applied_steps += hs[w]
+        progress = min(total_steps, applied_steps // n)
+        i = len(arrivals)
+        arrivals.append(Arrival(w, len(tasks[w]) - 1, hs[w], i - pulled[w], finish, arrive, apply, progress))
+        tasks[w][-1][1] = i
+        back = apply + float(pull_s[w])
+        server_free = back
+        tasks[w].append([back, None])  # the next task (never pushed if the run ends now)
+        pulled[w] = i + 1
+        if progress >= total_steps:
+            break
+        launch(w, back)
+
+    applied_at = [a.apply_s for a in arrivals]
+    before = [0] + [a.progress for a in arrivals]  # before[i]: progress of the arrivals before i
+    workers = []
+    for w in range(n):
+        wp = WorkerPlan()
+        done = False
+        for start, index in tasks[w]:
+            for j in range(1, hs[w] + 1):
+                t = start + j * step_s[w]
+                k = len(wp.progress) + 1
+                if j == hs[w] and index is not None:
+                    p = before[index]
+                    wp.push[k] = index
+                elif j == hs[w]:
+                    p = total_steps  # a task that never arrives: every applied arrival precedes it
+                else:
+                    p = before[bisect.bisect_right(applied_at, t)]
+                wp.progress.append(p)
+                wp.times.append(t)
+                if p >= total_steps:
+                    done = True
+                    break
+            if done:
+                break
+        workers.append(wp)
+    # the schedule: the network's average local step count at each boundary's time
+    ends = sorted(t for wp in workers for t in wp.times)
+    for wp in workers:
+        wp.schedule = [min(total_steps, bisect.bisect_right(ends, t) // n) for t in wp.times]
+    return Plan(arrivals, workers)
+
+
+__all__ = ["Arrival", "Plan", "WorkerPlan", "dylu_steps", "plan"]

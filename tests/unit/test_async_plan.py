@@ -1,0 +1,216 @@
+"""Asynchronous Local-SGD's pieces without processes: the virtual-time plan
+(lsgd.algorithms.async_plan) against hand-computed cases and invariants, DyLU step counts, and the
+delayed Nesterov outer optimizer against its formula (papers.md section 4)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from lsgd.algorithms.async_local_sgd import AsyncLocalSGD, DelayedNesterov
+from lsgd.algorithms.async_plan import dylu_steps, plan
+from lsgd.errors import ConfigError
+
+
+# -- the plan ------------------------------------------------------------------------------------
+def test_two_workers_step_times_1_and_3_finish_at_2_4_6_6_ties_by_worker_id():
+    """Step times 1 s and 3 s, H = 2, free messages, T = 4: worker 0 finishes at 2, 4, 6, worker
+    1 at 6 (after worker 0's third, the tie going to the lower id); 8 local steps = 2 workers x 4."""
+    p = plan([1.0, 3.0], [2, 2], [0.0, 0.0], [0.0, 0.0], 4)
+    assert [(a.worker, a.task, a.finish_s, a.apply_s) for a in p.arrivals] == [
+        (0, 0, 2.0, 2.0), (0, 1, 4.0, 4.0), (0, 2, 6.0, 6.0), (1, 0, 6.0, 6.0)]
+    # worker 1 pulled version 0 and three updates were applied since
+    assert [a.staleness for a in p.arrivals] == [0, 0, 0, 3]
+    assert [a.progress for a in p.arrivals] == [1, 2, 3, 4]
+    w0, w1 = p.workers
+    # worker 0's boundaries at t = 1..7: inside a task, the arrivals applied by then; at a task's
+    # end, the arrivals before its own; at t = 7 all four are in: T, it stops
+    assert w0.times == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    assert w0.progress == [0, 0, 1, 1, 2, 2, 4]
+    assert w0.push == {2: 0, 4: 1, 6: 2}
+    assert w1.times == [3.0, 6.0, 9.0]
+    assert w1.progress == [1, 3, 4]
+    assert w1.push == {2: 3}
+    # schedule: floor(local steps of both workers done by t / 2), at most T
+    assert w0.schedule == [0, 1, 2, 2, 3, 4, 4]
+    assert w1.schedule == [2, 4, 4]
+
+
+def test_the_server_sends_one_model_at_a_time():
+    """Step 1 s, H = 1, 0.5 s per message each way: both pushes reach the server at 1.5; worker 1's
+    waits until the model for worker 0 has left (2.0), and so on."""
+    p = plan([1.0, 1.0], [1, 1], [0.5, 0.5], [0.5, 0.5], 2)
+    assert [(a.worker, a.arrive_s, a.apply_s, a.staleness, a.progress) for a in p.arrivals] == [
+        (0, 1.5, 1.5, 0, 0), (1, 1.5, 2.0, 1, 1), (0, 3.5, 3.5, 1, 1), (1, 4.0, 4.0, 1, 2)]
+    assert p.workers[0].times == [1.0, 3.0, 5.0]   # restarts at 2.0 (1.5 + 0.5), then at 4.0
+    assert p.workers[1].times == [1.0, 3.5, 5.5]   # restarts at 2.5, then at 4.5
+    assert p.end_s == 4.0
+
+
+def test_dylu_step_counts():
+    assert dylu_steps(6, [1.0, 2.0, 3.0, 1.5], True) == [6, 3, 2, 4]
+    assert dylu_steps(2, [1.0, 3.0], True) == [2, 1]          # floor(2/3) = 0 -> at least 1
+    assert dylu_steps(50, [0.58, 0.75, 1.51, 3.33], True) == [50, 38, 19, 8]
+    assert dylu_steps(6, [1.0, 2.0], False) == [6, 6]
+
+
+def _operation_keys(p, w, total):
+    """Worker w's blocking operations in the order it performs them: a push/pull of arrival i is
+    (i, 0); a record at progress m is (first arrival reaching m, 1, m)."""
+    first = {}
+    for i, a in enumerate(p.arrivals):
+        prev = p.arrivals[i - 1].progress if i else 0
+        for m in range(prev + 1, a.progress + 1):
+            first[m] = i
+    ops, made = [], 0
+    for k, prog in enumerate(p.workers[w].progress, start=1):
+        ops += [(first[m], 1, m) for m in range(made + 1, prog + 1)]
+        made = max(made, prog)
+        if k in p.workers[w].push and prog < total:
+            ops.append((p.workers[w].push[k], 0))
+    return ops
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_plans_keep_every_rank_in_one_global_order(seed):
+    """Random speeds, step counts and costs: progress never decreases and ends at T on every worker;
+    each applied arrival is pushed once by its worker at its finish boundary; and every worker's
+    records and pushes come in the global order of the deadlock-freedom argument (async_plan)."""
+    rng = random.Random(seed)
+    n = rng.randint(1, 5)
+    step_s = [rng.choice([0.5, 1.0, 1.3, 2.0, 3.7]) for _ in range(n)]
+    hs = [rng.randint(1, 4) for _ in range(n)]
+    cost = [rng.choice([0.0, 0.1, 0.7]) for _ in range(n)]
+    total = rng.randint(1, 30)
+    p = plan(step_s, hs, cost, cost, total)
+    assert p.arrivals[-1].progress == total
+    assert all(a.progress < total for a in p.arrivals[:-1])
+    applies = [a.apply_s for a in p.arrivals]
+    assert applies == sorted(applies)
+    assert sorted(i for wp in p.workers for i in wp.push.values()) == list(range(len(p.arrivals)))
+    for w, wp in enumerate(p.workers):
+        assert wp.progress == sorted(wp.progress) and wp.progress[-1] == total
+        assert all(x < total for x in wp.progress[:-1])
+        assert wp.schedule == sorted(wp.schedule) and wp.schedule[-1] <= total
+        for k, i in wp.push.items():
+            assert p.arrivals[i].worker == w and wp.times[k - 1] == p.arrivals[i].finish_s
+        ops = _operation_keys(p, w, total)
+        assert ops == sorted(ops)
+        assert sum(1 for op in ops if op[1] == 1) == total  # every record, once
+
+
+# -- delayed Nesterov ------------------------------------------------------------------------------
+G = [0.5, -1.0, 2.0, 0.25, -0.75, 1.5, 0.1]
+
+
+def _run_dn(n, c, lr=0.7, beta=0.9):
+    x = torch.tensor([1.0], dtype=torch.float64)
+    opt = DelayedNesterov([x], lr, beta, n, c)
+    out = []
+    for g in G:
+        x.grad = torch.tensor([g], dtype=torch.float64)
+        opt.step()
+        out.append(x.item())
+    return out
+
+
+@pytest.mark.parametrize("c", [0.0, 0.3])
+def test_delayed_nesterov_follows_the_formula(c):
+    """N = 3 on a scripted sequence, against papers.md's rule written out by hand."""
+    n, lr, beta = 3, 0.7, 0.9
+    theta, m, delta, expected = 1.0, 0.0, 0.0, []
+    for t, g in enumerate(G):
+        delta += g
+        if (t + 1) % n == 0:
+            m = beta * m + delta / n
+            theta -= lr * ((1 - c * n + c) * beta * m + g / n)
+            delta = 0.0
+        else:
+            theta -= lr * (c * beta * m + g / n)
+        expected.append(theta)
+    assert _run_dn(n, c) == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    if c == 0.0:  # between momentum updates: plain SGD at lr / N
+        assert expected[0] == pytest.approx(1.0 - lr * G[0] / n)
+
+
+def test_delayed_nesterov_with_buffer_1_is_nesterov_per_arrival():
+    x = torch.tensor([1.0], dtype=torch.float64)
+    sgd = torch.optim.SGD([x], lr=0.7, momentum=0.9, nesterov=True)
+    ref = []
+    for g in G:
+        x.grad = torch.tensor([g], dtype=torch.float64)
+        sgd.step()
+        ref.append(x.item())
+    assert _run_dn(1, 0.0) == pytest.approx(ref, rel=1e-12, abs=1e-12)
+    assert _run_dn(1, 0.5) == pytest.approx(ref, rel=1e-12, abs=1e-12)  # c cancels for N = 1
+
+
+def test_delayed_nesterov_state_round_trips():
+    x = torch.tensor([1.0, 2.0])
+    opt = DelayedNesterov([x], 0.5, 0.9, 2)
+    x.grad = torch.tensor([1.0, -1.0])
+    opt.step()
+    state = opt.state_dict()
+    y = x.clone()
+    other = DelayedNesterov([y], 0.5, 0.9, 2)
+    other.load_state_dict(state)
+    for opt_, p in ((opt, x), (other, y)):
+        p.grad = torch.tensor([0.5, 0.5])
+        opt_.step()
+    assert torch.equal(x, y) and other.t == 2
+
+
+# -- config ------------------------------------------------------------------------------------------
+def _algo(**kw):
+    return {"name": "async_local_sgd", "timing": "virtual", "local_steps": 4, "dylu": False,
+            "outer_optimizer": "delayed_nesterov", "outer_lr": 0.7, "outer_momentum": 0.9, "dn_buffer": 2,
+            "dn_c": 0.0, "staleness_exponent": 0.0, "max_staleness": None, **kw}
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("outer_optimizer", "adam", "algo.outer_optimizer='adam' is not allowed; allowed: sgd, nesterov, delayed_nesterov"),
+    ("timing", "real", "algo.timing='real' is not allowed; allowed: virtual"),
+    ("dn_buffer", 0, "algo.dn_buffer must be an integer >= 1"),
+    ("outer_momentum", 1.0, r"algo.outer_momentum must be in \[0, 1\)"),
+    ("max_staleness", -1, "algo.max_staleness must be an integer >= 0"),
+    ("local_steps", 0, "algo.local_steps must be an integer >= 1"),
+    ("dylu", "yes", "algo.dylu='yes' is not allowed"),
+])
+def test_config_errors_name_the_key_and_the_allowed_values(key, value, match):
+    with pytest.raises(ConfigError, match=match):
+        AsyncLocalSGD.validate_config(_algo(**{key: value}), 3)
+
+
+def test_config_needs_two_processes_and_the_profile_clock():
+    AsyncLocalSGD.validate_config(_algo(), 2)
+    with pytest.raises(ConfigError, match="at least 2 processes"):
+        AsyncLocalSGD.validate_config(_algo(), 1)
+    with pytest.raises(ConfigError, match="cluster.compute=profile"):
+        AsyncLocalSGD.validate_run({"algo": _algo(), "cluster": {"compute": "measured"}}, 3)
+
+
+# -- the server's outer step with the staleness baselines ---------------------------------------------
+def _server(**kw):
+    algo = AsyncLocalSGD(_algo(outer_optimizer="sgd", outer_lr=1.0, **kw), comm=None)
+    algo.params = [torch.tensor([1.0, 2.0]), torch.tensor([3.0])]
+    algo.outer = algo._outer_optimizer()
+    return algo
+
+
+def test_polynomial_staleness_discount_scales_the_pseudo_gradient():
+    """a = 0.5, staleness 3: g / (1 + 3)^0.5 = g / 2, applied with SGD at lr 1."""
+    algo = _server(staleness_exponent=0.5)
+    algo.apply(torch.tensor([2.0, -4.0, 1.0]), 3)
+    assert [p.tolist() for p in algo.params] == [[0.0, 4.0], [2.5]]
+    algo.apply(torch.tensor([2.0, -4.0, 1.0]), 0)  # fresh: undiscounted
+    assert [p.tolist() for p in algo.params] == [[-2.0, 8.0], [1.5]]
+
+
+def test_updates_staler_than_max_staleness_are_dropped():
+    algo = _server(max_staleness=2)
+    algo.apply(torch.tensor([1.0, 1.0, 1.0]), 3)
+    assert [p.tolist() for p in algo.params] == [[1.0, 2.0], [3.0]] and algo.dropped == 1
+    algo.apply(torch.tensor([1.0, 1.0, 1.0]), 2)
+    assert [p.tolist() for p in algo.params] == [[0.0, 1.0], [2.0]] and algo.dropped == 1
