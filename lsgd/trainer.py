@@ -288,10 +288,7 @@ class Trainer:
             self._check_injected_failure()
             t0 = time.perf_counter()
             self.algorithm.serve_step(self.step)
-            position = self.algorithm.schedule_position(self.step + 1)
-            if position is not None:  # the schedule follows the algorithm's count, not the serve steps
-                self.scheduler.last_epoch = position - 1
-            self.scheduler.step()
+            self._schedule_step()
             self.step += 1
             self.compute_time_s += max(0.0, time.perf_counter() - t0 - self.comm.pop_step_time())
             if self.bookkeeping():
@@ -314,16 +311,21 @@ class Trainer:
         self.clock.backward(st.backward_s)
         self.algorithm.after_backward(self.step)
         self.algorithm.optimizer_step()
-        position = self.algorithm.schedule_position(self.step + 1)
-        if position is not None:  # the schedule follows the algorithm's count, not the local steps
-            self.scheduler.last_epoch = position - 1
-        self.scheduler.step()
+        self._schedule_step()
         self.step += 1
         self.algorithm.after_step(self.step)
         self.recorder.add_loss(loss.detach())
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.compute_time_s += max(0.0, time.perf_counter() - t0 - self.comm.pop_step_time())
+
+    def _schedule_step(self) -> None:
+        """Step the learning-rate schedule once; it follows the algorithm's count where
+        :meth:`Algorithm.schedule_position` gives one, else the local (or serve) steps."""
+        position = self.algorithm.schedule_position(self.step + 1)
+        if position is not None:
+            self.scheduler.last_epoch = position - 1
+        self.scheduler.step()
 
     def _sync_time(self) -> float:
         if self.device.type == "cuda":
