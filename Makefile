@@ -20,11 +20,18 @@ $(STAMP): pyproject.toml
 
 # Fashion-MNIST: Debian's dataset-fashion-mnist package when apt is usable as root, else
 # torchvision's download into data/.
+# Jane Austen's novels (dataset=text): `apt-get download r-cran-janeaustenr` + dpkg-deb -x into a
+# temporary folder, extracted to $(LSGD_DATA or data)/text/austen/*.txt and checked against the
+# SHA-256 in lsgd/data/austen.py; then the BPE tokenizer is trained on the training split.
+AUSTEN := $${LSGD_DATA:-data}/text/austen/emma.txt
 data: install
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && { [ ! -f $(FMNIST_DEB) ] || [ ! -f $(AUSTEN) ]; }; then \
+	  apt-get update -qq || echo "apt-get update failed; using the package lists as they are"; fi
 	@if [ ! -f $(FMNIST_DEB) ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist) \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist \
 	  || echo "apt-get failed; falling back to torchvision's download"; fi
 	$(LSGD) data fashion_mnist
+	$(LSGD) data text
 
 demo: data
 	$(LSGD) train -m experiment=fmnist_demo algo=ddp,local_sgd,slowmo

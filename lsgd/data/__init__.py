@@ -12,7 +12,8 @@ Entry points (each takes the ``dataset`` config group as a plain dict)::
 
 Modules: ``catalog`` (config keys, defaults, the entry points), ``partition`` (iid / Dirichlet
 splits, pure functions), ``memory`` (in-memory tensor sets), ``vision`` (Fashion-MNIST, CIFAR,
-synthetic, ImageNet), ``text`` (streaming C4), ``translation`` (WMT17 sentence pairs),
+synthetic, ImageNet), ``text`` (streaming C4), ``plaintext`` (local plain-text files, BPE trained
+locally), ``austen`` (the Jane Austen corpus from Debian), ``translation`` (WMT17 sentence pairs),
 ``loader`` (ShardedLoader, eval_batches).
 
 Targets equal to ``IGNORE_INDEX`` (-100, translation padding) carry no loss and are not counted.

@@ -31,6 +31,20 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "steps_per_epoch": 1000,
         "shuffle_buffer": 10_000,
     },
+    "text": {
+        **_COMMON,
+        "files": None,
+        "document": "paragraph",
+        "val_fraction": 0.05,
+        "test_fraction": 0.05,
+        "split_seed": 0,
+        "eval_split": "test",
+        "tokenizer": "bpe",
+        "vocab_size": 8192,
+        "tokenizer_dir": None,
+        "seq_len": 256,
+        "eval_sequences": None,
+    },
     "wmt17": {
         **_COMMON,
         "path": "wmt/wmt17",
@@ -69,7 +83,7 @@ class DatasetInfo:
             (src_len + tgt_len,) for translation (source | decoder input, lsgd.data.translation).
         num_classes: number of classes, or the vocabulary size for ``lm`` and ``translation``.
         num_train: training samples, or None when unknown without reading the data (a streaming
-            set, wmt17).
+            set, wmt17, text).
         src_len: translation: where the source ends in the input (its first src_len positions).
         pad_id: translation: the padding token id in the input.
     """
@@ -128,6 +142,8 @@ def resolve(dataset_cfg: dict) -> dict:
                     "{train: <path/glob or list>, validation: <path/glob or list>} of local C4-format "
                     f"json(.gz) files; got {files!r}"
                 )
+    elif name == "text":
+        _check_text(cfg)
     elif name == "wmt17":
         _check_wmt17(cfg)
     elif name == "synthetic":
@@ -141,6 +157,44 @@ def resolve(dataset_cfg: dict) -> dict:
         if not _is_number(cfg["noise"]) or cfg["noise"] < 0:
             raise ConfigError(f"dataset.noise must be a number >= 0; got {cfg['noise']!r}")
     return cfg
+
+
+def _check_text(cfg: dict) -> None:
+    from lsgd.data.plaintext import DOCUMENT_UNITS, EVAL_SPLITS, MIN_VOCAB, TOKENIZERS
+
+    if cfg["partition"] != "iid":
+        raise ConfigError("dataset.partition=dirichlet needs class labels; text supports only dataset.partition=iid")
+    files = cfg["files"]
+    if files is not None and (
+        not (isinstance(files, str) or (isinstance(files, (list, tuple)) and files))
+        or not all(isinstance(f, str) and f for f in ([files] if isinstance(files, str) else files))
+    ):
+        raise ConfigError(
+            "dataset.files must be null (the Jane Austen corpus under dataset.root/text/austen) or a glob / "
+            f"list of globs of plain-text files (relative to dataset.root); got {files!r}"
+        )
+    for key, allowed in (("document", DOCUMENT_UNITS), ("eval_split", EVAL_SPLITS), ("tokenizer", TOKENIZERS)):
+        if cfg[key] not in allowed:
+            raise ConfigError(f"dataset.{key} must be one of {', '.join(allowed)}; got {cfg[key]!r}")
+    for key in ("val_fraction", "test_fraction"):
+        if not _is_number(cfg[key]) or not 0 <= cfg[key] < 1:
+            raise ConfigError(f"dataset.{key} (share of the documents) must be a number in [0, 1); got {cfg[key]!r}")
+    if cfg["val_fraction"] + cfg["test_fraction"] >= 1:
+        raise ConfigError(
+            f"dataset.val_fraction + dataset.test_fraction must be < 1 (the rest is the training split); got "
+            f"{cfg['val_fraction']} + {cfg['test_fraction']}"
+        )
+    frac = "val_fraction" if cfg["eval_split"] == "validation" else "test_fraction"
+    if cfg[frac] == 0:
+        raise ConfigError(f"dataset.{frac} must be > 0 when dataset.eval_split={cfg['eval_split']} (the test set)")
+    _int(cfg, "split_seed", 0)
+    _int(cfg, "vocab_size", MIN_VOCAB)
+    _int(cfg, "seq_len", 1)
+    if cfg["eval_sequences"] is not None:
+        _int(cfg, "eval_sequences", 1)
+    tdir = cfg["tokenizer_dir"]
+    if tdir is not None and (not isinstance(tdir, str) or not tdir):
+        raise ConfigError(f"dataset.tokenizer_dir must be null (dataset.root/tokenizers) or a folder path; got {tdir!r}")
 
 
 def _check_wmt17(cfg: dict) -> None:
@@ -192,7 +246,8 @@ def _int(cfg: dict, key: str, lo: int) -> None:
 def dataset_info(dataset_cfg: dict) -> DatasetInfo:
     """Static facts about the configured dataset. Reads no data files and downloads nothing
     (exception: c4 and wmt17 with a Hugging Face tokenizer load that tokenizer from the local cache to
-    learn its vocabulary size).
+    learn its vocabulary size; text's vocabulary is ``dataset.vocab_size``, or 257 with the byte
+    tokenizer).
 
     Raises:
         ConfigError: invalid config (see :func:`resolve`), or c4's tokenizer is not available.
@@ -209,6 +264,10 @@ def dataset_info(dataset_cfg: dict) -> DatasetInfo:
     if name == "c4":
         vocab = _tokenizer(cfg).vocab_size
         return DatasetInfo(name, "lm", (cfg["seq_len"],), vocab, None)
+    if name == "text":
+        from lsgd.data.plaintext import vocab_size
+
+        return DatasetInfo(name, "lm", (cfg["seq_len"],), vocab_size(cfg), None)
     if name == "wmt17":
         from lsgd.data.translation import SpecialIds
 
@@ -292,6 +351,15 @@ def check_available(dataset_cfg: dict) -> None:
         _check_wmt17_files(cfg)
         if cfg["tokenizer"] != "byte" and not cfg["download"]:
             _tokenizer(cfg)
+    elif name == "text":
+        from lsgd.data import austen
+        from lsgd.data.plaintext import _missing_message, corpus_files
+
+        if cfg["files"] is None:
+            if not austen.is_present(root) and not cfg["download"]:
+                raise ConfigError(_missing_message(cfg, []) + " (dataset.download=false)")
+        elif not corpus_files(cfg):
+            raise ConfigError(_missing_message(cfg, []))
 
 
 def _check_wmt17_files(cfg: dict) -> None:
@@ -344,6 +412,10 @@ def prepare(dataset_cfg: dict) -> None:
                 download_cifar(name, root)
         elif name == "c4" and cfg["tokenizer"] != "byte":
             _tokenizer(cfg)
+        elif name == "text":
+            from lsgd.data.plaintext import prepare as prepare_text
+
+            prepare_text(cfg)
         elif name == "wmt17":
             from lsgd.data.translation import load_pairs
 
@@ -367,7 +439,9 @@ def build_datasets(dataset_cfg: dict, seed: int) -> tuple[Any, Any]:
         :class:`lsgd.data.vision.ImageFolderSet`; c4: a
         :class:`lsgd.data.text.StreamingTextDataset` (train, shuffled with ``seed``) and an in-memory
         :class:`lsgd.data.memory.TokenBlockDataset` (the first ``eval_sequences`` validation blocks);
-        wmt17: two :class:`lsgd.data.translation.TranslationPairs` (train and ``eval_split``).
+        wmt17: two :class:`lsgd.data.translation.TranslationPairs` (train and ``eval_split``);
+        text: two in-memory :class:`lsgd.data.memory.TokenBlockDataset` (the training split and
+        ``eval_split``, :mod:`lsgd.data.plaintext`).
         Use them through :class:`lsgd.data.ShardedLoader` and :func:`lsgd.data.eval_batches`.
     Raises:
         ConfigError: as :func:`check_available`, or an ImageFolder tree whose class / sample count
@@ -410,6 +484,10 @@ def build_datasets(dataset_cfg: dict, seed: int) -> tuple[Any, Any]:
 
         _tokenizer(cfg)
         return load_pairs(cfg)
+    if name == "text":
+        from lsgd.data.plaintext import build
+
+        return build(cfg)
     from lsgd.data.vision import make_synthetic
 
     return make_synthetic(cfg)

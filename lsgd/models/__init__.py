@@ -180,7 +180,7 @@ def check_compatible(model_cfg: dict, info: DatasetInfo) -> None:
         if info.task != "lm":
             raise ConfigError(
                 f"model.name={name} is a language model but dataset.name={info.name} is {info.task}; "
-                f"use a classification model ({', '.join(m for m in MODELS if m not in LM_MODELS)}) or dataset.name=c4"
+                f"use a classification model ({', '.join(m for m in MODELS if m not in LM_MODELS)}) or dataset.name=c4 or text"
             )
         return
     if info.task != "classification" or len(info.input_shape) != 3:
