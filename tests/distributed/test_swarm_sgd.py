@@ -206,20 +206,25 @@ def test_geometric_rounds_run_in_the_trainer_and_resume_exactly(tmp_path):
     assert strip(resumed) == strip(full)
 
 
+@pytest.mark.parametrize("pairing", ["rounds", "virtual_time"])
 @pytest.mark.parametrize("blocking", [True, False])
-def test_the_clock_prices_the_wait_and_the_overlap(tmp_path, blocking):
+def test_the_clock_prices_the_wait_and_the_overlap(tmp_path, blocking, pairing):
     """4 equal-speed nodes, complete graph (a perfect matching each round), H = 2, 8 steps of
     t = 10 ms, one exchange costing c = alpha + bytes x 8 / bandwidth: blocking waits c every round
     (8 t + 4 c); non-blocking hides each exchange behind the next round (c < 2 t) and waits only for
-    the last one, applied when the run ends (8 t + c)."""
-    over = ["algo=swarm_sgd", "algo.local_steps=2", f"algo.blocking={str(blocking).lower()}", "max_steps=8",
+    the last one, applied when the run ends (8 t + c). Asynchronous pairing with equal speeds pairs
+    like the rounds (its schedule's times are these), but the exchange planned after the last step
+    never starts: blocking 8 t + 3 c; non-blocking 8 t (the last exchange, posted at 6 t, has landed
+    by 8 t)."""
+    over = ["algo=swarm_sgd", f"algo.pairing={pairing}", "algo.local_steps=2", f"algo.blocking={str(blocking).lower()}", "max_steps=8",
             "cluster.compute=profile", "cluster.step_time_s=0.01", "network.bandwidth_gbps=1", "network.latency_us=10",
             "launcher.nproc_per_node=4"]
     last = [r for r in records(run(tmp_path, over, world=4)) if "kind" not in r][-1]
-    assert last["step"] == 8 and last["comm_rounds"] == 4
-    c = 10e-6 + (last["comm_bytes"] / 4) * 8 / 1e9
+    exchanges = 3 if pairing == "virtual_time" else 4
+    assert last["step"] == 8 and last["comm_rounds"] == exchanges
+    c = 10e-6 + (last["comm_bytes"] / exchanges) * 8 / 1e9
     assert c < 0.02
-    expected = 8 * 0.01 + (4 * c if blocking else c)
+    expected = 8 * 0.01 + (exchanges * c if blocking else (c if pairing == "rounds" else 0.0))
     assert last["modeled_time_s"] == pytest.approx(expected, rel=1e-9)
 
 
