@@ -28,9 +28,17 @@ momentum beta = ``algo.outer_momentum``):
   eps / N and the momentum acts once per N arrivals; N = 1 is Nesterov per arrival.
 
 Staleness (server arrivals between a worker's pull and its push) baselines: ``algo.staleness_exponent``
-a > 0 scales g by ``1 / (1 + s)^a`` (polynomial discount); ``algo.max_staleness`` drops arrivals
-staler than it (the worker still pulls the current model; the dropped task's steps still count as
-spent compute in the progress).
+a > 0 scales g by ``((1 + s_avg) / (1 + s))^a`` (polynomial discount, normalised to 1 at staleness
+``algo.staleness_avg`` = s_avg, default 0, as FLSim's ``PolynomialStalenessWeight`` with its
+``avg_staleness``); ``algo.max_staleness`` drops arrivals staler than it (the worker still pulls
+the current model; the dropped task's steps still count as spent compute in the progress).
+
+FedBuff (``algo.fedbuff`` = K; Nguyen et al. 2022, "Federated Learning with Buffered Asynchronous
+Aggregation", AISTATS, Algorithm 1; FLSim's asynchronous trainer): the server adds each arrival's
+weighted pseudo-gradient to a buffer and takes the outer step on buffer / K every K arrivals (the
+model the workers pull changes only then). Its staleness is counted in server steps, as FLSim counts
+model versions: an arrival with index q (0-based) whose worker pulled after arrival p = q - s has
+``q // K - p // K`` server steps of staleness.
 
 Timing (``algo.timing``): ``virtual`` (the only one so far) decides the order on the cluster clock:
 every rank computes the same plan (:mod:`lsgd.algorithms.async_plan`, whose docstring has the rules,
@@ -127,8 +135,8 @@ class AsyncLocalSGD(Algorithm):
 
     Config keys: ``timing`` (virtual), ``local_steps`` (H >= 1), ``dylu`` (bool), ``outer_optimizer``
     (sgd | nesterov | delayed_nesterov), ``outer_lr`` (> 0), ``outer_momentum`` ([0, 1)),
-    ``dn_buffer`` (N >= 1), ``dn_c`` (>= 0), ``staleness_exponent`` (>= 0), ``max_staleness``
-    (null or an integer >= 0).
+    ``dn_buffer`` (N >= 1), ``dn_c`` (>= 0), ``staleness_exponent`` (>= 0), ``staleness_avg``
+    (>= 0), ``max_staleness`` (null or an integer >= 0), ``fedbuff`` (null or K >= 1).
     """
 
     name = "async_local_sgd"
@@ -156,6 +164,9 @@ class AsyncLocalSGD(Algorithm):
         number_at_least({"staleness_exponent": algo.get("staleness_exponent", 0.0)}, "staleness_exponent", 0.0, "algo.")
         if algo.get("max_staleness") is not None:
             int_at_least(algo, "max_staleness", 0, "algo.")
+        number_at_least({"staleness_avg": algo.get("staleness_avg", 0.0)}, "staleness_avg", 0.0, "algo.")
+        if algo.get("fedbuff") is not None:
+            int_at_least(algo, "fedbuff", 1, "algo.")
 
     @classmethod
     def validate_run(cls, cfg: dict, world_size: int) -> None:
@@ -170,6 +181,10 @@ class AsyncLocalSGD(Algorithm):
         self.dylu = bool(cfg.get("dylu", False))
         self.exponent = float(cfg.get("staleness_exponent", 0.0) or 0.0)
         self.max_staleness = cfg.get("max_staleness")
+        self.staleness_avg = float(cfg.get("staleness_avg", 0.0) or 0.0)
+        self.fedbuff = None if cfg.get("fedbuff") is None else int(cfg["fedbuff"])
+        self.buffer: torch.Tensor | None = None  # FedBuff: the weighted pseudo-gradients since the last server step
+        self.buffered = 0                        # FedBuff: arrivals added to the buffer so far
         self.dropped = 0
         self.served = 0  # arrivals the server has handled
         self.plan: async_plan.Plan | None = None
@@ -267,20 +282,36 @@ class AsyncLocalSGD(Algorithm):
         recv = torch.empty(n_params + sum(b.numel() for b in self.buffers), dtype=self.params[0].dtype,
                            device=self.params[0].device)
         pair.sendrecv(None, recv, 1)
-        self.apply(recv[:n_params], arrival.staleness)
+        self.apply(recv[:n_params], arrival.staleness, index=step)
         copy_back(recv[n_params:], self.buffers)
         pair.sendrecv(_flat(self.params + self.buffers), None, 1)
         self.served = step + 1
         self.comm.round()
 
+    def staleness_weight(self, staleness: int) -> float:
+        """``((1 + s_avg) / (1 + s))^a``; 1 without a discount (module docstring)."""
+        if self.exponent == 0:
+            return 1.0
+        return ((1.0 + self.staleness_avg) / (1.0 + staleness)) ** self.exponent
+
     @torch.no_grad()
-    def apply(self, g: torch.Tensor, staleness: int) -> None:
-        """The outer step on the flat pseudo-gradient ``g`` of an arrival ``staleness`` updates stale."""
+    def apply(self, g: torch.Tensor, staleness: int, index: int = 0) -> None:
+        """The outer step on the flat pseudo-gradient ``g`` of arrival ``index`` (0-based, in the
+        server's order), ``staleness`` arrivals stale; with FedBuff, the buffer (module docstring)."""
         if self.max_staleness is not None and staleness > int(self.max_staleness):
             self.dropped += 1
             return
-        if self.exponent > 0:
-            g = g * (1.0 + staleness) ** -self.exponent
+        if self.fedbuff is not None:
+            k = self.fedbuff
+            steps_stale = index // k - (index - staleness) // k
+            weighted = g * self.staleness_weight(steps_stale)
+            self.buffer = weighted.clone() if self.buffer is None else self.buffer.add_(weighted)
+            self.buffered += 1
+            if self.buffered % k:
+                return
+            g, self.buffer = self.buffer / k, None
+        elif self.exponent > 0:
+            g = g * self.staleness_weight(staleness)
         offset = 0
         for p in self.params:
             p.grad = g[offset : offset + p.numel()].view_as(p).clone()
@@ -319,7 +350,8 @@ class AsyncLocalSGD(Algorithm):
 
     def state_dict(self) -> dict:
         if self.is_server:
-            return {"outer": self.outer.state_dict(), "dropped": self.dropped, "served": self.served}
+            return {"outer": self.outer.state_dict(), "dropped": self.dropped, "served": self.served,
+                    "buffer": None if self.buffer is None else self.buffer.clone(), "buffered": self.buffered}
         return {"start": [t.clone() for t in self.start]}
 
     def load_state_dict(self, state: dict) -> None:
@@ -327,6 +359,8 @@ class AsyncLocalSGD(Algorithm):
             self.outer.load_state_dict(state["outer"])
             self.dropped = int(state["dropped"])
             self.served = int(state["served"])
+            self.buffer = state.get("buffer")
+            self.buffered = int(state.get("buffered", 0))
         else:
             with torch.no_grad():
                 for t, s in zip(self.start, state["start"]):

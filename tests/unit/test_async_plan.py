@@ -214,3 +214,42 @@ def test_updates_staler_than_max_staleness_are_dropped():
     assert [p.tolist() for p in algo.params] == [[1.0, 2.0], [3.0]] and algo.dropped == 1
     algo.apply(torch.tensor([1.0, 1.0, 1.0]), 2)
     assert [p.tolist() for p in algo.params] == [[0.0, 1.0], [2.0]] and algo.dropped == 1
+
+
+def test_polynomial_discount_is_normalised_at_staleness_avg():
+    """FLSim's PolynomialStalenessWeight: raw(s) / raw(avg) = ((1 + avg) / (1 + s))^a; a = 1, avg = 1,
+    staleness 3: weight 2 / 4 = 1/2; staleness 1: weight 1."""
+    algo = _server(staleness_exponent=1.0, staleness_avg=1.0)
+    algo.apply(torch.tensor([2.0, -4.0, 1.0]), 3)
+    assert [p.tolist() for p in algo.params] == [[0.0, 4.0], [2.5]]
+    algo.apply(torch.tensor([2.0, -4.0, 1.0]), 1)
+    assert [p.tolist() for p in algo.params] == [[-2.0, 8.0], [1.5]]
+
+
+def test_fedbuff_steps_on_the_mean_of_every_k_arrivals():
+    """K = 2, SGD at lr 1: the first arrival only fills the buffer; the second steps on (g0 + g1) / 2."""
+    algo = _server(fedbuff=2)
+    algo.apply(torch.tensor([2.0, 0.0, 4.0]), 0, index=0)
+    assert [p.tolist() for p in algo.params] == [[1.0, 2.0], [3.0]]
+    algo.apply(torch.tensor([0.0, 2.0, -2.0]), 1, index=1)
+    assert [p.tolist() for p in algo.params] == [[0.0, 1.0], [2.0]]
+    assert algo.buffer is None and algo.buffered == 2
+
+
+def test_fedbuff_staleness_counts_server_steps():
+    """K = 2, a = 1. Arrival 4, 3 arrivals stale: its worker pulled when 1 arrival had been applied
+    (server version 1 // 2 = 0); now the version is 4 // 2 = 2: 2 server steps stale, weight 1 / 3.
+    Arrival 5, 1 arrival stale: versions 4 // 2 = 2 and 5 // 2 = 2, 0 steps, weight 1. The step is on
+    (g4 / 3 + g5) / 2 = (1 + 1) / 2 = 1 per coordinate."""
+    algo = _server(fedbuff=2, staleness_exponent=1.0)
+    algo.buffered = 4  # arrivals 0..3 already applied
+    algo.apply(torch.tensor([3.0, 3.0, 3.0]), 3, index=4)
+    algo.apply(torch.tensor([1.0, 1.0, 1.0]), 1, index=5)
+    assert [p.tolist() for p in algo.params] == [[0.0, 1.0], [2.0]]
+
+
+def test_fedbuff_config_errors():
+    with pytest.raises(ConfigError, match="algo.fedbuff must be an integer >= 1"):
+        AsyncLocalSGD.validate_config(_algo(fedbuff=0), 3)
+    with pytest.raises(ConfigError, match="algo.staleness_avg"):
+        AsyncLocalSGD.validate_config(_algo(staleness_avg=-1.0), 3)
