@@ -2,7 +2,7 @@
 
     lsgd train [HYDRA_OVERRIDES...]        one job (or a sweep with -m), e.g. algo=local_sgd algo.local_steps=8
     lsgd plot RUN_OR_SWEEP_DIRS... [--out DIR]
-    lsgd report RUN_OR_SWEEP_DIRS... [--out DIR]
+    lsgd report RUN_OR_SWEEP_DIRS... [--out DIR] [--baseline ALGO|LABEL|KEY=VALUE,...]
     lsgd data DATASET [HYDRA_OVERRIDES...]  fetch a dataset (e.g. fashion_mnist) into dataset.root
 
 ``lsgd train`` is a Hydra application (config groups under the packaged conf/, ``--help`` lists
@@ -30,7 +30,8 @@ commands:
              lsgd train algo=local_sgd algo.local_steps=8 model=cnn dataset=fashion_mnist
              lsgd train -m experiment=fmnist_demo algo=ddp,local_sgd,slowmo
   plot     figures (PNG + SVG) from run or sweep folders: lsgd plot results/fmnist_demo
-  report   Markdown report with tables and figures: lsgd report results/fmnist_demo
+  report   Markdown report with tables (mean and 95% interval over seeds), LaTeX, CSV and figures:
+             lsgd report results/fmnist_demo [--baseline ddp]
   data     fetch a dataset before training: lsgd data fashion_mnist [dataset.root=DIR]
 
 `lsgd train --help` shows the config groups and their options.
@@ -99,6 +100,12 @@ def _analysis(cmd: str, argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=f"lsgd {cmd}")
     parser.add_argument("paths", nargs="+", help="run folders, sweep folders or experiment folders")
     parser.add_argument("--out", default=None, help="output folder (default: <first path>/report for report, <first path>/plots for plot)")
+    if cmd == "report":
+        parser.add_argument(
+            "--baseline", default="ddp",
+            help="the runs speedups are relative to: an algo.name (default: ddp), an arm label as the "
+                 "report writes it ('local SGD, H=8') or key=value pairs ('algo.name=local_sgd,algo.local_steps=8')",
+        )  # fmt: skip
     args = parser.parse_args(argv)
     from pathlib import Path
 
@@ -112,7 +119,7 @@ def _analysis(cmd: str, argv: list[str]) -> int:
     else:
         from lsgd.analysis.report import write_report
 
-        path = write_report(args.paths, out)
+        path = write_report(args.paths, out, baseline=args.baseline)
         print(f"report written to {path}")
     return 0
 

@@ -1,18 +1,25 @@
 """Analysis of finished (or running) runs: run folders -> pandas DataFrames -> figures and a report.
 
     from lsgd.analysis import load_runs, load_summaries, differing_keys, plot_runs, write_report
+    from lsgd.analysis import aggregate_seeds, arm_labels
 
     records = load_runs("results/fmnist_demo")      # one row per metrics.jsonl record
     runs = load_summaries("results/fmnist_demo")    # one row per run
     comp = load_compression("results/gravac")       # one row per per-step compression row
     batch_scaling_table(load_summaries("results/adasum"))  # method x effective batch -> final acc
-    differing_keys(runs)                            # e.g. ['algo.name', 'algo.local_steps']
+    differing_keys(runs)                            # e.g. ['algo.name', 'algo.local_steps', 'seed']
+    arm_keys(runs)                                  # the same without the seeds: ['algo.name', 'algo.local_steps']
+    arm_labels(runs)                                # {run_dir: 'local SGD, H=8'}: runs differing only in seed share one
+    aggregate_seeds(runs)                           # one row per arm: n, <col>_mean, <col>_ci (95% t), <col>_sd, ...
+    aggregate_seeds(runs, by=["algo.name"], values=["final_test_acc"])   # your own grouping
     plot_runs("results/fmnist_demo", "results/fmnist_demo/plots")
-    write_report("results/fmnist_demo", "results/fmnist_demo/report")
+    write_report("results/fmnist_demo", "results/fmnist_demo/report", baseline="ddp")
 
-The run-folder format these read is docs/run_format.md.
+The run-folder format these read is docs/run_format.md. Statistics over seeds:
+:mod:`lsgd.analysis.stats` (mean and Student t interval per arm, curves on a common grid).
 """
 
+from lsgd.analysis.arms import arm_keys, arm_labels, select_runs
 from lsgd.analysis.load import (
     DEFAULT_IGNORED_KEYS,
     differing_keys,
@@ -31,10 +38,15 @@ from lsgd.analysis.report import (
     time_to_threshold,
     write_report,
 )
+from lsgd.analysis.stats import aggregate_curves, aggregate_seeds, t_halfwidth
 
 __all__ = [
     "DEFAULT_IGNORED_KEYS",
     "ExperimentTable",
+    "aggregate_curves",
+    "aggregate_seeds",
+    "arm_keys",
+    "arm_labels",
     "batch_scaling_table",
     "differing_keys",
     "experiment_tables",
@@ -45,6 +57,8 @@ __all__ = [
     "load_summaries",
     "plot_runs",
     "run_labels",
+    "select_runs",
+    "t_halfwidth",
     "time_to_threshold",
     "write_report",
 ]

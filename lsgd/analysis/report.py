@@ -1,15 +1,28 @@
-"""Markdown report: one comparison table per experiment, with the figures of :mod:`lsgd.analysis.plots`.
+"""Markdown report: per experiment, a compact main table over arms (runs that differ only in seed),
+a detailed table, CSV files with every number, a LaTeX version of the main table, and the figures
+of :mod:`lsgd.analysis.plots`.
 
-Speedup vs DDP, per experiment ("set" of runs):
+Arms and seeds (:mod:`lsgd.analysis.arms`, :mod:`lsgd.analysis.stats`): every number in a table is
+the mean over the arm's runs (n, one per seed) with the half-width h of the 95% confidence interval
+of that mean, Student t with n - 1 degrees of freedom: h = t_{0.975, n-1} s / sqrt(n), s the sample
+standard deviation over the runs; ``m ± h``. An arm with n = 1 shows its value and no interval. A
+quantity that some runs lack (a run that never reached T) is averaged over the runs that have it,
+and the cell says ``(k of n)``. Runs that did not complete form arms of their own, marked with
+their status.
 
-- threshold T = the lowest final test accuracy among the set's completed runs (for language
-  models: the highest final test perplexity),
+Speedup vs the baseline, per experiment ("set" of runs):
+
+- threshold T = the lowest final test accuracy among the set's completed runs, every seed counted
+  (for language models: the highest final test perplexity), so every completed run reaches it,
 - a run's time to T = ``wall_time_s`` (and ``modeled_time_s``) of its first evaluation record with
   ``test_acc >= T`` (``test_ppl <= T``),
-- speedup = DDP's time to T / the run's time to T, on wall time and on modeled time. With several
-  ``ddp`` runs in the set (seeds), DDP's time to T is the mean over those that reached T.
-  Missing (n/a) when the set has no completed run, no ddp run that reached T, or the run never
-  reached T.
+- the baseline = the runs that ``baseline`` selects (:func:`lsgd.analysis.arms.select_runs`:
+  ``algo.name`` ``ddp`` by default, or an arm label, or ``key=value`` pairs); its time to T = the
+  mean over its runs that reached T,
+- a run's speedup = the baseline's time to T / the run's time to T, on wall time and on modeled
+  time; an arm's speedup is the mean of its runs' speedups (its interval covers the spread of the
+  arm's seeds, the baseline's mean taken as exact). Missing (n/a) when the set has no completed
+  run, no baseline run that reached T, or the run never reached T.
 
 Communication, per run:
 
@@ -38,6 +51,18 @@ from pathlib import Path
 
 import pandas as pd
 
+from lsgd.analysis.arms import (
+    BOOL_NAMES,
+    VALUE_ONLY_KEYS,
+    arm_keys,
+    arm_labels,
+    config_differences,
+    key_name,
+    label_keys,
+    order_key,
+    seed_keys,
+    select_runs,
+)
 from lsgd.analysis.load import (
     RUNNING,
     PathLike,
@@ -45,16 +70,16 @@ from lsgd.analysis.load import (
     _is_missing,
     _num,
     compression_frame,
-    differing_keys,
     format_value,
     read_runs,
     runs_frame,
     summaries_frame,
     world_sizes,
 )
-from lsgd.analysis.plots import eval_metric, plot_frames
+from lsgd.analysis.plots import eval_metric, plot_frames, safe_name
+from lsgd.analysis.stats import CONFIDENCE, aggregate_seeds
 
-#: ``algo.name`` of the baseline the speedups are relative to.
+#: ``algo.name`` of the default baseline the speedups are relative to (``--baseline`` chooses another).
 BASELINE_ALGO = "ddp"
 
 REPORT_FILE = "report.md"
@@ -123,17 +148,19 @@ def time_to_threshold(
 
 @dataclass
 class ExperimentTable:
-    """The comparison of one experiment's runs.
+    """The comparison of one experiment's runs, per run and per arm.
 
     Attributes:
         experiment: ``experiment_name``.
         metric: ``"test_acc"`` or ``"test_ppl"``.
         threshold: T (see the module docstring); None if the set has no completed run with a final
             value of ``metric``.
-        baseline_runs: run_ids of the ``ddp`` runs.
-        keys: the config keys that differ between the runs (label columns of ``table``).
+        baseline_runs: run_ids of the baseline's runs (``baseline`` selects them).
+        keys: the config keys that differ between the arms (seeds excluded; label columns of
+            ``table``).
         table: one row per run, numbers as floats (NaN where n/a). Columns: ``run_id``, ``run_dir``,
-            ``algo``, the differing keys other than ``algo.name``, ``status``,
+            ``arm`` (the readable label of the run's arm, :func:`lsgd.analysis.arms.arm_labels`),
+            ``seed``, ``algo``, the differing keys other than ``algo.name``, ``status``,
             ``final_<metric>``, ``best_<metric>``, ``final_test_loss`` (the last evaluation's),
             ``final_train_loss`` (the last record's: mean training loss of the workers' minibatches
             since the record before), ``gb_sent_per_worker`` (comm_bytes / 1e9), ``comm_rounds``,
@@ -146,6 +173,14 @@ class ExperimentTable:
             ``modeled_time_s``.
         batch_scaling: :func:`batch_scaling_table` of the experiment when its runs differ in
             effective batch, else None.
+        arms: one row per arm and status: :func:`lsgd.analysis.aggregate_seeds` of ``table`` by
+            ``arm``, ``algo``, the other differing keys and ``status``: ``n``, ``seeds``,
+            ``run_ids``, then ``<column>_mean``, ``_ci`` (half-width of the 95% t interval),
+            ``_sd``, ``_n``, ``_min``, ``_max`` for each numeric column of ``table``.
+        baseline: the selector the speedups used (``"ddp"`` by default).
+        differences: :func:`lsgd.analysis.arms.config_differences` of the runs (what differs,
+            seeds included).
+        label_keys: the keys written in the arm labels (:func:`lsgd.analysis.arms.label_keys`).
     """
 
     experiment: str
@@ -155,6 +190,10 @@ class ExperimentTable:
     keys: list[str]
     table: pd.DataFrame
     batch_scaling: pd.DataFrame | None = None
+    arms: pd.DataFrame | None = None
+    baseline: str = BASELINE_ALGO
+    differences: dict[str, list[str]] | None = None
+    label_keys: list[str] | None = None
 
 
 def _speedup(base: float, t: float) -> float:
@@ -209,9 +248,15 @@ def _dense_baselines(summaries: pd.DataFrame, keys: list[str]) -> dict[str, str 
     return out
 
 
-def experiment_table(experiment: str, records: pd.DataFrame, summaries: pd.DataFrame) -> ExperimentTable:
-    """The :class:`ExperimentTable` of one experiment from its load_runs / load_summaries rows."""
-    keys = differing_keys(summaries)
+def experiment_table(
+    experiment: str, records: pd.DataFrame, summaries: pd.DataFrame, baseline: str = BASELINE_ALGO
+) -> ExperimentTable:
+    """The :class:`ExperimentTable` of one experiment from its load_runs / load_summaries rows.
+
+    ``baseline``: the runs the speedups are relative to (:func:`lsgd.analysis.arms.select_runs`).
+    """
+    keys = arm_keys(summaries)
+    labels = arm_labels(summaries)
     metric = eval_metric(records)
     if metric is None:
         has_ppl = "final_test_ppl" in summaries and summaries["final_test_ppl"].notna().any()
@@ -222,7 +267,7 @@ def experiment_table(experiment: str, records: pd.DataFrame, summaries: pd.DataF
 
     rows = []
     run_records = {d: records[records["run_dir"] == d] for d in summaries["run_dir"]}
-    dense_of = _dense_baselines(summaries, keys)
+    dense_of = _dense_baselines(summaries, keys + seed_keys(summaries))  # same seed first
     by_dir = summaries.set_index("run_dir", drop=False)
     for _, s in summaries.iterrows():
         r = run_records[s["run_dir"]]
@@ -233,7 +278,8 @@ def experiment_table(experiment: str, records: pd.DataFrame, summaries: pd.DataF
         best = _num(s.get(f"best_{metric}"))
         if math.isnan(best) and len(evals):
             best = float(pick_best(evals))
-        row = {"run_id": s["run_id"], "run_dir": s["run_dir"], "algo": s.get("algo.name", s.get("algo"))}
+        row = {"run_id": s["run_id"], "run_dir": s["run_dir"], "arm": labels[s["run_dir"]],
+               "seed": s.get("seed"), "algo": s.get("algo.name", s.get("algo"))}  # fmt: skip
         row.update({k: s[k] for k in keys if k != "algo.name"})
         comm_bytes = _num(s.get("comm_bytes"))
         dense = dense_of[s["run_dir"]]
@@ -281,7 +327,7 @@ def experiment_table(experiment: str, records: pd.DataFrame, summaries: pd.DataF
             time_to_threshold(run_records[d], threshold, metric, time_col) if threshold is not None else math.nan
             for d in table["run_dir"]
         ]
-    is_base = table["algo"] == BASELINE_ALGO
+    is_base = select_runs(summaries, baseline, labels).to_numpy()
     for col in ("wall", "modeled"):
         base_times = table.loc[is_base, f"time_to_T_{col}_s"].dropna()
         base = float(base_times.mean()) if len(base_times) else math.nan
@@ -290,6 +336,20 @@ def experiment_table(experiment: str, records: pd.DataFrame, summaries: pd.DataF
     target_cols = [c for c in ("target_acc", "time_to_target_s", "modeled_time_to_target_s") if c in table]
     table = table[[c for c in table.columns if c not in target_cols] + target_cols]
     batches = effective_batch(summaries).dropna()
+    by = ["arm", "algo", *[k for k in keys if k != "algo.name"], "status"]
+    values = [c for c in table.columns if c not in by and c != "seed" and pd.api.types.is_numeric_dtype(table[c])]
+    # arms in print order: the baseline first, then algorithms in order of first appearance, then
+    # the other keys ascending (numbers as numbers), completed runs before the others
+    algo_rank = {a: i for i, a in enumerate(dict.fromkeys(table["algo"].map(format_value)))}
+    order = sorted(
+        range(len(table)),
+        key=lambda i: (
+            not is_base[i],
+            algo_rank[format_value(table["algo"].iloc[i])],
+            *(order_key(table[k].iloc[i]) for k in by[2:-1]),
+            table["status"].iloc[i] != "completed",
+        ),
+    )
     return ExperimentTable(
         experiment=str(experiment),
         metric=metric,
@@ -298,6 +358,10 @@ def experiment_table(experiment: str, records: pd.DataFrame, summaries: pd.DataF
         keys=keys,
         table=table,
         batch_scaling=batch_scaling_table(summaries, metric) if batches.nunique() > 1 else None,
+        arms=aggregate_seeds(table.iloc[order], by=by, values=values),
+        baseline=str(baseline),
+        differences=config_differences(summaries, keys),
+        label_keys=label_keys(summaries, keys),
     )
 
 
@@ -331,7 +395,7 @@ def method_labels(summaries: pd.DataFrame) -> pd.Series:
 
 
 def batch_scaling_table(
-    summaries: pd.DataFrame, metric: str | None = None, completed_only: bool = True
+    summaries: pd.DataFrame, metric: str | None = None, completed_only: bool = True, stat: str = "mean"
 ) -> pd.DataFrame:
     """Final test accuracy (or perplexity) per method and effective batch: the Adasum study table.
 
@@ -340,13 +404,17 @@ def batch_scaling_table(
         metric: ``"test_acc"`` or ``"test_ppl"``; None: ``test_acc`` if any run has a
             ``final_test_acc``, else ``test_ppl`` (language models).
         completed_only: use only runs with status ``completed``.
+        stat: which statistic of :func:`lsgd.analysis.aggregate_seeds` the cells hold: ``mean``
+            (default), ``ci`` (half-width of the 95% t interval), ``n`` (runs with a value),
+            ``sd``, ``min``, ``max``.
 
     Returns:
         One row per method (index ``method``, see :func:`method_labels`, sorted), one column per
         effective batch = ``batch_size`` x world size (ints, ascending; :func:`effective_batch`),
         cells the final ``metric`` (``final_test_acc`` in [0, 1] or ``final_test_ppl``), the mean
-        over runs with the same method and effective batch (seeds); NaN where no such run. Runs
-        with an unknown effective batch are left out. ``attrs["metric"]`` is the metric used.
+        (or ``stat``) over runs with the same method and effective batch (seeds); NaN where no
+        such run. Runs with an unknown effective batch are left out. ``attrs["metric"]`` is the
+        metric used.
     """
     if metric is None:
         has_acc = "final_test_acc" in summaries and summaries["final_test_acc"].map(_num).notna().any()
@@ -366,39 +434,162 @@ def batch_scaling_table(
     batches = sorted(cells["batch"].unique())
     if completed_only:
         cells = cells[cells["status"] == "completed"]
-    table = cells.groupby(["method", "batch"])["value"].mean().unstack("batch")
+    agg = aggregate_seeds(cells, by=["method", "batch"], values=["value"])
+    table = agg.pivot(index="method", columns="batch", values=f"value_{stat}") if len(agg) else pd.DataFrame()
     table = table.reindex(index=methods, columns=batches).astype(float)
     table.index.name, table.columns.name = "method", "effective batch"
     table.attrs["metric"] = metric
     return table
 
 
-def tables_from_frames(records: pd.DataFrame, summaries: pd.DataFrame) -> dict[str, ExperimentTable]:
+def tables_from_frames(
+    records: pd.DataFrame, summaries: pd.DataFrame, baseline: str = BASELINE_ALGO
+) -> dict[str, ExperimentTable]:
     """:func:`experiment_tables` on frames already loaded."""
     out = {}
     for experiment, summ in summaries.groupby("experiment_name", sort=True):
         summ = summ.copy()
         summ.attrs = dict(summaries.attrs)
         recs = records[records["experiment_name"] == experiment]
-        out[str(experiment)] = experiment_table(str(experiment), recs, summ)
+        out[str(experiment)] = experiment_table(str(experiment), recs, summ, baseline=baseline)
     return out
 
 
-def experiment_tables(paths: PathLike | Iterable[PathLike]) -> dict[str, ExperimentTable]:
+def experiment_tables(
+    paths: PathLike | Iterable[PathLike], baseline: str = BASELINE_ALGO
+) -> dict[str, ExperimentTable]:
     """``{experiment_name: ExperimentTable}`` for the runs in ``paths`` (the numbers of the report).
+
+    ``baseline``: the runs the speedups are relative to (:func:`lsgd.analysis.arms.select_runs`:
+    an ``algo.name``, an arm label or ``key=value`` pairs; ``ddp`` by default).
 
     Raises:
         FileNotFoundError: a path does not exist or holds no run folder.
         ValueError: no paths, or an unreadable run file.
     """
     runs = read_runs(paths)
-    return tables_from_frames(runs_frame(runs), summaries_frame(runs))
+    return tables_from_frames(runs_frame(runs), summaries_frame(runs), baseline=baseline)
 
 
-# -- markdown -------------------------------------------------------------------------------------
+# -- markdown, LaTeX, CSV -------------------------------------------------------------------------
+#: Separator of a mean and its interval's half-width in the tables (LaTeX: ``$\pm$``).
+PM = " ± "
+
+
 def _fmt(value, digits: str) -> str:
     x = _num(value)
     return "n/a" if math.isnan(x) else format(x, digits)
+
+
+def format_stat(mean, ci=math.nan, n_value=None, n=None, digits: str = ".3g") -> str:
+    """A table cell: ``"m ± h"`` (mean and half-width of its interval, both formatted with
+    ``digits``), ``"m"`` when there is no interval (one run), ``"n/a"`` when there is no mean;
+    ``" (k of n)"`` appended when only ``n_value`` = k of the arm's ``n`` runs have a value."""
+    m = _num(mean)
+    if math.isnan(m):
+        return "n/a"
+    text = format(m, digits)
+    h = _num(ci)
+    if math.isfinite(h):
+        text += f"{PM}{format(h, digits)}"
+    k, total = _num(n_value), _num(n)
+    if math.isfinite(k) and math.isfinite(total) and 0 < k < total:
+        text += f" ({int(k)} of {int(total)})"
+    return text
+
+
+def _stat_cells(arms: pd.DataFrame, column: str, digits: str) -> pd.Series:
+    """:func:`format_stat` of ``column`` for each arm of an ``ExperimentTable.arms`` frame."""
+    if f"{column}_mean" not in arms:
+        return pd.Series("n/a", index=arms.index, dtype=object)
+    return pd.Series(
+        [
+            format_stat(m, h, k, n, digits)
+            for m, h, k, n in zip(arms[f"{column}_mean"], arms[f"{column}_ci"], arms[f"{column}_n"], arms["n"])
+        ],
+        index=arms.index,
+        dtype=object,
+    )
+
+
+def arm_names(arms: pd.DataFrame) -> pd.Series:
+    """Row labels of the tables: the arm's label, with its status appended when that is not
+    ``completed`` (``"local SGD, H=4 (running)"``)."""
+    return pd.Series(
+        [str(a) if st == "completed" else f"{a} ({st})" for a, st in zip(arms["arm"], arms["status"])],
+        index=arms.index,
+        dtype=object,
+    )
+
+
+def _metric_words(metric: str) -> tuple[str, str]:
+    """(column word, digits) of the eval metric."""
+    return ("test acc", ".4f") if metric == "test_acc" else ("test ppl", ".2f")
+
+
+def format_main_table(t: ExperimentTable) -> pd.DataFrame:
+    """The report's main table: one row per arm, cells ``mean ± half-width`` (strings).
+
+    Columns: ``method`` (the arm's label, :func:`arm_names`), ``n`` (runs = seeds), final and best
+    test accuracy (or perplexity), ``GB sent / worker``, ``bytes vs dense``, ``modeled time (s)``,
+    ``time to T, modeled (s)`` and ``speedup vs <baseline>, modeled`` (see the module docstring).
+    """
+    a = t.arms
+    m, acc_digits = _metric_words(t.metric)
+    out = pd.DataFrame({"method": arm_names(a), "n": a["n"].map(lambda n: str(int(n)))})
+    out[f"final {m}"] = _stat_cells(a, f"final_{t.metric}", acc_digits)
+    out[f"best {m}"] = _stat_cells(a, f"best_{t.metric}", acc_digits)
+    out["GB sent / worker"] = _stat_cells(a, "gb_sent_per_worker", ".4g")
+    out["bytes vs dense"] = _stat_cells(a, "bytes_vs_dense", ".3g")
+    out["modeled time (s)"] = _stat_cells(a, "modeled_time_s", ".3g")
+    out["time to T, modeled (s)"] = _stat_cells(a, "time_to_T_modeled_s", ".3g")
+    out[f"speedup vs {t.baseline}, modeled"] = _stat_cells(a, "speedup_modeled", ".2f")
+    return out
+
+
+def format_table(t: ExperimentTable) -> pd.DataFrame:
+    """The report's detailed table: one row per arm with every number (``mean ± half-width``),
+    readable headers, ``n/a`` for missing.
+
+    Columns: ``method``, ``algo`` and the other differing config keys as written in the configs,
+    ``status``, ``n``, ``seeds``, final and best metric, final test and train loss, GB sent per
+    worker, bytes vs dense, comm rounds, samples, wall and modeled time (s), modeled time at 1 and
+    10 Gbps (when runs log the alpha-beta terms), time to T and speedup on wall and modeled time,
+    and the target columns when runs have ``target_acc``.
+    """
+    a = t.arms
+    m, acc_digits = _metric_words(t.metric)
+    out = pd.DataFrame({"method": arm_names(a), "algo": a["algo"].map(format_value)})
+    for k in t.keys:
+        if k != "algo.name":
+            out[k] = a[k].map(format_value)
+    out["status"] = a["status"].astype(str)
+    out["n"] = a["n"].map(lambda n: str(int(n)))
+    out["seeds"] = a["seeds"].astype(str) if "seeds" in a else ""
+    out[f"final {m}"] = _stat_cells(a, f"final_{t.metric}", acc_digits)
+    out[f"best {m}"] = _stat_cells(a, f"best_{t.metric}", acc_digits)
+    out["final test loss"] = _stat_cells(a, "final_test_loss", ".4f")
+    out["final train loss"] = _stat_cells(a, "final_train_loss", ".4f")
+    out["GB sent / worker"] = _stat_cells(a, "gb_sent_per_worker", ".4g")
+    out["bytes vs dense"] = _stat_cells(a, "bytes_vs_dense", ".3g")
+    out["comm rounds"] = _stat_cells(a, "comm_rounds", ".0f")
+    out["samples"] = _stat_cells(a, "samples", ".0f")
+    out["wall time (s)"] = _stat_cells(a, "wall_time_s", ".1f")
+    out["modeled time (s)"] = _stat_cells(a, "modeled_time_s", ".3g")
+    for bw in REPORT_BANDWIDTHS_GBPS:  # only for runs that log the alpha-beta terms; blank otherwise
+        col = modeled_time_column(bw)
+        if f"{col}_mean" in a and a[f"{col}_mean"].notna().any():
+            cells = _stat_cells(a, col, ".3g")
+            out[f"modeled @{format_value(bw)} Gbps (s)"] = cells.where(a[f"{col}_mean"].notna(), "")
+    out["time to T, wall (s)"] = _stat_cells(a, "time_to_T_wall_s", ".1f")
+    out["time to T, modeled (s)"] = _stat_cells(a, "time_to_T_modeled_s", ".3g")
+    out[f"speedup vs {t.baseline}, wall"] = _stat_cells(a, "speedup_wall", ".2f")
+    out[f"speedup vs {t.baseline}, modeled"] = _stat_cells(a, "speedup_modeled", ".2f")
+    if "time_to_target_s_mean" in a:
+        out["target acc"] = _stat_cells(a, "target_acc", ".4f")
+        out["time to target, wall (s)"] = _stat_cells(a, "time_to_target_s", ".1f")
+        out["time to target, modeled (s)"] = _stat_cells(a, "modeled_time_to_target_s", ".3g")
+    return out
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
@@ -423,46 +614,44 @@ def markdown_table(frame: pd.DataFrame) -> str:
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, body)])
 
 
-def format_table(t: ExperimentTable) -> pd.DataFrame:
-    """The report's view of ``t.table``: readable headers, formatted numbers, ``n/a`` for missing."""
-    m = "test acc" if t.metric == "test_acc" else "test ppl"
-    acc_digits = ".4f" if t.metric == "test_acc" else ".2f"
-    src = t.table
-    out = pd.DataFrame({"run": src["run_id"].astype(str), "algo": src["algo"].map(format_value)})
-    for k in t.keys:
-        if k != "algo.name":
-            out[k] = src[k].map(format_value)
-    out["status"] = src["status"].astype(str)
-    out[f"final {m}"] = src[f"final_{t.metric}"].map(lambda v: _fmt(v, acc_digits))
-    out[f"best {m}"] = src[f"best_{t.metric}"].map(lambda v: _fmt(v, acc_digits))
-    out["final test loss"] = src["final_test_loss"].map(lambda v: _fmt(v, ".4f"))
-    out["final train loss"] = src["final_train_loss"].map(lambda v: _fmt(v, ".4f"))
-    out["GB sent / worker"] = src["gb_sent_per_worker"].map(lambda v: _fmt(v, ".4g"))
-    if "bytes_vs_dense" in src:
-        out["bytes vs dense"] = src["bytes_vs_dense"].map(lambda v: _fmt(v, ".3g"))
-    out["comm rounds"] = src["comm_rounds"].map(lambda v: _fmt(v, ".0f"))
-    out["samples"] = src["samples"].map(lambda v: _fmt(v, ".0f"))
-    out["wall time (s)"] = src["wall_time_s"].map(lambda v: _fmt(v, ".1f"))
-    out["modeled time (s)"] = src["modeled_time_s"].map(lambda v: _fmt(v, ".3g"))
-    for bw in REPORT_BANDWIDTHS_GBPS:  # only for runs that log the alpha-beta terms; blank otherwise
-        col = modeled_time_column(bw)
-        if col in src and src[col].notna().any():
-            out[f"modeled @{format_value(bw)} Gbps (s)"] = src[col].map(lambda v: "" if _is_missing(v) else _fmt(v, ".3g"))
-    out["time to T, wall (s)"] = src["time_to_T_wall_s"].map(lambda v: _fmt(v, ".1f"))
-    out["time to T, modeled (s)"] = src["time_to_T_modeled_s"].map(lambda v: _fmt(v, ".3g"))
-    out["speedup vs ddp, wall"] = src["speedup_wall"].map(lambda v: _fmt(v, ".2f"))
-    out["speedup vs ddp, modeled"] = src["speedup_modeled"].map(lambda v: _fmt(v, ".2f"))
-    if "time_to_target_s" in src:
-        out["target acc"] = src["target_acc"].map(lambda v: _fmt(v, ".4f"))
-        out["time to target, wall (s)"] = src["time_to_target_s"].map(lambda v: _fmt(v, ".1f"))
-        out["time to target, modeled (s)"] = src["modeled_time_to_target_s"].map(lambda v: _fmt(v, ".3g"))
-    return out
+#: LaTeX's special characters and how text writes them (the caption; cells are escaped by pandas).
+_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}  # fmt: skip
 
 
-def format_batch_scaling(table: pd.DataFrame, summaries: pd.DataFrame | None = None) -> pd.DataFrame:
+def latex_escape(text: str) -> str:
+    """``text`` with LaTeX's special characters escaped (as pandas' ``escape="latex"`` does)."""
+    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text))
+
+
+def latex_table(frame: pd.DataFrame, caption: str, label: str) -> str:
+    """``frame`` (cells already strings, e.g. :func:`format_main_table`) as a LaTeX ``table`` with
+    booktabs rules (``\\toprule``, ``\\midrule``, ``\\bottomrule``; needs ``\\usepackage{booktabs}``),
+    written by :meth:`pandas.io.formats.style.Styler.to_latex`: text escaped for LaTeX, ``±`` as
+    ``$\\pm$``, the first column left-aligned and the others right-aligned; ``caption`` is escaped
+    too (``label`` must be a plain LaTeX label)."""
+    styler = frame.style.hide(axis="index").format(escape="latex").format_index(escape="latex", axis=1)
+    tex = styler.to_latex(
+        hrules=True,
+        column_format="l" + "r" * (frame.shape[1] - 1),
+        caption=latex_escape(caption),
+        label=label,
+        position="htbp",
+        position_float="centering",
+    )
+    return tex.replace(PM.strip(), r"$\pm$")
+
+
+def format_batch_scaling(
+    table: pd.DataFrame,
+    summaries: pd.DataFrame | None = None,
+    ci: pd.DataFrame | None = None,
+    n: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """The report's view of a :func:`batch_scaling_table`: a ``method`` column, one column per
-    effective batch, formatted values; an empty cell shows the status of the runs there that did
-    not complete (e.g. ``diverged``) when ``summaries`` is given, else is blank."""
+    effective batch, formatted values (``m ± h (n=k)`` when ``ci`` and ``n``, the same table with
+    ``stat="ci"`` and ``stat="n"``, are given); an empty cell shows the status of the runs there
+    that did not complete (e.g. ``diverged``) when ``summaries`` is given, else is blank."""
     metric = table.attrs.get("metric", "test_acc")
     digits = ".4f" if metric == "test_acc" else ".2f"
     status: dict[tuple, str] = {}
@@ -472,59 +661,144 @@ def format_batch_scaling(table: pd.DataFrame, summaries: pd.DataFrame | None = N
         )
         for (m, b), st in cells[cells["status"] != "completed"].groupby(["method", "batch"])["status"]:
             status[(m, float(b))] = "/".join(sorted(set(map(str, st))))
+
+    def cell(m, b, v):
+        if _is_missing(v):
+            return status.get((m, float(b)), "")
+        if ci is None or n is None:
+            return _fmt(v, digits)
+        return f"{format_stat(v, ci.at[m, b], digits=digits)} (n={int(n.at[m, b])})"
+
     out = pd.DataFrame({"method": [str(m) for m in table.index]})
     for b in table.columns:
-        out[format_value(b)] = [
-            _fmt(v, digits) if not _is_missing(v) else status.get((m, float(b)), "")
-            for m, v in zip(table.index, table[b])
-        ]
+        out[format_value(b)] = [cell(m, b, v) for m, v in zip(table.index, table[b])]
     return out
 
 
 def _threshold_text(t: ExperimentTable, n_completed: int) -> str:
-    name, cmp, which = (
-        ("test accuracy", ">=", "lowest") if t.metric == "test_acc" else ("test perplexity", "<=", "highest")
-    )
+    name, which = ("test accuracy", "lowest") if t.metric == "test_acc" else ("test perplexity", "highest")
     if t.threshold is None:
         return f"No completed run with a final {name}: no threshold, speedups n/a."
     digits = ".4f" if t.metric == "test_acc" else ".2f"
+    runs = len(t.baseline_runs)
     base = (
-        f"the mean over the {len(t.baseline_runs)} `{BASELINE_ALGO}` runs"
-        if len(t.baseline_runs) > 1
-        else f"the `{BASELINE_ALGO}` run"
-        if t.baseline_runs
-        else f"n/a: no `{BASELINE_ALGO}` run in this experiment"
+        f"baseline `{t.baseline}`: {runs} run{'s' if runs != 1 else ''}"
+        if runs
+        else f"speedups n/a: no run of the baseline `{t.baseline}` in this experiment"
     )
     return (
         f"Threshold T = {format(t.threshold, digits)}, the {which} final {name} among the "
-        f"{n_completed} completed runs. Time to T: `wall_time_s` / `modeled_time_s` at the first "
-        f"evaluation with `{t.metric} {cmp} T`. Speedup = time to T of {base} / time to T of the run "
-        f"(n/a where T was not reached)."
+        f"{n_completed} completed runs; {base}."
     )
+
+
+def _differences_text(t: ExperimentTable) -> list[str]:
+    """Lines naming what differs between the experiment's runs, seeds and label names included."""
+    n_runs, n_arms = len(t.table), len(t.arms)
+    diffs = t.differences or {}
+    ns = sorted(int(n) for n in t.arms["n"])
+    per_arm = f"n = {ns[0]} each" if ns[0] == ns[-1] else f"n = {ns[0]} to {ns[-1]} runs"
+    lines = [f"{n_runs} run{'s' if n_runs != 1 else ''} in {n_arms} arm{'s' if n_arms != 1 else ''} ({per_arm})."]
+    if diffs:
+        lines.append(
+            "Config differences: " + "; ".join(f"`{k}`: {', '.join(v)}" for k, v in diffs.items()) + "."
+        )
+    else:
+        lines.append("Config differences: none (one configuration).")
+    names = t.label_keys or []
+    short = [f"{key_name(k, names)} = `{k}`" for k in names
+             if k not in VALUE_ONLY_KEYS and k not in BOOL_NAMES and key_name(k, names) != k]  # fmt: skip
+    if short:
+        lines.append("In the labels: " + ", ".join(short) + ".")
+    return [" ".join(lines)]
+
+
+def definitions_text(baseline: str, confidence: float = CONFIDENCE) -> list[str]:
+    """The report's definitions, stated once at its top."""
+    pct = f"{confidence:.0%}"
+    return [
+        "## Definitions",
+        "",
+        (
+            "- **Arm, n.** An arm is the runs of an experiment whose configs differ only in the seed "
+            "(`seed`, `algo.seed` and other `*.seed` keys) and run bookkeeping (run id, folder, "
+            "`results_dir`, `resume`); n is its number of runs (seeds). Runs that did not complete "
+            "are arms of their own, marked with their status."
+        ),
+        (
+            f"- **m ± h.** Every number in a table is the mean m over the arm's runs and the half-width "
+            f"h of the {pct} confidence interval of that mean, Student t with n - 1 degrees of freedom: "
+            f"h = t(1 - (1 - {confidence:g}) / 2, n - 1) s / sqrt(n), s the sample standard deviation "
+            "over the runs. n = 1: the value, no interval. `(k of n)`: only k runs have the value (the "
+            "others never reached T); m and h are over those k."
+        ),
+        (
+            "- **T, time to T.** T is the lowest final test accuracy (language models: the highest final "
+            "test perplexity) among the experiment's completed runs, all seeds counted, so every "
+            "completed run reaches it. A run's time to T is its `wall_time_s` or `modeled_time_s` at its "
+            "first evaluation with test accuracy >= T (perplexity <= T)."
+        ),
+        (
+            f"- **Speedup vs {baseline}.** The baseline's time to T (the mean over the runs that "
+            f"`--baseline {baseline}` selects and that reached T) divided by the run's time to T; an "
+            "arm's speedup is the mean over its runs."
+        ),
+        (
+            "- **GB sent / worker** = `comm_bytes` / 1e9 (payload bytes a worker handed to collectives "
+            "and sends, mean over workers); **bytes vs dense** = `comm_bytes` / that of the "
+            "experiment's dense run (`ddp` or `algo.compressor=none`, the same seed where there is one)."
+        ),
+        (
+            "- **Wall time** is measured on the machine that ran the job. **Modeled time** is the "
+            "cluster clock (`lsgd/comm.py`): the slowest worker's virtual time on the configured "
+            "cluster, compute from `cluster.*` (a FLOP profile of the target device, or `step_time_s`) "
+            "and communication at its alpha-beta cost, overlapped where the algorithm overlaps it; "
+            "modeled @1 / @10 Gbps is the same clock with the inter-node link at 1 / 10 Gbps. (Runs "
+            "recorded before the clock show measured compute plus the cost of every collective.)"
+        ),
+        (
+            f"- **Figures.** One line per arm: the mean over its runs, with a band: the {pct} t interval "
+            "for n >= 3, the min-max range for n = 2, none for n = 1. Where the seeds' x values differ "
+            "(wall time), each run's curve is linearly interpolated onto the union of the runs' x "
+            "values inside the range all of them cover."
+        ),
+        "- Runs without summary.json show status `running` and their progress so far.",
+    ]
 
 
 def _rel(path: Path, start: Path) -> str:
     return Path(os.path.relpath(path, start)).as_posix()
 
 
-def write_report(paths: PathLike | Iterable[PathLike], out_dir: PathLike) -> Path:
+#: Files written next to report.md per experiment: the main table in LaTeX, every number per arm
+#: and per run in CSV (``{name}``: the experiment's :func:`lsgd.analysis.plots.safe_name`).
+LATEX_FILE, ARMS_CSV, RUNS_CSV = "{name}_main.tex", "{name}_arms.csv", "{name}_runs.csv"
+
+
+def write_report(
+    paths: PathLike | Iterable[PathLike], out_dir: PathLike, baseline: str = BASELINE_ALGO
+) -> Path:
     """Write ``out_dir/report.md`` comparing the runs in ``paths``, with figures in ``out_dir/figures``.
 
-    Per experiment: a table with one row per run (run_id, ``algo.name`` and the other config keys
-    that differ between the runs, status, final and best test accuracy, or perplexity for
-    language models, final test loss and the last record's training loss, GB sent per worker =
-    ``comm_bytes`` / 1e9, comm rounds, training samples of all workers, wall and modeled
-    time in seconds, time to the threshold T and speedup vs ``ddp`` on wall and modeled time, see
-    the module docstring; bytes vs dense; modeled time at 1 and 10 Gbps when runs log the
-    alpha-beta terms; and the target columns when runs have ``target_acc``), notes on runs
-    that did not complete, the "accuracy vs effective batch" table when the runs differ in
-    effective batch (:func:`batch_scaling_table`), and the figures of
-    :func:`lsgd.analysis.plots.plot_runs`, the compression figure included (PNG embedded, SVG
-    linked, relative links).
+    The report states its definitions once (:func:`definitions_text`: arms and seeds, the
+    interval, T, speedup, bytes, wall and modeled time, the figures' bands), then per experiment:
+    the number of runs and arms and the config keys that differ (seeds included); the threshold T;
+    the main table (:func:`format_main_table`: one row per arm, ``mean ± half-width`` and n);
+    links to its LaTeX version and the CSV files; the detailed table (:func:`format_table`);
+    notes on runs that did not complete; the "accuracy vs effective batch" table when the runs
+    differ in effective batch (:func:`batch_scaling_table`); and the figures of
+    :func:`lsgd.analysis.plots.plot_runs` (PNG embedded, SVG linked, relative links).
+
+    Files next to report.md, per experiment ``<name>`` (:func:`lsgd.analysis.plots.safe_name`):
+    ``<name>_main.tex`` (the main table, booktabs), ``<name>_arms.csv`` (``ExperimentTable.arms``:
+    every column's mean, interval half-width, sd, n, min and max per arm) and ``<name>_runs.csv``
+    (``ExperimentTable.table``: one row per run).
 
     Args:
         paths: a run folder, a folder containing run folders at any depth, or a list of these.
         out_dir: output folder (created if missing).
+        baseline: the runs the speedups are relative to: an ``algo.name`` (default ``ddp``), an
+            arm label (``"local SGD, H=8"``) or ``key=value`` pairs joined by commas.
 
     Returns:
         The path of report.md.
@@ -538,7 +812,7 @@ def write_report(paths: PathLike | Iterable[PathLike], out_dir: PathLike) -> Pat
     records, summaries = runs_frame(runs), summaries_frame(runs)
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = plot_frames(records, summaries, out_dir / FIGURES_DIR, compression_frame(runs))
-    tables = tables_from_frames(records, summaries)
+    tables = tables_from_frames(records, summaries, baseline=baseline)
 
     given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     lines = [
@@ -549,21 +823,37 @@ def write_report(paths: PathLike | Iterable[PathLike], out_dir: PathLike) -> Pat
             f"in {len(tables)} experiment{'s' if len(tables) != 1 else ''}."
         ),
         "",
-        (
-            "GB sent / worker = `comm_bytes` / 1e9 (payload bytes a worker handed to collectives and "
-            "sends, mean over workers); bytes vs dense = `comm_bytes` / that of the experiment's dense "
-            "run (`ddp` or `algo.compressor=none`). Wall time is measured on this machine. Modeled time "
-            "is the cluster clock (`lsgd/comm.py`): the slowest worker's virtual time on the configured "
-            "cluster, compute from `cluster.*` (a FLOP profile of the target device, or `step_time_s`) "
-            "and communication at its alpha-beta cost, overlapped where the algorithm overlaps it; "
-            "modeled @1 / @10 Gbps is the same clock with the inter-node link at 1 / 10 Gbps. (Runs "
-            "recorded before the clock show measured compute plus the cost of every collective.) "
-            "Runs without summary.json show status `running` and their progress so far."
-        ),
+        *definitions_text(baseline),
     ]
     for name, t in tables.items():
         n_completed = int((t.table["status"] == "completed").sum())
-        lines += ["", f"## {name}", "", _threshold_text(t, n_completed), "", markdown_table(format_table(t))]
+        files = {key: out_dir / pattern.format(name=safe_name(name))
+                 for key, pattern in (("tex", LATEX_FILE), ("arms", ARMS_CSV), ("runs", RUNS_CSV))}  # fmt: skip
+        main = format_main_table(t)
+        files["tex"].write_text(latex_table(main, caption=f"{name}: mean {PM.strip()} {CONFIDENCE:.0%} t interval over seeds (n runs).",
+                                            label=f"tab:{safe_name(name)}"))  # fmt: skip
+        t.arms.to_csv(files["arms"], index=False)
+        t.table.to_csv(files["runs"], index=False)
+        lines += [
+            "",
+            f"## {name}",
+            "",
+            *_differences_text(t),
+            "",
+            _threshold_text(t, n_completed),
+            "",
+            markdown_table(main),
+            "",
+            (
+                f"LaTeX (booktabs): [{files['tex'].name}]({_rel(files['tex'], out_dir)}); every number per arm "
+                f"(mean, interval, sd, n, min, max): [{files['arms'].name}]({_rel(files['arms'], out_dir)}); "
+                f"per run: [{files['runs'].name}]({_rel(files['runs'], out_dir)})."
+            ),
+            "",
+            "### Details",
+            "",
+            markdown_table(format_table(t)),
+        ]
         notes = [
             f"- `{row.run_id}`: {row.status}"
             + (" (no summary.json yet)" if row.status == RUNNING else "")
@@ -578,22 +868,24 @@ def write_report(paths: PathLike | Iterable[PathLike], out_dir: PathLike) -> Pat
         if t.batch_scaling is not None:
             what = "accuracy" if t.metric == "test_acc" else "perplexity"
             exp_summ = summaries[summaries["experiment_name"] == name]
+            ci, n = (batch_scaling_table(exp_summ, t.metric, stat=st) for st in ("ci", "n"))
             lines += [
                 "",
                 f"### {what} vs effective batch",
                 "",
                 (
-                    f"Final test {what} of the completed runs (mean over runs with the same method and "
-                    "effective batch); columns: effective batch = `batch_size` x world size."
+                    f"Final test {what} of the completed runs (mean {PM.strip()} interval over the runs "
+                    "with the same method and effective batch, n of them); columns: effective batch = "
+                    "`batch_size` x world size."
                 ),
                 "",
-                markdown_table(format_batch_scaling(t.batch_scaling, exp_summ)),
+                markdown_table(format_batch_scaling(t.batch_scaling, exp_summ, ci=ci, n=n)),
             ]
         if figures.get(name):
             lines += ["", "### Figures", ""]
-            for title, files in figures[name].items():
-                png = next(p for p in files if p.suffix == ".png")
-                svg = next(p for p in files if p.suffix == ".svg")
+            for title, fig_files in figures[name].items():
+                png = next(p for p in fig_files if p.suffix == ".png")
+                svg = next(p for p in fig_files if p.suffix == ".svg")
                 lines += [f"![{title}]({_rel(png, out_dir)})", f"[{title} (SVG)]({_rel(svg, out_dir)})", ""]
     path = out_dir / REPORT_FILE
     path.write_text("\n".join(lines).rstrip() + "\n")

@@ -260,7 +260,7 @@ def test_local_vs_minibatch_sweep_equal_rounds_and_samples(tmp_path):
     """experiment=local_vs_minibatch's three arms in one real `lsgd train -m` (synthetic data, 2
     workers, K=4, b=8, R=6): minibatch_kb and local_sgd_k record the same comm_rounds and samples at
     every round and are evaluated at the same rounds; minibatch_b the same rounds with K times fewer
-    samples; `lsgd report` labels the rows by study.arm with those rounds and samples."""
+    samples; `lsgd report`'s detailed table has a study.arm column with those rounds and samples."""
     k, b, r, workers = 4, 8, 6, 2
     study = [f"study.local_steps={k}", f"study.local_batch={b}", f"study.rounds={r}", "study.eval_rounds=3",
              "study.log_rounds=1"]
@@ -289,8 +289,10 @@ def test_local_vs_minibatch_sweep_equal_rounds_and_samples(tmp_path):
     rep = lsgd(["report", str(tmp_path / "r" / "local_vs_minibatch"), "--out", str(tmp_path / "rep")], tmp_path)
     _ok(rep)
     text = (tmp_path / "rep" / "report.md").read_text()
-    first_table = text[text.index("\n|") + 1 :].split("\n\n")[0]  # the experiment's table
-    lines = first_table.splitlines()
+    # the detailed table (since issue 14 the first table is the compact main table, without config keys)
+    details = text[text.index("### Details"):]
+    details_table = details[details.index("\n|") + 1 :].split("\n\n")[0]
+    lines = details_table.splitlines()
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = {}
     for line in lines[2:]:

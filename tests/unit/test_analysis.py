@@ -22,6 +22,10 @@ import pytest
 import yaml
 
 from lsgd.analysis import (
+    aggregate_curves,
+    aggregate_seeds,
+    arm_keys,
+    arm_labels,
     batch_scaling_table,
     differing_keys,
     experiment_tables,
@@ -31,11 +35,13 @@ from lsgd.analysis import (
     load_summaries,
     plot_runs,
     run_labels,
+    t_halfwidth,
     time_to_threshold,
     write_report,
 )
 from lsgd.analysis.load import read_metrics
 from lsgd.analysis.report import markdown_table
+from lsgd.cli import main as lsgd_cli
 
 STEPS, LOG_EVERY, EVAL_EVERY = 100, 5, 10
 PARAM_BYTES = 4_000_000
@@ -70,6 +76,7 @@ def write_run(
     compression=None,
     optim=None,
     network=None,
+    seed=0,
 ):
     """Write <root>/<experiment>/<run_id>/{config.yaml, metrics.jsonl, summary.json}; return the folder."""
     run_dir = root / experiment / run_id
@@ -79,7 +86,7 @@ def write_run(
         "experiment_name": experiment,
         "run_id": run_id,
         "world_size": world,
-        "seed": 0,
+        "seed": seed,
         "epochs": 1,
         "max_steps": steps,
         "batch_size": batch_size,
@@ -91,7 +98,7 @@ def write_run(
         "resume": False,
         "results_dir": f"/scratch/job_{run_id}",  # differs between runs, but is bookkeeping
         "device": "cpu",
-        "algo": {**algo, "speeds": [1.0] * world},
+        "algo": {**algo, "speeds": [1.0] * world, **({"seed": seed} if "seed" in algo else {})},
         "model": {"name": "gpt" if lm else "cnn"},
         "dataset": {"name": "wikitext2" if lm else "fashion_mnist", "partition": "iid", "alpha": None},
         "optim": {"name": "sgd", "lr": 0.05, "momentum": 0.9, **(optim or {})},
@@ -400,11 +407,12 @@ def test_plot_runs_writes_png_and_svg_per_figure(results, tmp_path):
         if p.suffix == ".png":
             assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     svg = {fig: (out / f"{EXP}_{fig}.svg").read_text() for fig in FIGURES}
-    for fig in FIGURES:
-        assert "algo.name=local_sgd, algo.local_steps=8" in svg[fig]
-        assert "algo.name=ddp" in svg[fig]
-    assert "algo.local_steps=32" in svg["train_loss_vs_step"]
-    assert all("algo.local_steps=32" not in svg[f] for f in FIGURES if f.startswith("test_acc"))
+    for fig in FIGURES:  # readable arm labels with their number of runs (one seed each here)
+        assert "local SGD, H=8 (n=1)" in svg[fig]
+        assert "DDP (n=1)" in svg[fig]
+        assert "algo.name" not in svg[fig] and "run_h8" not in svg[fig]
+    assert "H=32 (n=1)" in svg["train_loss_vs_step"]
+    assert all("H=32" not in svg[f] for f in FIGURES if f.startswith("test_acc"))
 
 
 def test_plot_runs_one_set_per_experiment(results, tmp_path):
@@ -416,37 +424,55 @@ def test_plot_runs_one_set_per_experiment(results, tmp_path):
     assert len(files) == 2 * len(FIGURES) * 2
     # labels are per experiment: cifar's runs differ by algo.name only (slow_lr is slowmo's alone)
     svg = (tmp_path / "plots" / "cifar10_resnet_train_loss_vs_step.svg").read_text()
-    assert "algo.name=slowmo" in svg and "algo.name=ddp" in svg
-    assert "local_steps" not in svg and "slow_lr" not in svg
+    assert "SlowMo (n=1)" in svg and "DDP (n=1)" in svg
+    assert "H=" not in svg and "alpha" not in svg
+
+
+#: The arm labels of the main set (one seed each).
+LABELS = {"run_ddp": "DDP", "run_h8": "local SGD, H=8", "run_h16": "local SGD, H=16"}
+MAIN_COLUMNS = ["method", "n", "final test acc", "best test acc", "GB sent / worker", "bytes vs dense",
+                "modeled time (s)", "time to T, modeled (s)", "speedup vs ddp, modeled"]  # fmt: skip
 
 
 def test_write_report_tables_and_figures(results, tmp_path):
+    # the report's format changed with issue 14: a compact main table and a detailed table, both one
+    # row per arm (labelled "local SGD, H=8", with n and seeds), instead of one 21-column table per run
     write_run(results, "run_killed", {"name": "local_sgd", "local_steps": 4}, 0.007, 0.5, 0.5, steps=50, with_summary=False)
     out = tmp_path / "report"
     path = write_report(results / EXP, out)
     assert path == out / "report.md" and path.stat().st_size > 0
     text = path.read_text()
     assert f"## {EXP}" in text and "Threshold T = 0.8000" in text
-    (table,) = parse_markdown_tables(text)
-    rows = {r["run"]: r for r in table}
-    assert set(rows) == {"run_ddp", "run_h8", "run_h16", "run_killed"}
-    assert rows["run_h8"]["algo"] == "local_sgd" and rows["run_h8"]["algo.local_steps"] == "8"
-    assert rows["run_ddp"]["algo.local_steps"] == ""
-    assert rows["run_killed"]["status"] == "running"
+    main, details = parse_markdown_tables(text)
+    rows = {r["method"]: r for r in details}
+    assert list(rows) == ["DDP", "local SGD, H=4 (running)", "local SGD, H=8", "local SGD, H=16"]  # baseline first, then H
+    assert rows["local SGD, H=8"]["algo"] == "local_sgd" and rows["local SGD, H=8"]["algo.local_steps"] == "8"
+    assert rows["DDP"]["algo.local_steps"] == ""
+    assert rows["local SGD, H=4 (running)"]["status"] == "running"
+    assert all(r["n"] == "1" and r["seeds"] == "0" for r in details)
     for run, (wall, modeled) in HAND_SPEEDUP.items():
-        assert rows[run]["speedup vs ddp, wall"] == f"{wall:.2f}"
-        assert rows[run]["speedup vs ddp, modeled"] == f"{modeled:.2f}"
-    assert rows["run_killed"]["speedup vs ddp, wall"] == "n/a"
-    assert rows["run_ddp"]["final test acc"] == "0.9000" and rows["run_h16"]["best test acc"] == "0.8500"
-    assert rows["run_ddp"]["GB sent / worker"] == "0.4" and rows["run_h8"]["comm rounds"] == "12"
+        assert rows[LABELS[run]]["speedup vs ddp, wall"] == f"{wall:.2f}"
+        assert rows[LABELS[run]]["speedup vs ddp, modeled"] == f"{modeled:.2f}"
+    assert rows["local SGD, H=4 (running)"]["speedup vs ddp, wall"] == "n/a"
+    assert rows["DDP"]["final test acc"] == "0.9000" and rows["local SGD, H=16"]["best test acc"] == "0.8500"
+    assert rows["DDP"]["GB sent / worker"] == "0.4" and rows["local SGD, H=8"]["comm rounds"] == "12"
     # 100 steps x batch 32 x 4 workers; train_loss(100) = 2 / (1 + 0.05 * 100); test_loss(100) = 1 - rate * 100
-    assert rows["run_h8"]["samples"] == "12800" and rows["run_h8"]["final train loss"] == "0.3333"
-    assert rows["run_ddp"]["final test loss"] == "0.1000" and rows["run_killed"]["final test loss"] == "0.6500"
-    assert rows["run_h16"]["wall time (s)"] == "25.0" and rows["run_h16"]["modeled time (s)"] == "40"  # 3 significant digits
-    assert rows["run_ddp"]["time to target, wall (s)"] == "80.0"
-    # figures embedded with relative links that resolve from the report's folder
+    assert rows["local SGD, H=8"]["samples"] == "12800" and rows["local SGD, H=8"]["final train loss"] == "0.3333"
+    assert rows["DDP"]["final test loss"] == "0.1000" and rows["local SGD, H=4 (running)"]["final test loss"] == "0.6500"
+    assert rows["local SGD, H=16"]["wall time (s)"] == "25.0" and rows["local SGD, H=16"]["modeled time (s)"] == "40"  # 3 significant digits
+    assert rows["DDP"]["time to target, wall (s)"] == "80.0"
+    # the main table: the compact columns, the same numbers, no run ids
+    assert list(main[0]) == MAIN_COLUMNS
+    assert [r["method"] for r in main] == list(rows)
+    for r in main:
+        assert {k: v for k, v in rows[r["method"]].items() if k in MAIN_COLUMNS} == r
+    main_text = markdown_table(pd.DataFrame(main))
+    assert not any(run in main_text for run in ("run_ddp", "run_h8", "run_h16", "run_killed"))
+    # figures embedded with relative links that resolve from the report's folder; LaTeX and CSV beside
     links = re.findall(r"\]\(([^)]+)\)", text)
-    assert {l.rsplit(".", 1)[1] for l in links} == {"png", "svg"} and len(links) == 2 * len(FIGURES)
+    figures = [link for link in links if link.startswith("figures/")]
+    assert {f.rsplit(".", 1)[1] for f in figures} == {"png", "svg"} and len(figures) == 2 * len(FIGURES)
+    assert sorted(set(links) - set(figures)) == [f"{EXP}_arms.csv", f"{EXP}_main.tex", f"{EXP}_runs.csv"]
     for link in links:
         assert not link.startswith("/") and (out / link).stat().st_size > 0
 
@@ -533,8 +559,10 @@ def test_bytes_vs_dense(results, tmp_path, no_figures):
     assert by_run(t, "bytes_vs_dense") == pytest.approx({"run_ddp": 1.0, "run_h8": 0.12, "run_h16": 0.06, "run_topk": 0.1})
     assert set(t["dense_run"]) == {"run_ddp"}
     assert by_run(t, "floats_sent")["run_topk"] == pytest.approx(100 * PARAM_BYTES / 10 / 4)
-    rows = {r["run"]: r for r in parse_markdown_tables(write_report(results, tmp_path / "r1").read_text())[0]}
-    assert rows["run_topk"]["bytes vs dense"] == "0.1" and rows["run_ddp"]["bytes vs dense"] == "1"
+    main, details = parse_markdown_tables(write_report(results, tmp_path / "r1").read_text())
+    for table in (main, details):
+        rows = {r["method"]: r for r in table}
+        assert rows["compressed"]["bytes vs dense"] == "0.1" and rows["DDP"]["bytes vs dense"] == "1"
 
     # two dense runs (ddp at batch 32 and 64): each run is compared with the one of its own batch size;
     # compressor=none is dense too
@@ -555,7 +583,7 @@ def test_bytes_vs_dense(results, tmp_path, no_figures):
     t = experiment_tables([results / EXP / "run_h8", results / EXP / "run_topk"])[EXP].table
     assert t["bytes_vs_dense"].isna().all() and t["dense_run"].isna().all()
     rows = parse_markdown_tables(write_report([results / EXP / "run_h8"], tmp_path / "r2").read_text())[0]
-    assert rows[0]["bytes vs dense"] == "n/a"
+    assert rows[0]["method"] == "local SGD" and rows[0]["bytes vs dense"] == "n/a"
 
 
 def test_modeled_time_at_1_and_10_gbps(results, tmp_path, no_figures):
@@ -573,11 +601,12 @@ def test_modeled_time_at_1_and_10_gbps(results, tmp_path, no_figures):
     assert by_run(t, "modeled_1gbps_s")["run_ab"] == pytest.approx(84.83)
     assert by_run(t, "modeled_10gbps_s")["run_ab"] == pytest.approx(80.51)
     assert math.isnan(by_run(t, "modeled_1gbps_s")["run_h8"])  # older run: no alpha-beta terms
-    rows = {r["run"]: r for r in parse_markdown_tables(write_report(results, tmp_path / "r").read_text())[0]}
-    assert rows["run_ab"]["modeled @1 Gbps (s)"] == "84.8" and rows["run_ab"]["modeled @10 Gbps (s)"] == "80.5"
-    assert rows["run_h8"]["modeled @1 Gbps (s)"] == ""
+    rows = {r["method"]: r for r in parse_markdown_tables(write_report(results, tmp_path / "r").read_text())[1]}
+    assert rows["DDP, bucket cap mb=25"]["modeled @1 Gbps (s)"] == "84.8"
+    assert rows["DDP, bucket cap mb=25"]["modeled @10 Gbps (s)"] == "80.5"
+    assert rows["local SGD, H=8"]["modeled @1 Gbps (s)"] == ""
     # an experiment where no run has the terms gets no such columns
-    old = parse_markdown_tables(write_report(results / EXP / "run_h8", tmp_path / "old").read_text())[0]
+    old = parse_markdown_tables(write_report(results / EXP / "run_h8", tmp_path / "old").read_text())[1]
     assert not any(k.startswith("modeled @") for k in old[0])
 
 
@@ -615,11 +644,15 @@ def test_batch_scaling_table_and_report_section(results, tmp_path, no_figures):
 
     text = write_report(root, tmp_path / "report").read_text()
     assert "### accuracy vs effective batch" in text
-    main, scaling = parse_markdown_tables(text)
-    assert len(main) == 8
+    main, details, scaling = parse_markdown_tables(text)
+    assert len(main) == len(details) == 8
     cells = {r["method"]: r for r in scaling}
-    assert cells[ada] == {"method": ada, "128": "0.9100", "256": "0.8700", "512": "0.8500"}
+    # cells: mean +- 95% t interval (n=2: t_{0.975,1} = tan(0.475 pi)) and n; 0.88 and 0.86: s = 0.01 sqrt(2)
+    h = math.tan(0.475 * math.pi) * 0.01 * math.sqrt(2) / math.sqrt(2)
+    assert cells[ada] == {"method": ada, "128": "0.9100 (n=1)", "256": f"0.8700 ± {h:.4f} (n=2)", "512": "0.8500 (n=1)"}
+    assert f"{h:.4f}" == "0.1271"
     assert cells[d]["512"] == "diverged" and cells[adag]["256"] == ""
+    assert batch_scaling_table(load_summaries(root), stat="n").loc[ada].tolist() == [1, 2, 1]
     # the main set has one effective batch: no such table
     assert "effective batch" not in write_report(results, tmp_path / "main").read_text()
     assert experiment_tables(results)[EXP].batch_scaling is None
@@ -634,8 +667,8 @@ def test_compression_figure(results, tmp_path, monkeypatch):
     assert len(files) == 2 * (len(FIGURES) + 1)
     assert (out / f"{EXP}_compression.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     svg = (out / f"{EXP}_compression.svg").read_text()
-    assert "algo.name=gravac" in svg and "algo.name=accordion" in svg and "cf_candidate" in svg
-    assert "algo.name=ddp" not in svg  # no compression rows
+    assert "GraVAC (n=1)" in svg and "Accordion (n=1)" in svg and "cf_candidate" in svg
+    assert "DDP" not in svg  # no compression rows
     # referenced from the report (only the compression figure drawn again, to keep the test fast)
     monkeypatch.setattr("lsgd.analysis.plots.plot_experiment", lambda *args, **kwargs: {})
     text = write_report(results, tmp_path / "report").read_text()
@@ -676,10 +709,225 @@ def test_bytes_per_worker_vs_workers_and_consensus_figures(tmp_path):
     files = {p.name for p in plot_runs(root, tmp_path / "plots")}
     assert {f"{EXP}_wire_bytes_per_step_vs_nodes.svg", f"{EXP}_consensus_distance_vs_step.svg"} <= files
     svg = (tmp_path / "plots" / f"{EXP}_wire_bytes_per_step_vs_nodes.svg").read_text()
-    assert "algo.name=ddp" in svg and "algo.name=swarm_sgd" in svg and "world_size" not in svg
+    assert "DDP (n=1)" in svg and "SwarmSGD (n=1)" in svg and "world_size" not in svg and "workers=" not in svg
     assert "ddp_4" not in svg  # one line per method: no run ids
     # one set of runs at one world size: no scaling figure
     single = tmp_path / "single"
     write_run(single, "a", {"name": "ddp"}, 0.01, 0.5, 0.5)
     write_run(single, "b", {"name": "local_sgd", "local_steps": 8}, 0.01, 0.5, 0.5)
     assert not any("vs_nodes" in p.name for p in plot_runs(single, tmp_path / "plots2"))
+
+
+# -- seeds: arms, means and 95% t intervals (issue 14) ---------------------------------------------
+# Student t quantiles by hand: df = 1 is the Cauchy quantile tan(pi (p - 1/2)); df = 2 has the closed
+# form (2p - 1) / sqrt(2 p (1 - p)) (4.302652729749464; tables print 4.303).
+T1 = math.tan(math.pi * (0.975 - 0.5))
+T2 = (2 * 0.975 - 1) / math.sqrt(2 * 0.975 * 0.025)
+
+
+def test_t_quantiles_by_hand():
+    assert T1 == pytest.approx(12.706204736174696, rel=1e-12)
+    assert T2 == pytest.approx(4.302652729749464, rel=1e-12)
+    assert t_halfwidth(1.0, 3) == pytest.approx(T2 / math.sqrt(3), rel=1e-12)
+    assert math.isnan(t_halfwidth(1.0, 1))
+
+
+def test_aggregate_seeds_matches_hand_computed_means_and_intervals():
+    df = pd.DataFrame(
+        {
+            "algo.name": ["local_sgd", "ddp", "local_sgd", "local_sgd", "ddp", "slowmo"],
+            "algo.local_steps": [8, None, 8, 8, None, 8],  # ddp: missing, and grouped together
+            "seed": [0, 0, 1, 2, 1, 0],
+            "run_id": ["a0", "d0", "a1", "a2", "d1", "s0"],
+            "acc": [0.80, 0.90, 0.82, 0.84, 0.92, 0.70],
+            "time": [10.0, 1.0, math.nan, 30.0, 3.0, 5.0],  # one local SGD seed never reached T
+        }
+    )
+    arms = aggregate_seeds(df, by=["algo.name", "algo.local_steps"])
+    assert arms["algo.name"].tolist() == ["local_sgd", "ddp", "slowmo"]  # order of first appearance
+    assert arms["n"].tolist() == [3, 2, 1]
+    assert arms["seeds"].tolist() == ["0, 1, 2", "0, 1", "0"] and arms["run_ids"].tolist()[1] == "d0, d1"
+    assert [c for c in arms.columns if c.startswith("acc_")] == [f"acc_{s}" for s in ("mean", "ci", "sd", "n", "min", "max")]
+    local, ddp, slowmo = (arms.iloc[i] for i in range(3))
+    # local SGD acc 0.80, 0.82, 0.84: mean 0.82, s = 0.02, h = t_{0.975,2} 0.02 / sqrt(3) = 0.0497
+    assert local["acc_mean"] == pytest.approx(0.82) and local["acc_sd"] == pytest.approx(0.02)
+    assert local["acc_ci"] == pytest.approx(T2 * 0.02 / math.sqrt(3)) and f"{local['acc_ci']:.4f}" == "0.0497"
+    assert (local["acc_n"], local["acc_min"], local["acc_max"]) == (3, 0.80, 0.84)
+    # its time over the 2 seeds that have one: 10 and 30: mean 20, s = 10 sqrt(2), h = t_{0.975,1} 10 sqrt(2) / sqrt(2)
+    assert local["time_mean"] == pytest.approx(20.0) and local["time_n"] == 2
+    assert local["time_ci"] == pytest.approx(T1 * 10.0)
+    # ddp 0.90, 0.92: mean 0.91, s = 0.01 sqrt(2), h = t_{0.975,1} 0.01
+    assert ddp["acc_mean"] == pytest.approx(0.91) and ddp["acc_ci"] == pytest.approx(T1 * 0.01)
+    assert pd.isna(ddp["algo.local_steps"])
+    # one run: its value, no interval
+    assert slowmo["acc_mean"] == pytest.approx(0.70) and math.isnan(slowmo["acc_ci"]) and math.isnan(slowmo["acc_sd"])
+    t_075 = (2 * 0.75 - 1) / math.sqrt(2 * 0.75 * 0.25)  # confidence 0.5: t_{0.75,2}
+    half = aggregate_seeds(df, by="algo.name", values=["acc"], confidence=0.5)["acc_ci"].iloc[0]
+    assert half == pytest.approx(t_075 * 0.02 / math.sqrt(3), rel=1e-12)
+    with pytest.raises(KeyError):
+        aggregate_seeds(df, by=["nope"])
+
+
+def write_seeds(root):
+    """DDP and local SGD H=8 with seeds 0, 1, 2, local SGD H=16 with seed 0 (final acc = rate * 100).
+
+    DDP: rates 0.0090, 0.0092, 0.0094 (final 0.90, 0.92, 0.94), modeled 2 s/step.
+    H=8: rates 0.0080, 0.0082, 0.0078 (final 0.80, 0.82, 0.78), modeled 0.5, 0.6, 0.4 s/step.
+    H=16: rate 0.0085 (final 0.85), modeled 0.4 s/step. algo.seed follows seed (as in the configs).
+    """
+    for seed, rate in enumerate((0.0090, 0.0092, 0.0094)):
+        write_run(root, f"ddp_s{seed}", {"name": "ddp"}, rate, 1.0, 2.0, seed=seed)
+    for seed, (rate, modeled) in enumerate(((0.0080, 0.5), (0.0082, 0.6), (0.0078, 0.4))):
+        write_run(root, f"h8_s{seed}", {**H8[1], "seed": seed}, rate, 0.5, modeled, seed=seed)
+    write_run(root, "h16_s0", {**H16[1], "seed": 0}, 0.0085, 0.25, 0.4, seed=0)
+
+
+# By hand: T = the lowest final accuracy of the 7 completed runs = 0.78 (H=8, seed 2).
+# DDP reaches 0.78 at step 90 in each seed (0.009 * 80 = 0.72, 0.0092 * 80 = 0.736, 0.0094 * 80 = 0.752
+# are below): modeled 180 s each, so the baseline's time to T is 180 s and each DDP speedup 1.
+# H=8 reaches it at step 100 (0.72, 0.738, 0.702 at step 90): modeled 50, 60, 40 s -> speedups
+# 3.6, 3.0, 4.5: mean 3.7, s = sqrt((0.01 + 0.49 + 0.64) / 2) = sqrt(0.57).
+# H=16 at step 100 (0.765 at step 90): 40 s -> 4.5.
+SEED_SPEEDUPS = (3.6, 3.0, 4.5)
+
+
+def test_report_over_three_seeds_and_one_seed(tmp_path):
+    root = tmp_path / "res"
+    write_seeds(root)
+    s = load_summaries(root)
+    assert differing_keys(s) == ["algo.name", "algo.local_steps", "algo.seed", "seed"]
+    assert arm_keys(s) == ["algo.name", "algo.local_steps"]
+    labels = arm_labels(s)
+    assert sorted(set(labels.values())) == ["DDP", "local SGD, H=16", "local SGD, H=8"]
+
+    t = experiment_tables(root)[EXP]
+    assert t.threshold == pytest.approx(0.78) and len(t.baseline_runs) == 3
+    assert by_run(t.table, "speedup_modeled") == pytest.approx(
+        {"ddp_s0": 1.0, "ddp_s1": 1.0, "ddp_s2": 1.0, "h8_s0": 3.6, "h8_s1": 3.0, "h8_s2": 4.5, "h16_s0": 4.5})
+    arms = t.arms.set_index("arm")
+    assert arms.loc["local SGD, H=8", "speedup_modeled_mean"] == pytest.approx(3.7)
+    assert arms.loc["local SGD, H=8", "speedup_modeled_ci"] == pytest.approx(T2 * math.sqrt(0.57) / math.sqrt(3))
+    assert arms.loc["local SGD, H=8", "time_to_T_modeled_s_ci"] == pytest.approx(T2 * 10 / math.sqrt(3))
+
+    out = tmp_path / "report"
+    text = write_report(root, out).read_text()
+    assert "Student t with n - 1 degrees of freedom" in text  # the report says how its intervals are made
+    assert "Config differences: `algo.name`: ddp, local_sgd; `algo.local_steps`: (unset), 8, 16; `seed`: 0, 1, 2; `algo.seed`: (unset), 0, 1, 2." in text
+    assert "7 runs in 3 arms (n = 1 to 3 runs)." in text
+    assert "In the labels: H = `algo.local_steps`." in text
+    assert text.count("Threshold T") == 1 and text.count("**Modeled time** is") == 1  # definitions once
+    main, details = parse_markdown_tables(text)
+    assert list(main[0]) == MAIN_COLUMNS
+    rows = {r["method"]: r for r in main}
+    assert list(rows) == ["DDP", "local SGD, H=8", "local SGD, H=16"]
+    h_acc = T2 * 0.02 / math.sqrt(3)  # both 3-seed arms: s = 0.02 over their final accuracies
+    assert rows["DDP"]["n"] == "3" and rows["DDP"]["final test acc"] == f"0.9200 ± {h_acc:.4f}" == "0.9200 ± 0.0497"
+    assert rows["DDP"]["speedup vs ddp, modeled"] == "1.00 ± 0.00"
+    assert rows["local SGD, H=8"]["final test acc"] == "0.8000 ± 0.0497"
+    h_speedup = T2 * math.sqrt(0.57) / math.sqrt(3)
+    assert rows["local SGD, H=8"]["speedup vs ddp, modeled"] == f"3.70 ± {h_speedup:.2f}" == "3.70 ± 1.88"
+    assert rows["local SGD, H=8"]["time to T, modeled (s)"] == f"50 ± {T2 * 10 / math.sqrt(3):.3g}" == "50 ± 24.8"
+    assert rows["local SGD, H=8"]["GB sent / worker"] == "0.048 ± 0"  # the same bytes in every seed
+    # one seed: n=1, the value and no interval
+    assert rows["local SGD, H=16"]["n"] == "1"
+    assert rows["local SGD, H=16"]["final test acc"] == "0.8500" and rows["local SGD, H=16"]["speedup vs ddp, modeled"] == "4.50"
+    assert not any("±" in cell for cell in rows["local SGD, H=16"].values())
+    # no run ids or dotted keys in the main table; the details name the seeds
+    main_text = markdown_table(pd.DataFrame(main))
+    assert not re.search(r"ddp_s\d|h8_s\d|h16_s0|algo\.", main_text)
+    assert {r["method"]: r["seeds"] for r in details} == {"DDP": "0, 1, 2", "local SGD, H=8": "0, 1, 2", "local SGD, H=16": "0"}
+
+    # LaTeX (booktabs) beside the Markdown, CSV files with every number
+    tex = (out / f"{EXP}_main.tex").read_text()
+    assert all(rule in tex for rule in ("\\toprule", "\\midrule", "\\bottomrule", "\\begin{tabular}"))
+    assert "local SGD, H=8 & 3 & 0.8000 $\\pm$ 0.0497" in tex and "fmnist\\_demo" in tex and "95\\%" in tex
+    arms_csv = pd.read_csv(out / f"{EXP}_arms.csv")
+    assert arms_csv["arm"].tolist() == ["DDP", "local SGD, H=8", "local SGD, H=16"] and arms_csv["n"].tolist() == [3, 3, 1]
+    assert arms_csv["final_test_acc_ci"].iloc[1] == pytest.approx(h_acc)
+    assert len(pd.read_csv(out / f"{EXP}_runs.csv")) == 7
+
+    # figures: one mean line per arm, a band for the 3-seed arms, n in the legend
+    for fig in FIGURES:
+        svg = (out / "figures" / f"{EXP}_{fig}.svg").read_text()
+        assert (out / "figures" / f"{EXP}_{fig}.png").stat().st_size > 1000
+        assert "DDP (n=3)" in svg and "local SGD, H=8 (n=3)" in svg and "local SGD, H=16 (n=1)" in svg
+        assert "h8_s0" not in svg
+
+
+def test_figures_draw_mean_curves_with_bands(tmp_path, monkeypatch):
+    root = tmp_path / "res"
+    write_seeds(root)
+    figs = {}
+    monkeypatch.setattr("lsgd.analysis.plots._save", lambda fig, stem: figs.setdefault(stem.name, fig) and [])
+    plot_runs(root, tmp_path / "plots")
+    ax = figs[f"{EXP}_test_acc_vs_modeled_time_s"].axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert sorted(lines) == ["DDP (n=3)", "local SGD, H=16 (n=1)", "local SGD, H=8 (n=3)"]
+    assert len(ax.collections) == 2  # bands of the two 3-seed arms, none for n=1
+    # DDP's seeds share their modeled times (2 s/step): the mean of 0.009, 0.0092, 0.0094 x step
+    ddp = lines["DDP (n=3)"]
+    assert list(ddp.get_xdata()) == [2.0 * step for step in range(EVAL_EVERY, STEPS + 1, EVAL_EVERY)]
+    assert list(ddp.get_ydata()) == pytest.approx([0.0092 * step for step in range(EVAL_EVERY, STEPS + 1, EVAL_EVERY)])
+    band = ax.collections[0].get_paths()[0].vertices  # the DDP band: mean -+ t_{0.975,2} s / sqrt(3), s = 0.0002 step
+    assert band[:, 1].max() == pytest.approx(0.92 + T2 * 0.02 / math.sqrt(3))
+    assert band[:, 1].min() == pytest.approx(0.0092 * EVAL_EVERY - T2 * 0.0002 * EVAL_EVERY / math.sqrt(3))
+
+
+def test_aggregate_curves_on_a_common_grid():
+    # two runs whose x values differ: interpolated onto {0, 5, 10, 20} (the union inside [0, 20])
+    records = pd.DataFrame(
+        {
+            "run_dir": ["a"] * 3 + ["b"] * 4 + ["c"] * 2,
+            "x": [0.0, 10.0, 20.0, 0.0, 5.0, 20.0, 30.0, 0.0, 10.0],
+            "y": [0.0, 1.0, 2.0, 0.0, 1.0, 4.0, 9.0, 5.0, 6.0],
+        }
+    )
+    curves = aggregate_curves(records, "x", "y", {"a": "arm", "b": "arm", "c": "single"})
+    arm = curves[curves["arm"] == "arm"]
+    assert arm["x"].tolist() == [0.0, 5.0, 10.0, 20.0]  # b's point at 30 lies beyond a's range
+    # a at 5: 0.5; b at 10: 1 + (10 - 5) / (20 - 5) * 3 = 2
+    assert arm["mean"].tolist() == pytest.approx([0.0, (0.5 + 1.0) / 2, (1.0 + 2.0) / 2, (2.0 + 4.0) / 2])
+    assert arm["low"].tolist() == pytest.approx([0.0, 0.5, 1.0, 2.0]) and arm["high"].tolist() == pytest.approx([0.0, 1.0, 2.0, 4.0])
+    assert set(arm["band"]) == {"minmax"} and arm["interpolated"].all() and set(arm["n"]) == {2}
+    single = curves[curves["arm"] == "single"]
+    assert single["mean"].tolist() == [5.0, 6.0] and single["band"].iloc[0] == "none" and single["low"].isna().all()
+    assert not single["interpolated"].any()
+    # a repeated x keeps its last value (the state reached once that much was spent)
+    rep = pd.DataFrame({"run_dir": ["a"] * 3 + ["b"] * 2, "x": [0.0, 10.0, 10.0, 0.0, 10.0], "y": [0.0, 1.0, 3.0, 0.0, 1.0]})
+    assert aggregate_curves(rep, "x", "y", {"a": "m", "b": "m"})["mean"].tolist() == pytest.approx([0.0, 2.0])
+
+
+def test_baseline_option(results, tmp_path, no_figures):
+    # speedups against local SGD H=8 (modeled time to T: ddp 180 s, H8 50 s, H16 40 s)
+    for baseline in ("local_sgd, H=8", "local SGD, H=8", "algo.name=local_sgd,algo.local_steps=8"):
+        t = experiment_tables(results, baseline=baseline)[EXP]
+        if baseline == "local_sgd, H=8":  # neither an algo.name, a label nor key=value pairs
+            assert t.baseline_runs == [] and t.table["speedup_modeled"].isna().all()
+            continue
+        assert t.baseline_runs == ["run_h8"] and t.baseline == baseline
+        assert by_run(t.table, "speedup_modeled") == pytest.approx({"run_ddp": 50 / 180, "run_h8": 1.0, "run_h16": 1.25})
+        assert t.arms["arm"].tolist()[0] == "local SGD, H=8"  # the baseline first
+    assert lsgd_cli(["report", str(results), "--out", str(tmp_path / "r"), "--baseline", "local SGD, H=8"]) == 0
+    text = (tmp_path / "r" / "report.md").read_text()
+    rows = {r["method"]: r for r in parse_markdown_tables(text)[0]}
+    assert rows["local SGD, H=16"]["speedup vs local SGD, H=8, modeled"] == "1.25"
+    assert "baseline `local SGD, H=8`: 1 run." in text
+
+
+def test_readable_labels():
+    frame = pd.DataFrame(
+        {
+            "run_dir": list("abcdef"),
+            "run_id": list("abcdef"),
+            "algo.name": ["compressed", "compressed", "gravac", "swarm_sgd", "swarm_sgd", "ddp"],
+            "algo.compressor": ["topk", "topk", "dgc", None, None, None],
+            "algo.cf": [10, 100, None, None, None, None],
+            "algo.blocking": [None, None, None, True, False, None],
+            "seed": [0, 0, 0, 0, 0, 0],
+        }
+    )
+    frame.attrs["config_keys"] = ["algo.name", "algo.compressor", "algo.cf", "algo.blocking", "seed"]
+    assert arm_labels(frame) == {
+        "a": "compressed, CF=10", "b": "compressed, CF=100", "c": "GraVAC", "d": "SwarmSGD, blocking",
+        "e": "SwarmSGD, non-blocking", "f": "DDP",
+    }  # fmt: skip

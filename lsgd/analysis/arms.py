@@ -1,0 +1,258 @@
+"""Arms: runs that differ only in their seed, and the readable labels tables and figures give them.
+
+An *arm* is the set of runs of one experiment whose configs are equal except for the seed keys
+(``seed`` and every key ending in ``.seed``, such as ``algo.seed``, which defaults to the run's
+``seed``) and bookkeeping (run id, run folder, ``results_dir``, ``resume``). A sweep run with
+``-m seed=0,1,2`` gives each arm three runs; :func:`lsgd.analysis.aggregate_seeds` averages them.
+
+Labels are for people: ``"local SGD, H=8"`` rather than ``"algo.name=local_sgd,
+algo.local_steps=8"``. :func:`arm_labels` keeps only the keys needed to tell the arms apart
+(:func:`label_keys`) and writes each as :data:`KEY_NAMES` and :data:`VALUE_NAMES` say.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from lsgd.analysis.load import (
+    DEFAULT_IGNORED_KEYS,
+    _hashable,
+    _is_missing,
+    config_columns,
+    differing_keys,
+    format_value,
+)
+
+#: How an algorithm (``algo.name``) is written in labels.
+ALGO_NAMES = {
+    "ddp": "DDP",
+    "local_sgd": "local SGD",
+    "post_local_sgd": "post-local SGD",
+    "slowmo": "SlowMo",
+    "diloco": "DiLoCo",
+    "compressed": "compressed",
+    "gravac": "GraVAC",
+    "accordion": "Accordion",
+    "adasum": "Adasum",
+    "swarm_sgd": "SwarmSGD",
+    "dpsgd": "D-PSGD",
+    "decentlam": "DecentLaM",
+    "sgp": "SGP",
+    "ad_psgd": "AD-PSGD",
+    "lead": "LEAD",
+    "overlap_local_sgd": "Overlap-Local-SGD",
+    "param_server": "parameter server",
+}
+
+#: Short names of config keys in labels (the symbols of shared/glossary.md where there is one);
+#: a key not listed is written as its last dotted part with ``_`` as spaces (``optim.lr`` -> ``lr``).
+KEY_NAMES = {
+    "algo.local_steps": "H",
+    "algo.slow_lr": "alpha",
+    "algo.slow_momentum": "beta",
+    "algo.cf": "CF",
+    "algo.cf_min": "CF min",
+    "algo.cf_max": "CF max",
+    "algo.cf_low": "CF low",
+    "algo.cf_high": "CF high",
+    "algo.epsilon": "eps",
+    "algo.warmup_steps": "warm-up steps",
+    "algo.buffer_policy": "buffers",
+    "algo.dn_buffer": "N",
+    "algo.dn_c": "c",
+    "batch_size": "batch",
+    "launcher.nproc_per_node": "workers",
+    "world_size": "workers",
+    "optim.lr": "lr",
+}
+
+#: Keys whose value alone is the label part (``"top-k"``, ``"ring"``), and how values are written.
+VALUE_ONLY_KEYS = ("algo.name", "algo.compressor", "algo.topology", "algo.quantizer", "study.arm")
+
+#: Written values of :data:`VALUE_ONLY_KEYS` (others as :func:`lsgd.analysis.load.format_value`).
+VALUE_NAMES = {
+    "algo.name": ALGO_NAMES,
+    "algo.compressor": {
+        "none": "dense", "topk": "top-k", "randomk": "random-k", "dgc": "DGC", "redsync": "RedSync",
+        "qsgd": "QSGD", "powersgd": "PowerSGD", "fp16": "fp16",
+    },
+}  # fmt: skip
+
+#: Boolean keys written as a word when true and ``no <word>`` (or the given word) when false.
+BOOL_NAMES = {
+    "algo.error_feedback": ("error feedback", "no error feedback"),
+    "algo.blocking": ("blocking", "non-blocking"),
+    "algo.hierarchical": ("hierarchical", "flat"),
+}
+
+#: Keys tried first when choosing the keys of a label (then ``algo.*``, then the rest).
+LABEL_KEY_PRIORITY = ("algo.name", "study.arm")
+
+
+def is_seed_key(key: str) -> bool:
+    """Whether config key ``key`` is a seed: ``seed`` or any ``<group>.seed`` (``algo.seed``)."""
+    return key == "seed" or str(key).endswith(".seed")
+
+
+def seed_keys(frame: pd.DataFrame) -> list[str]:
+    """The seed keys (:func:`is_seed_key`) among the config columns of ``frame``."""
+    return [k for k in config_columns(frame) if is_seed_key(k)]
+
+
+def arm_keys(frame: pd.DataFrame, ignore: Iterable[str] = DEFAULT_IGNORED_KEYS) -> list[str]:
+    """Config keys that tell the arms of ``frame`` apart: :func:`lsgd.analysis.differing_keys`
+    without the seed keys (runs that differ only in them are one arm).
+
+    Args:
+        frame: from :func:`lsgd.analysis.load_summaries` or :func:`lsgd.analysis.load_runs`.
+        ignore: further keys to leave out (default: the bookkeeping keys).
+    """
+    return differing_keys(frame, ignore=tuple(ignore) + tuple(seed_keys(frame)))
+
+
+def _per_run(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.drop_duplicates("run_dir") if "run_dir" in frame else frame
+
+
+def label_keys(frame: pd.DataFrame, keys: list[str] | None = None) -> list[str]:
+    """The fewest of ``keys`` (default :func:`arm_keys`), chosen greedily, that still tell every arm
+    apart: ``algo.name`` and ``study.arm`` are tried first, then the ``algo.*`` keys, then the
+    rest, and a key is taken only if it splits arms that the keys taken before leave together.
+
+    For DDP next to local SGD at H = 8 and 16 that is ``algo.name`` and ``algo.local_steps``.
+    """
+    if keys is None:
+        keys = arm_keys(frame)
+    runs = _per_run(frame)
+    present = [k for k in keys if k in runs]
+    order = sorted(
+        present,
+        key=lambda k: (
+            LABEL_KEY_PRIORITY.index(k) if k in LABEL_KEY_PRIORITY else len(LABEL_KEY_PRIORITY),
+            not k.startswith("algo."),
+        ),
+    )
+    values = {k: [_hashable(v) for v in runs[k].tolist()] for k in present}  # NaN -> None: one value
+    arms = {tuple(values[k][i] for k in present) for i in range(len(runs))}
+    chosen: list[str] = []
+    for k in order:
+        before = {tuple(values[c][i] for c in chosen) for i in range(len(runs))}
+        after = {tuple(values[c][i] for c in [*chosen, k]) for i in range(len(runs))}
+        if len(after) > len(before):
+            chosen.append(k)
+        if len(after) == len(arms):
+            break
+    return chosen
+
+
+def key_name(key: str, keys: Iterable[str] = ()) -> str:
+    """How ``key`` is named in a label (:data:`KEY_NAMES`, else its last dotted part with spaces);
+    its full dotted name when another of ``keys`` would get the same short name."""
+    def short(k: str) -> str:
+        return KEY_NAMES.get(k) or str(k).rsplit(".", 1)[-1].replace("_", " ")
+
+    name = short(key)
+    if any(short(k) == name for k in keys if k != key):
+        return str(key)
+    return name
+
+
+def label_part(key: str, value, keys: Iterable[str] = ()) -> str:
+    """One part of a label: ``"local SGD"`` (algo.name), ``"top-k"``, ``"H=8"``, ``"error feedback"``;
+    ``""`` for a missing value."""
+    if _is_missing(value):
+        return ""
+    if key in BOOL_NAMES and isinstance(value, (bool, np.bool_)):
+        return BOOL_NAMES[key][0 if value else 1]
+    text = format_value(value)
+    if key in VALUE_ONLY_KEYS:
+        return VALUE_NAMES.get(key, {}).get(text, text)
+    return f"{key_name(key, keys)}={text}"
+
+
+def arm_labels(frame: pd.DataFrame, keys: list[str] | None = None, among: list[str] | None = None) -> dict[str, str]:
+    """``{run_dir: readable label}``: one label per arm, shared by the arm's runs (its seeds).
+
+    A label joins :func:`label_part` of each of ``keys`` that the run sets, e.g. ``"local SGD,
+    H=8"``, ``"compressed, top-k, CF=10"`` (default: ``algo.name``, always, then the other keys of
+    :func:`label_keys`); ``"all runs"`` when that is empty. If two arms would still get one label
+    (two values written alike), the label is the arm's ``key=value`` list over every arm key instead.
+
+    Args:
+        frame: one or more rows per run (:func:`lsgd.analysis.load_summaries`, ``load_runs``).
+        keys: the keys written in the labels (default: as above).
+        among: the keys that define the arms (default :func:`arm_keys`); the scaling figure
+            leaves the world size out, so one method at 4, 8 and 16 workers is one label.
+    """
+    every = arm_keys(frame) if among is None else list(among)
+    runs = _per_run(frame)
+    if keys is None:
+        keys = label_keys(frame, every)
+        if "algo.name" in runs and "algo.name" not in keys:
+            keys = ["algo.name", *keys]
+    out: dict[str, str] = {}
+    arm_of: dict[str, tuple] = {}
+    for _, row in runs.iterrows():
+        parts = [label_part(k, row[k], keys) for k in keys if k in row]
+        out[row["run_dir"]] = ", ".join(p for p in parts if p) or "all runs"
+        arm_of[row["run_dir"]] = tuple(_hashable(row[k]) if k in row else None for k in every)
+    arms_per_label: dict[str, set] = {}
+    for d, lab in out.items():
+        arms_per_label.setdefault(lab, set()).add(arm_of[d])
+    clashing = [d for d, lab in out.items() if len(arms_per_label[lab]) > 1]
+    by_dir = runs.set_index("run_dir")
+    for d in clashing:
+        row = by_dir.loc[d]
+        out[d] = ", ".join(f"{k}={format_value(row[k])}" for k in every if k in row and not _is_missing(row[k])) or out[d]
+    return out
+
+
+def order_key(value) -> tuple:
+    """Sort key for config values: missing first, then numbers ascending, then text."""
+    if _is_missing(value):
+        return (0, 0.0, "")
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        return (1, float(value), "")
+    return (2, 0.0, format_value(value))
+
+
+def config_differences(frame: pd.DataFrame, keys: list[str] | None = None) -> dict[str, list[str]]:
+    """``{key: [its distinct values, as written]}`` for the arm keys (default :func:`arm_keys`) and
+    the seed keys that differ between the runs of ``frame``, values sorted (:func:`order_key`);
+    a run that does not set a key counts as ``"(unset)"``."""
+    runs = _per_run(frame)
+    if keys is None:
+        keys = arm_keys(frame)
+    seeds = [k for k in seed_keys(runs) if runs[k].map(_hashable).nunique(dropna=True) > 1]
+    out: dict[str, list[str]] = {}
+    for k in [*keys, *seeds]:
+        if k in runs:
+            ordered = sorted(runs[k].tolist(), key=order_key)
+            out[k] = list(dict.fromkeys(format_value(v) or "(unset)" for v in ordered))
+    return out
+
+
+def select_runs(frame: pd.DataFrame, selector: str, labels: Mapping[str, str] | None = None) -> pd.Series:
+    """Boolean mask of the runs of ``frame`` (one row per run) that ``selector`` names.
+
+    ``selector`` is one of: an ``algo.name`` (``"ddp"``); an arm label of :func:`arm_labels`
+    (``"local SGD, H=8"``); or ``key=value`` pairs joined by commas, each matched against the
+    written config value (``"algo.name=local_sgd,algo.local_steps=8"``).
+    """
+    selector = str(selector).strip()
+    parts = [p.strip() for p in selector.split(",") if p.strip()]
+    pairs = [p.split("=", 1) for p in parts]
+    if parts and all(len(p) == 2 and p[0].strip() in frame for p in pairs):
+        mask = pd.Series(True, index=frame.index)
+        for key, value in pairs:
+            mask &= frame[key.strip()].map(format_value) == value.strip()
+        return mask
+    names = frame["algo.name"] if "algo.name" in frame else frame.get("algo", pd.Series(None, index=frame.index))
+    mask = names.map(format_value) == selector
+    if labels is not None and not mask.any():
+        mask = frame["run_dir"].map(lambda d: labels.get(d)) == selector
+    return mask.fillna(False).astype(bool)
