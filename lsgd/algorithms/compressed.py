@@ -92,6 +92,7 @@ COMPRESSOR_PARAMS = {
     "dgc": ("sample_ratio", "warmup_epochs", "seed"),
     "redsync": (),
     "qsgd": ("levels", "seed"),
+    "lattice": ("bits", "side", "seed"),
     "fp16": (),
     "none": (),
 }
@@ -111,6 +112,13 @@ def validate_compressor_keys(algo: dict) -> None:
         levels = algo.get("levels")
         if isinstance(levels, bool) or not isinstance(levels, int) or not 1 <= levels <= 127:
             raise ConfigError(f"algo.levels must be an integer in [1, 127] (int8 payload), got {levels!r}")
+    if compressor == "lattice":
+        from lsgd.compression.lattice import check_params
+
+        try:
+            check_params(algo.get("bits", 8), algo.get("side", 1e-4))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     if compressor == "dgc" and algo.get("sample_ratio") is not None:
         in_interval(algo, "sample_ratio", 0, 1, "algo.")
     if compressor == "dgc" and algo.get("warmup_epochs") is not None:
@@ -327,7 +335,10 @@ class Compressed(DDP):
         dense, sent = self.byte_counters()
         last_dense, last_sent = getattr(self, "_last_counters", (0, 0))
         self._last_counters = (dense, sent)
-        return {"cf": (dense - last_dense) / (sent - last_sent) if sent > last_sent else 1.0}
+        out = {"cf": (dense - last_dense) / (sent - last_sent) if sent > last_sent else 1.0}
+        if self.compressor_name == "lattice":
+            out["lattice_resent"] = self.compressor.resent
+        return out
 
     def state_dict(self) -> dict:
         state = {"local_step": self.local_step, "bytes": (self.dense_bytes, self.sent_bytes),
@@ -337,6 +348,8 @@ class Compressed(DDP):
             state["powersgd_bytes"] = (self.powersgd.dense_bytes, self.powersgd.sent_bytes)
         if self.memory is not None:
             state["memory"] = self.memory.state_dict()
+        if self.compressor_name == "lattice":
+            state["lattice_resent"] = self.compressor.resent
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -348,4 +361,6 @@ class Compressed(DDP):
             self.powersgd.dense_bytes, self.powersgd.sent_bytes = state.get("powersgd_bytes", (0, 0))
         if self.memory is not None and "memory" in state:
             self.memory.load_state_dict(state["memory"])
+        if self.compressor_name == "lattice":
+            self.compressor.resent = int(state.get("lattice_resent", 0))
 

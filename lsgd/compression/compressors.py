@@ -13,7 +13,12 @@ randomk   k random coordinates (shared seed): values  4 k              all-reduc
 dgc       sampled-threshold top-k: values, indices    8 selected       all-gather  Lin et al., ICLR 2018
 redsync   trimmed top-k threshold search              8 selected       all-gather  Fang et al., JPDC 2019
 qsgd      int8 sign * level, float32 norm             n + 4            all-gather  Alistarh et al., NIPS 2017
+lattice   packed colours k mod 2^bits, int64[3] sum   bits n / 8 + 24  lattice     Davies et al., ICLR 2021
 ========  ==========================================  ===============  ==========  ==========================
+
+``lattice`` (:class:`Lattice`) needs a reference at the receiver: every worker decodes the others'
+codes against its *own* tensor (distributed mean estimation: the workers' gradients are close),
+so it has its own exchange in :mod:`lsgd.compression.exchange`.
 
 ``powersgd`` is in :data:`COMPRESSORS` (config validation) but runs as torch's DDP comm hook
 (:mod:`lsgd.compression.powersgd`); :func:`build` refuses it.
@@ -42,7 +47,7 @@ import torch
 
 from lsgd.seeding import derive_seed
 
-COMPRESSORS = ("none", "fp16", "topk", "randomk", "dgc", "redsync", "qsgd", "powersgd")
+COMPRESSORS = ("none", "fp16", "topk", "randomk", "dgc", "redsync", "qsgd", "lattice", "powersgd")
 SPARSIFIERS = ("topk", "randomk", "dgc", "redsync")
 
 # -- payload ------------------------------------------------------------------------------------
@@ -67,6 +72,8 @@ class Compressed:
     dtype: torch.dtype
     scale: torch.Tensor | None = None
     send_indices: bool = True
+    reference: torch.Tensor | None = None  # lattice: the tensor encoded (the decoding reference; never sent)
+    point: torch.Tensor | None = None      # lattice: its own lattice point s k (float64, flat; never sent)
 
     @property
     def nbytes(self) -> int:
@@ -598,9 +605,56 @@ class QSGD(Compressor):
         return out.to(c.dtype).reshape(c.shape)
 
 
+class Lattice(Compressor):
+    """``lattice``: the lattice (reference-point) quantizer of :mod:`lsgd.compression.lattice`
+    (Davies, Gurunathan, Moshrefi, Ashkboos and Alistarh, "New Bounds for Distributed Mean
+    Estimation and Variance Reduction", ICLR 2021) as a gradient compressor.
+
+    ``compress`` sends the colours ``k mod 2^bits`` of ``k = floor(x / side + u)`` (unbiased random
+    rounding, ``u`` from a generator seeded by ``(seed, step, key, rank)``: workers round
+    independently) and the 24-byte checksum of ``k`` (in ``scale``). A receiver decodes each other
+    worker's codes against its own tensor (:func:`lsgd.compression.exchange.exchange`): exact while
+    the two differ by less than ``2^bits side / 2 - side`` in every coordinate; a decode outside
+    that radius is caught by the checksum and the tensor is averaged again at full precision.
+    ``decompress`` returns the sender's own lattice point (what every receiver decodes when exact).
+
+    Error feedback is allowed but not needed: the rounding is unbiased (E[s k] = x), its error at
+    most ``side`` per coordinate. Has no compression factor (``cf`` is ``32 / bits`` nominally), so
+    the adaptive methods (GraVAC, Accordion), which vary a sparsifier's cf, do not take it.
+
+    Raises:
+        ValueError: ``bits`` not in 1, 2, 4, 8, 16, or ``side`` not > 0 (the message names
+            ``algo.bits`` / ``algo.side``).
+    """
+
+    name = "lattice"
+    exchange = "lattice"
+    lossy = True
+
+    def __init__(self, bits: int = 8, side: float = 1e-4, seed: int = 0, rank: int | None = None):
+        from lsgd.compression.lattice import LatticeQuantizer
+
+        self.quantizer = LatticeQuantizer(bits, side)
+        super().__init__(32.0 / self.quantizer.bits)
+        self.seed = int(seed)
+        self.rank = rank
+        self.resent = 0  # items averaged again at full precision (a decode outside the radius)
+
+    _rank = QSGD._rank
+
+    def compress(self, tensor, *, step=0, key=0, cf=None):
+        g = _generator(tensor.device, "lattice", self.seed, step, key, self._rank())
+        code, point = self.quantizer.encode(tensor, g)
+        return Compressed(code.payload, None, tensor.shape, tensor.dtype, scale=code.checksum,
+                          reference=tensor.detach().clone(), point=point)
+
+    def decompress(self, c):
+        return c.point.to(c.dtype).reshape(c.shape)
+
+
 # -- registry -------------------------------------------------------------------------------------
 _CLASSES = {"none": NoCompression, "fp16": FP16, "topk": TopK, "randomk": RandomK, "dgc": DGC,
-            "redsync": RedSync, "qsgd": QSGD}
+            "redsync": RedSync, "qsgd": QSGD, "lattice": Lattice}
 _PARAMS = {
     "none": (),
     "fp16": ("dtype",),
@@ -609,6 +663,7 @@ _PARAMS = {
     "dgc": ("cf", "sample_ratio", "warmup_epochs", "steps_per_epoch", "seed"),
     "redsync": ("cf",),
     "qsgd": ("levels", "seed", "rank"),
+    "lattice": ("bits", "side", "seed", "rank"),
 }
 
 

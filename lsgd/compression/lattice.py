@@ -18,8 +18,9 @@ decode is off by multiples of ``q s``, silently. To catch that, the sender adds 
 (:func:`lattice_checksum`: three sums modulo the prime 65521, 24 bytes per tensor) and the receiver
 compares it with the checksum of its decoded integers: an error (a change of ``k`` by non-zero
 multiples of ``q`` in some coordinates) changes the plain sum unless the errors cancel, and then the
-two weighted sums with pseudo-random weights miss it with probability about 65521**-2. A caught
-tensor is resent at full precision by the caller (:mod:`lsgd.algorithms.swarm_sgd`).
+two sums weighted by powers of primitive roots (the error polynomial evaluated at a root) miss it
+with probability about 65521**-2. A caught tensor is resent at full precision by the caller
+(:mod:`lsgd.algorithms.swarm_sgd`, :mod:`lsgd.compression.exchange`).
 
 Bytes of one tensor of ``n`` elements: ``ceil(bits n / 8)`` (codes packed 8 / bits per byte for
 bits 1, 2, 4, 8; two bytes per element for 16) + 24 (checksum).
@@ -41,7 +42,6 @@ BITS = (1, 2, 4, 8, 16)
 #: the checksum's modulus (the largest prime below 2**16: products of residues and weights stay
 #: below 2**32, so int64 sums of up to 2**31 elements cannot overflow)
 CHECKSUM_PRIME = 65521
-_WEIGHT_MULTIPLIERS = (40503, 29411)
 CHECKSUM_BYTES = 3 * 8
 
 
@@ -90,23 +90,43 @@ def unpack(payload: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     return lanes.reshape(-1)[:n].long()
 
 
+#: primitive roots of 65521: element weights g^i (i in a block of 65521) and block weights h^j
+_ELEMENT_ROOTS = (17, 29)
+_BLOCK_ROOTS = (41, 46)
+
+
 @lru_cache(maxsize=8)
 def _checksum_weights(device: torch.device) -> torch.Tensor:
-    """int64 ``[2, 65521]``: ``(index * m mod 65521) + 1`` for the two multipliers over one period
-    (the weights repeat with period 65521, so one period serves every tensor)."""
-    idx = torch.arange(CHECKSUM_PRIME, dtype=torch.int64, device=device)
-    return torch.stack([torch.remainder(idx * m, CHECKSUM_PRIME) + 1 for m in _WEIGHT_MULTIPLIERS])
+    """int64 ``[2, 65521]``: ``g^i mod 65521`` for the two element roots, i = 0 .. 65520."""
+    rows = []
+    for g in _ELEMENT_ROOTS:
+        w, x = [], 1
+        for _ in range(CHECKSUM_PRIME):
+            w.append(x)
+            x = x * g % CHECKSUM_PRIME
+        rows.append(w)
+    return torch.tensor(rows, dtype=torch.int64, device=device)
 
 
 def lattice_checksum(k: torch.Tensor) -> torch.Tensor:
-    """int64 tensor of shape ``[3]``: ``sum(r)``, ``sum(r w1)``, ``sum(r w2)`` modulo 65521 with
-    ``r = k mod 65521`` and pseudo-random weights ``w = (index * m mod 65521) + 1``."""
+    """int64 tensor of shape ``[3]``, modulo 65521, of ``r = k mod 65521`` (flat, split in blocks
+    ``j`` of 65521 elements ``i``): ``sum(r)`` and, for two pairs of primitive roots ``(g, h)``,
+    ``sum_j h^j sum_i r_ji g^i``: the residues of polynomials in ``g`` and ``h``, zero for an error
+    pattern only if ``(g, h)`` is a root of its error polynomial (probability about 1 / 65521 each
+    for an error not made to fool it). Weights linear in the index (an earlier version) passed
+    every error with zero first and second moments, e.g. ``+q, -2q, +q`` at evenly spaced indices,
+    a pattern gradients produce."""
     r = torch.remainder(k.reshape(-1), CHECKSUM_PRIME)
     n = r.numel()
     periods = torch.nn.functional.pad(r, (0, -n % CHECKSUM_PRIME)).view(-1, CHECKSUM_PRIME)  # zeros add nothing
     w = _checksum_weights(r.device)
-    sums = torch.stack([r.sum(), (periods * w[0]).sum(), (periods * w[1]).sum()])
-    return torch.remainder(sums, CHECKSUM_PRIME)
+    blocks = periods.shape[0]
+    sums = [r.sum()]
+    for row, root in zip(w, _BLOCK_ROOTS):
+        per_block = torch.remainder((periods * row).sum(dim=1), CHECKSUM_PRIME)  # < 65521^2 * 65521: fits int64
+        h = torch.tensor([pow(root, j, CHECKSUM_PRIME) for j in range(blocks)], dtype=torch.int64, device=r.device)
+        sums.append((per_block * h).sum())
+    return torch.remainder(torch.stack(sums), CHECKSUM_PRIME)
 
 
 @dataclass

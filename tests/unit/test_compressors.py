@@ -454,7 +454,7 @@ def test_dgc_with_memory_sends_accumulated_velocity():
 
 # -- build -------------------------------------------------------------------------------------------
 def test_build_errors():
-    with pytest.raises(ValueError, match=r"'foo'.*allowed: none, fp16, topk, randomk, dgc, redsync, qsgd, powersgd"):
+    with pytest.raises(ValueError, match=r"'foo'.*allowed: none, fp16, topk, randomk, dgc, redsync, qsgd, lattice, powersgd"):
         build("foo")
     with pytest.raises(ValueError, match=r"cf .*>= 1.*0\.5"):
         build("topk", cf=0.5)
@@ -473,10 +473,10 @@ def test_build_errors():
         build("fp16", dtype="int8")
     with pytest.raises(ValueError, match="cf"):
         build("topk").compress(randn(10), cf=0.9)
-    assert COMPRESSORS == ("none", "fp16", "topk", "randomk", "dgc", "redsync", "qsgd", "powersgd")
+    assert COMPRESSORS == ("none", "fp16", "topk", "randomk", "dgc", "redsync", "qsgd", "lattice", "powersgd")
     exchanges = {name: build(name).exchange for name in COMPRESSORS if name != "powersgd"}
     assert exchanges == {"none": "all_reduce", "fp16": "all_reduce", "randomk": "all_reduce", "topk": "all_gather",
-                         "dgc": "all_gather", "redsync": "all_gather", "qsgd": "all_gather"}
+                         "dgc": "all_gather", "redsync": "all_gather", "qsgd": "all_gather", "lattice": "lattice"}
 
 
 def test_exchange_world_of_one():

@@ -99,3 +99,33 @@ def test_cancelling_errors_are_caught():
 def test_bad_parameters_name_the_key(bits, side):
     with pytest.raises(ValueError, match="algo.bits|algo.side"):
         check_params(bits, side)
+
+
+def test_checksum_catches_errors_with_zero_first_and_second_moments():
+    """+q, -2q, +q at evenly spaced indices (a second difference: what a wrong decode of a gradient
+    produced in a real run) and +q / -q one block (65521 elements) apart: weights linear in the
+    index, or repeating every block, pass both; the polynomial checksum catches them."""
+    from lsgd.compression.lattice import lattice_checksum
+
+    q = 256
+    k = torch.randint(-300, 300, (10,), generator=torch.Generator().manual_seed(0))
+    e = k.clone()
+    e[0] += q
+    e[4] -= 2 * q
+    e[8] += q
+    assert not torch.equal(lattice_checksum(e), lattice_checksum(k))
+    big = torch.randint(-300, 300, (2 * 65521 + 5,), generator=torch.Generator().manual_seed(1))
+    e = big.clone()
+    e[7] += q
+    e[7 + 65521] -= q
+    assert not torch.equal(lattice_checksum(e), lattice_checksum(big))
+    # and a random single error, and a random pair with opposite signs, anywhere
+    g = torch.Generator().manual_seed(2)
+    for _ in range(200):
+        i, j = torch.randint(0, big.numel(), (2,), generator=g).tolist()
+        if i == j:
+            continue
+        e = big.clone()
+        e[i] += q
+        e[j] -= q
+        assert not torch.equal(lattice_checksum(e), lattice_checksum(big))
