@@ -112,3 +112,16 @@ def test_real_timing_config_errors():
         compose_cfg(["algo=async_local_sgd", "algo.timing=real", "checkpoint_every=0",
                      "launcher.preemption=checkpoint"])
     assert compose_cfg(["algo=async_local_sgd", "algo.timing=real", "checkpoint_every=0"])["algo"]["time_scale"] == 1.0
+
+
+@pytest.mark.timeout(120)
+def test_a_diverging_real_timing_run_stops_and_releases_every_worker(tmp_path):
+    """Outer lr 1e30: the workers' losses turn non-finite, the server's record sees the shipped
+    non-finite count and stops with status diverged, and still releases both workers."""
+    over = ["algo=async_local_sgd", "algo.timing=real", "algo.time_scale=0.1", "algo.local_steps=2",
+            "algo.outer_optimizer=sgd", "algo.outer_lr=1e30", "cluster.compute=profile", "cluster.step_time_s=0.01",
+            "max_steps=40", "log_every=1"]
+    run_dir = run(tmp_path, over, world=3, name="nan")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["steps"] < 40
+    assert all((run_dir / f"rank{r}.pt").exists() for r in range(3))
