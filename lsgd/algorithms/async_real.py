@@ -53,7 +53,11 @@ The cluster clock still runs: a worker's clock advances by its modeled compute p
 the modeled cost of its messages, and the server's by its messages (a receive completes at
 ``max(server ready, worker's send start + cost)``), but the events follow wall-clock order rather
 than the modeled one, so ``modeled_time_s`` in real mode is the modeled cost of the run as it
-happened, not the time of the virtual-time schedule.
+happened, not the time of the virtual-time schedule. A worker's measured ``compute_time_s``
+includes the stretch (the sleep is emulated compute); its ``comm_time_s`` includes waiting for the
+server's reply.
+
+Tested on gloo (``tests/distributed/test_async_real.py``, ``tests/cli/test_async_real_cli.py``).
 """
 
 from __future__ import annotations
