@@ -403,12 +403,22 @@ class Handle:
         self.messages: list[tuple[str, np.ndarray, torch.Tensor | None]] = []  # (send|recv, cost, clock buf)
         self.overlapped: bool | None = False  # None: neither timed nor clocked (count=False)
         self.deferred = False                 # clocked at the next settle(), not at wait()
+        self.works_done = False
+
+    def wait_works(self) -> None:
+        """Block until the transfer itself is done, without the accounting (clock, measured time):
+        safe from another thread (a server waiting for whichever worker's message comes first).
+        :meth:`wait` then completes the accounting on its caller's thread without waiting on the
+        works again (gloo's receive work cannot be waited twice)."""
+        if not self.works_done:
+            for w in self.works:
+                w.wait()
+            self.works_done = True
 
     def wait(self):
         if self.done:
             return self.result
-        for w in self.works:
-            w.wait()
+        self.wait_works()
         self.comm._complete(self)
         self.done = True
         if self.finish is not None:

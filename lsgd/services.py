@@ -17,6 +17,7 @@ with different roles never deadlock in bookkeeping.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -147,6 +148,21 @@ class Recorder:
             self.loss_sum += loss.double().cpu()
             self.loss_count += 1
 
+    def take_losses(self) -> tuple[float, int, int]:
+        """This rank's ``(loss sum, count, non-finite count)`` since the last call or record; zeroes
+        them (see ``RunContext.take_losses``)."""
+        out = (self.loss_sum.item(), self.loss_count, self.nonfinite)
+        self.loss_sum.zero_()
+        self.loss_count = 0
+        self.nonfinite = 0
+        return out
+
+    def add_losses(self, loss_sum: float, count: int, nonfinite: int) -> None:
+        """Add losses another rank shipped (see ``RunContext.add_losses``)."""
+        self.loss_sum += float(loss_sum)
+        self.loss_count += int(count)
+        self.nonfinite += int(nonfinite)
+
     def start(self, samples: int) -> None:
         """Training (re)starts: rank 0 opens the logger; after a resume it first replays the kept
         metrics.jsonl lines into it, so the logger's history equals metrics.jsonl."""
@@ -159,40 +175,52 @@ class Recorder:
         self.last_record_samples = samples
 
     # -- records --------------------------------------------------------------------------------
-    def make_record(self, trainer, step: int | None = None) -> dict | None:
+    def make_record(self, trainer, step: int | None = None, local: bool = False) -> dict | None:
         """Reduce the loss accumulators over ranks (uncounted) and build a metrics record at
         progress ``step`` (default: the trainer's progress); None when some rank saw a non-finite
-        loss (every rank gets the same reduced flag)."""
+        loss (every rank gets the same reduced flag).
+
+        ``local``: this rank alone, no collective (server bookkeeping,
+        :attr:`lsgd.algorithms.base.Algorithm.bookkeeping`): its own accumulators (the losses its
+        workers shipped), its own figures; a record without new losses repeats the previous
+        record's ``train_loss`` (one arrival crossing several record points)."""
         step = trainer.progress if step is None else step
         comm = trainer.comm
         buf = torch.tensor([self.loss_sum.item(), float(self.loss_count), float(self.nonfinite)], dtype=torch.float64)
-        if trainer.device.type == "cuda":
+        if trainer.device.type == "cuda" and not local:
             buf = buf.to(trainer.device)
-        comm.all_reduce(buf, count=False)
+        if not local:
+            comm.all_reduce(buf, count=False)
         loss_sum, count, nonfinite = buf.tolist()
         self.loss_sum.zero_()
         self.loss_count = 0
+        if local:
+            self.nonfinite = 0
         if nonfinite > 0:
             return None
+        train_loss = loss_sum / count if count else float("nan")
+        if local and not count:
+            train_loss = getattr(self, "_last_train_loss", train_loss)
+        self._last_train_loss = train_loss
         now = time.perf_counter()
         samples = step * int(self.cfg["batch_size"]) * trainer.num_workers
         rate = (samples - self.last_record_samples) / max(now - self.last_record_time, 1e-9)
         self.last_record_time, self.last_record_samples = now, samples
         self.pending_rows = trainer.algorithm.pop_step_rows()
-        self.figures = self.worker_figures(trainer)
+        self.figures = self.worker_figures(trainer, gather=not local)
         return {
             "step": step,
             "epoch": step / trainer.steps_per_epoch,
             "samples": samples,
             "lr": trainer.optimizer.param_groups[0]["lr"],
-            "train_loss": loss_sum / count if count else float("nan"),
+            "train_loss": train_loss,
             "comm_rounds": comm.stats.comm_rounds,
             "wall_time_s": now - trainer.start_time,
             "comm_time_s": comm.stats.comm_time_s,
             **self.figures,
             "samples_per_s": rate,
             **trainer.algorithm.metrics(),
-            **self.consensus(trainer),
+            **({} if local else self.consensus(trainer)),
         }
 
     def consensus(self, trainer) -> dict:
@@ -399,24 +427,31 @@ class Evaluator:
         return loss_sum, correct, count
 
     @torch.no_grad()
-    def evaluate(self, model, algorithm, comm, rank: int, world_size: int, is_worker: bool = True) -> dict:
+    def evaluate(self, model, algorithm, comm, rank: int, world_size: int, is_worker: bool = True,
+                 local: bool = False) -> dict:
         """Test metrics of the evaluation model (split across ranks). With ``eval_workers`` and
         differing replicas, also every worker's own model on the whole test set (its first
         ``eval_workers_samples`` samples when set):
         ``test_acc_workers_mean`` / ``_min`` (``test_ppl_workers_mean`` / ``_max``). Translation
-        with ``bleu_samples``: ``test_bleu`` of the evaluation model (class docstring)."""
+        with ``bleu_samples``: ``test_bleu`` of the evaluation model (class docstring).
+
+        ``local``: this rank's own ``model`` over the whole test set, with no collective and no
+        ``eval_context`` (server bookkeeping: the server's model)."""
+        if local:
+            rank, world_size = 0, 1
         was_training = model.training
         model.eval()
         own = None
         if self.workers and not algorithm.models_in_sync and world_size > 1:
             own = self._sums(model, 0, 1, self.workers_samples) if is_worker else None
-        with algorithm.eval_context():
+        with contextlib.nullcontext() if local else algorithm.eval_context():
             loss_sum, correct, count = self._sums(model, rank, world_size)
             bleu = self._bleu_stats(model, rank, world_size) if self.bleu_samples else np.zeros(0)
         model.train(was_training)
         extra = self._worker_metrics(own, comm) if self.workers and not algorithm.models_in_sync and world_size > 1 else {}
         buf = torch.tensor([loss_sum, correct, count, *bleu], dtype=torch.float64, device=self.device)
-        comm.all_reduce(buf, count=False)
+        if not local:
+            comm.all_reduce(buf, count=False)
         loss_sum, correct, count, *bleu = buf.tolist()
         test_loss = loss_sum / max(count, 1)
         out = {"test_loss": test_loss}

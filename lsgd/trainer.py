@@ -10,7 +10,8 @@ role and runs one linear loop:
     server: algorithm.serve_step -> schedule step -> bookkeeping
 
 Bookkeeping (log / evaluate / checkpoint, :mod:`lsgd.services`) happens at the same progress
-count on every rank. Only rank 0 writes results (metrics.jsonl, summary.json); every rank appends
+count on every rank (or, where the algorithm's ``bookkeeping`` is ``server``, on the server alone
+with no collective). Only rank 0 writes results (metrics.jsonl, summary.json); every rank appends
 rank-prefixed lines to train.log and writes its own checkpoint shard.
 """
 
@@ -189,6 +190,8 @@ class Trainer:
             lr_decay_steps=lr_decay_steps(cfg["schedule"], self.steps_per_epoch),
             step_compute_s=lambda: self.step_compute_s, compute_seconds=self.compute_model.seconds,
             worker_step_s=self._worker_step_s(cluster, workers, seed),
+            take_losses=lambda: self.recorder.take_losses(),
+            add_losses=lambda *losses: self.recorder.add_losses(*losses),
         )
         self.algorithm = build_algorithm(cfg["algo"], self.comm)
         self.net = self.algorithm.setup(self.model, self.optimizer, self.ctx)
@@ -235,6 +238,11 @@ class Trainer:
                 self.serve()
             else:
                 self.work()
+            self.algorithm.finish()
+            if self.algorithm.bookkeeping == "server":
+                # every rank is out of its loop (the server released the workers): one gather of
+                # every rank's figures for summary.json (the records had the server's own)
+                self.recorder.figures = self.recorder.worker_figures(self)
             if self.diverged:
                 status = "diverged"
             self.comm.quiesce()
@@ -313,8 +321,8 @@ class Trainer:
         self.algorithm.optimizer_step()
         self._schedule_step()
         self.step += 1
+        self.recorder.add_loss(loss.detach())  # before after_step: an algorithm may ship the losses there
         self.algorithm.after_step(self.step)
-        self.recorder.add_loss(loss.detach())
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.compute_time_s += max(0.0, time.perf_counter() - t0 - self.comm.pop_step_time())
@@ -372,7 +380,11 @@ class Trainer:
         step = self.algorithm.progress(self.step)
         if step == self.bookkept:  # progress did not move (a round of local steps under way)
             return False
-        points = [step] if self.algorithm.lockstep else self._record_points(self.bookkept, step)
+        local = self.algorithm.bookkeeping == "server"
+        if local and self.role != "server":  # server bookkeeping: workers make no records
+            self.bookkept = step
+            return False
+        points = [step] if self.algorithm.lockstep and not local else self._record_points(self.bookkept, step)
         if not points:  # not lockstep: no record crossed (no collective on any rank)
             self.recorder.tick(step)
             self.bookkept = step
@@ -382,7 +394,7 @@ class Trainer:
             self.bookkept = at
             if stop:
                 return True
-            if at < self.total_steps and self.watch.agreed(self.comm, self.device):
+            if at < self.total_steps and not local and self.watch.agreed(self.comm, self.device):
                 if not saved:
                     self.comm.quiesce()
                     self.save_checkpoint(at)
@@ -414,20 +426,22 @@ class Trainer:
 
         unit = self.steps_per_epoch if cfg["eval_unit"] == "epoch" else 1
         ce = int(cfg["checkpoint_every"])
+        local = self.algorithm.bookkeeping == "server"  # the server alone, no collective (no checkpoints)
         is_eval = crossed(unit * int(cfg["eval_every"])) or last
-        is_ckpt = crossed(unit * ce)
+        is_ckpt = crossed(unit * ce) and not local
         if not (is_eval or crossed(int(cfg["log_every"]))):
             self.recorder.tick(step)
             return False, False
-        rec = self.recorder.make_record(self, step)
+        rec = self.recorder.make_record(self, step, local=local)
         if rec is None:  # diverged: every rank saw the same reduced flag
             self.diverged = True
             log.warning("non-finite training loss at step %d: stopping with status diverged", step)
             return True, False
         if is_eval:
-            self.comm.quiesce()
+            if not local:
+                self.comm.quiesce()
             out = self.evaluator.evaluate(self.model, self.algorithm, self.comm, self.rank, self.world_size,
-                                          is_worker=self.role == "worker")
+                                          is_worker=self.role == "worker", local=local)
             self.recorder.note_eval(out, step)
             rec.update(out)
         self.recorder.emit(rec, step, self.total_steps)

@@ -40,7 +40,10 @@ model the workers pull changes only then). Its staleness is counted in server st
 model versions: an arrival with index q (0-based) whose worker pulled after arrival p = q - s has
 ``q // K - p // K`` server steps of staleness.
 
-Timing (``algo.timing``): ``virtual`` (the only one so far) decides the order on the cluster clock:
+Timing (``algo.timing``): ``real`` applies updates in arrival order and emulates each worker's
+speed by stretching its local steps in wall time (``algo.time_scale``; records on the server alone,
+not reproducible with more than one worker): :mod:`lsgd.algorithms.async_real`. ``virtual`` (the
+default) decides the order on the cluster clock:
 every rank computes the same plan (:mod:`lsgd.algorithms.async_plan`, whose docstring has the rules,
 each rank's progress and the deadlock-freedom argument) from every worker's modeled seconds per
 step (``cluster.compute=profile`` with ``cluster.speeds``) and the modeled cost of the messages,
@@ -71,7 +74,7 @@ from collections.abc import Iterator
 
 import torch
 
-from lsgd.algorithms import async_plan
+from lsgd.algorithms import async_plan, async_real
 from lsgd.algorithms.base import Algorithm, float_buffers, model_tensors
 from lsgd.comm import copy_back
 from lsgd.config import choice, int_at_least, number_at_least, positive
@@ -81,7 +84,7 @@ log = logging.getLogger("lsgd")
 
 SERVER = 0
 OUTER_OPTIMIZERS = ("sgd", "nesterov", "delayed_nesterov")
-TIMINGS = ("virtual",)
+TIMINGS = ("virtual", "real")
 
 
 class DelayedNesterov:
@@ -133,7 +136,8 @@ def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
 class AsyncLocalSGD(Algorithm):
     """Asynchronous Local-SGD / async DiLoCo (module docstring).
 
-    Config keys: ``timing`` (virtual), ``local_steps`` (H >= 1), ``dylu`` (bool), ``outer_optimizer``
+    Config keys: ``timing`` (virtual | real), ``time_scale`` (> 0, real timing: wall seconds per
+    modeled second of a local step), ``local_steps`` (H >= 1), ``dylu`` (bool), ``outer_optimizer``
     (sgd | nesterov | delayed_nesterov), ``outer_lr`` (> 0), ``outer_momentum`` ([0, 1)),
     ``dn_buffer`` (N >= 1), ``dn_c`` (>= 0), ``staleness_exponent`` (>= 0), ``staleness_avg``
     (>= 0), ``max_staleness`` (null or an integer >= 0), ``fedbuff`` (null or K >= 1).
@@ -152,6 +156,7 @@ class AsyncLocalSGD(Algorithm):
             raise ConfigError(f"algo=async_local_sgd needs at least 2 processes (rank 0 serves, the rest are "
                               f"workers); got {world_size}: set launcher.nproc_per_node >= 2")
         choice({"timing": algo.get("timing", "virtual")}, "timing", TIMINGS, "algo.")
+        positive({"time_scale": algo.get("time_scale", 1.0)}, "time_scale", "algo.")
         int_at_least(algo, "local_steps", 1, "algo.")
         choice({"dylu": algo.get("dylu", False)}, "dylu", (True, False), "algo.")
         choice(algo, "outer_optimizer", OUTER_OPTIMIZERS, "algo.")
@@ -170,6 +175,8 @@ class AsyncLocalSGD(Algorithm):
 
     @classmethod
     def validate_run(cls, cfg: dict, world_size: int) -> None:
+        if (cfg.get("algo") or {}).get("timing", "virtual") == "real":
+            return async_real.validate_run(cfg)
         compute = (cfg.get("cluster") or {}).get("compute", "profile")
         if compute != "profile":
             raise ConfigError(f"algo=async_local_sgd with algo.timing=virtual needs cluster.compute=profile (the "
@@ -188,8 +195,13 @@ class AsyncLocalSGD(Algorithm):
         self.dropped = 0
         self.served = 0  # arrivals the server has handled
         self.plan: async_plan.Plan | None = None
+        self.real = async_real.RealTiming(self) if cfg.get("timing", "virtual") == "real" else None
+        if self.real is not None:
+            self.bookkeeping = "server"  # progress is not known in advance: the server records alone
 
     def setup(self, model, optimizer, ctx=None):
+        if self.real is not None:
+            return self.real.setup(model, optimizer, ctx)
         model = super().setup(model, optimizer, ctx)
         self.params = [p for p in model.parameters()]
         self.buffers = float_buffers(model)
@@ -242,6 +254,8 @@ class AsyncLocalSGD(Algorithm):
 
     # -- the schedule ------------------------------------------------------------------------------
     def progress(self, step: int) -> int:
+        if self.real is not None:
+            return self.real.progress(step)
         if step <= 0:
             return 0
         if self.is_server:
@@ -249,6 +263,8 @@ class AsyncLocalSGD(Algorithm):
         return self.plan.workers[self.worker].progress[step - 1]
 
     def schedule_position(self, step: int) -> int | None:
+        if self.real is not None:
+            return self.real.schedule_position(step)
         if step <= 0:
             return None
         if self.is_server:
@@ -260,6 +276,8 @@ class AsyncLocalSGD(Algorithm):
     def before_step(self, step: int) -> None:
         """Worker, at the end of a task (after its boundary's records): push g = theta_start -
         theta_end with the buffers, pull the server's model, start the next task from it."""
+        if self.real is not None:
+            return self.real.before_step(step)
         if self.is_server or step not in self.plan.workers[self.worker].push:
             return
         g = _flat([s - p for s, p in zip(self.start, self.params)] + self.buffers)
@@ -276,6 +294,8 @@ class AsyncLocalSGD(Algorithm):
     def serve_step(self, step: int) -> None:
         """Server: receive arrival ``step`` (the plan's order) from its worker, apply the outer
         step, send the model back."""
+        if self.real is not None:
+            return self.real.serve_step(step)
         arrival = self.plan.arrivals[step]
         pair = self.pairs[arrival.worker]
         n_params = sum(p.numel() for p in self.params)
@@ -336,7 +356,17 @@ class AsyncLocalSGD(Algorithm):
                 for t, s in zip(tensors, saved):
                     t.copy_(s)
 
+    def after_step(self, step: int) -> None:
+        if self.real is not None:
+            self.real.after_step(step)
+
+    def finish(self) -> None:
+        if self.real is not None:
+            self.real.finish()
+
     def metrics(self) -> dict:
+        if self.real is not None:
+            return self.real.metrics()
         if not self.is_server:
             return {}
         applied = self.plan.arrivals[: self.served]
@@ -349,12 +379,16 @@ class AsyncLocalSGD(Algorithm):
         return out
 
     def state_dict(self) -> dict:
+        if self.real is not None:
+            return self.real.state_dict()
         if self.is_server:
             return {"outer": self.outer.state_dict(), "dropped": self.dropped, "served": self.served,
                     "buffer": None if self.buffer is None else self.buffer.clone(), "buffered": self.buffered}
         return {"start": [t.clone() for t in self.start]}
 
     def load_state_dict(self, state: dict) -> None:
+        if self.real is not None:
+            return self.real.load_state_dict(state)
         if self.is_server:
             self.outer.load_state_dict(state["outer"])
             self.dropped = int(state["dropped"])

@@ -75,6 +75,11 @@ class RunContext:
         worker_step_s: every worker's modeled compute seconds per local step (the profile divided
             by the worker's speed, ``cluster.compute=profile``), indexed by worker; None in
             measured mode or when not known. The same on every rank.
+        take_losses: callable returning this rank's training-loss accumulators since the last
+            call or record, ``(sum, count, non-finite count)``, and zeroing them (an algorithm
+            with :attr:`Algorithm.bookkeeping` ``server`` ships its workers' losses to the server).
+        add_losses: callable adding ``(sum, count, non-finite count)`` to this rank's accumulators
+            (the server, with the losses its workers shipped).
     """
 
     rank: int = 0
@@ -94,6 +99,8 @@ class RunContext:
     compute_seconds: Callable[[float], float] | None = None
     step_compute_s: Callable[[], tuple[float, float]] | None = None
     worker_step_s: tuple[float, ...] | None = None
+    take_losses: Callable[[], tuple[float, int, int]] | None = None
+    add_losses: Callable[[float, int, int], None] | None = None
 
 
 def float_buffers(model: nn.Module) -> list[torch.Tensor]:
@@ -127,6 +134,15 @@ class Algorithm:
     #: (all synchronous methods). False: ranks' progress moves at different local steps and by
     #: different amounts, and the trainer records at each crossed multiple separately.
     lockstep = True
+
+    #: Who makes records, evaluations and checkpoints. ``collective`` (the default): every rank,
+    #: at the same progress counts (records all-reduce the losses, evaluations split the test set).
+    #: ``server``: the server rank alone, with no collective, for methods whose progress is not
+    #: known in advance (asynchronous Local-SGD in real timing): its records carry the losses the
+    #: algorithm handed it (``RunContext.add_losses``), its evaluations are of its own model over
+    #: the whole test set, workers make no records, and there are no checkpoints (the algorithm
+    #: rejects ``checkpoint_every`` > 0). May be set per instance.
+    bookkeeping = "collective"
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -217,6 +233,10 @@ class Algorithm:
 
     def after_step(self, step: int) -> None:
         """Called after the optimizer step; ``step`` = completed local steps (1-based)."""
+
+    def finish(self) -> None:
+        """Called on every rank once its training loop has ended (completed or diverged), before
+        the final accounting; default: nothing (a server releases its waiting workers here)."""
 
     def broadcast_buffers(self) -> None:
         """Broadcast the floating-point buffers (BatchNorm statistics) from rank 0 (counted), as

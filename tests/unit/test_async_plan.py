@@ -171,7 +171,7 @@ def _algo(**kw):
 
 @pytest.mark.parametrize("key,value,match", [
     ("outer_optimizer", "adam", "algo.outer_optimizer='adam' is not allowed; allowed: sgd, nesterov, delayed_nesterov"),
-    ("timing", "real", "algo.timing='real' is not allowed; allowed: virtual"),
+    ("timing", "wall", "algo.timing='wall' is not allowed; allowed: virtual, real"),
     ("dn_buffer", 0, "algo.dn_buffer must be an integer >= 1"),
     ("outer_momentum", 1.0, r"algo.outer_momentum must be in \[0, 1\)"),
     ("max_staleness", -1, "algo.max_staleness must be an integer >= 0"),
