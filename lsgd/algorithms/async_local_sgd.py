@@ -61,10 +61,19 @@ last member: the server does not sit out the rest of the window when nobody else
 notebook's rule; :mod:`lsgd.algorithms.async_plan`, rule 5, says why and how records stay free
 of deadlock). ``comm_rounds`` still counts arrivals.
 
+Data (``algo.shard_policy``): ``worker`` (default) gives each worker its own shard for the whole
+run; ``least_visited`` (Liu et al. 2024's simulation, the notebook's ``sample_data``) gives each
+new task the least-visited of the W shards (visits = local steps given to it so far, ties by shard
+id), computed in the plan so every rank agrees. A task reads its shard's batches from where the
+shard's reading stopped (each shard one stream, each batch read once: :meth:`data_position`, the
+trainer keeps one :class:`lsgd.data.ShardedLoader` per shard it visits), and the learning-rate
+schedule of a step is its shard's position (per-shard warm-up + cosine).
+
 Progress: floor(local steps of the applied tasks / W), so ``T`` progress steps are the compute of
 W workers x T local steps; the run ends when the server has applied enough. The learning-rate
-schedule of a worker follows the network's average local step count at its virtual time; the
-server's follows the progress. ``lr`` in records is the server's (rank 0).
+schedule of a worker follows the network's average local step count at its virtual time (with
+``least_visited``: its shard's position); the server's follows the progress. ``lr`` in records is
+the server's (rank 0).
 
 Bytes (all ``p2p``): per task, the worker sends n + b and the server n + b back (n parameter bytes,
 b floating-buffer bytes). Metrics (rank 0, the server): ``staleness`` (mean over applied arrivals)
@@ -149,7 +158,8 @@ class AsyncLocalSGD(Algorithm):
     (sgd | nesterov | delayed_nesterov), ``outer_lr`` (> 0), ``outer_momentum`` ([0, 1)),
     ``dn_buffer`` (N >= 1), ``dn_c`` (>= 0), ``staleness_exponent`` (>= 0), ``staleness_avg``
     (>= 0), ``max_staleness`` (null or an integer >= 0), ``fedbuff`` (null or K >= 1),
-    ``grace_period_s`` (seconds of virtual time, finite, >= 0; 0: off).
+    ``grace_period_s`` (seconds of virtual time, finite, >= 0; 0: off), ``shard_policy`` (worker |
+    least_visited).
     """
 
     name = "async_local_sgd"
@@ -184,6 +194,7 @@ class AsyncLocalSGD(Algorithm):
         number_at_least({"grace_period_s": grace}, "grace_period_s", 0.0, "algo.")
         if not math.isfinite(grace):
             raise ConfigError(f"algo.grace_period_s must be a finite number >= 0 (seconds of virtual time), got {grace!r}")
+        choice({"shard_policy": algo.get("shard_policy", "worker")}, "shard_policy", async_plan.SHARD_POLICIES, "algo.")
 
     @classmethod
     def validate_run(cls, cfg: dict, world_size: int) -> None:
@@ -201,6 +212,7 @@ class AsyncLocalSGD(Algorithm):
         self.staleness_avg = float(cfg.get("staleness_avg", 0.0) or 0.0)
         self.fedbuff = None if cfg.get("fedbuff") is None else int(cfg["fedbuff"])
         self.grace_s = float(cfg.get("grace_period_s", 0.0) or 0.0)
+        self.shard_policy = cfg.get("shard_policy", "worker")
         self.buffer: torch.Tensor | None = None  # FedBuff: the weighted pseudo-gradients since the last server step
         self.buffered = 0                        # FedBuff: arrivals added to the buffer so far
         self.dropped = 0
@@ -246,7 +258,7 @@ class AsyncLocalSGD(Algorithm):
                         "follows the plan built from rank 0's")
         step_s, cost = [float(v) for v in table[0][:n_workers]], [float(v) for v in table[0][n_workers:]]
         hs = async_plan.dylu_steps(self.local_steps, step_s, self.dylu)
-        return async_plan.plan(step_s, hs, cost, cost, total, self.grace_s)
+        return async_plan.plan(step_s, hs, cost, cost, total, self.grace_s, self.shard_policy)
 
     def _outer_optimizer(self):
         kind = self.cfg.get("outer_optimizer", "delayed_nesterov")
@@ -272,6 +284,14 @@ class AsyncLocalSGD(Algorithm):
         if self.is_server:
             return self.progress(step)
         return self.plan.workers[self.worker].schedule[step - 1]
+
+    def data_position(self, step: int) -> tuple[int, int] | None:
+        """``least_visited``: the planned (shard, batch) of local step ``step``; ``worker``: None
+        (the worker's own shard, as every other method)."""
+        if self.is_server or self.shard_policy == "worker":
+            return None
+        data = self.plan.workers[self.worker].data
+        return data[step] if step < len(data) else None
 
     # -- worker ------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -111,6 +111,19 @@ boundary's time (:attr:`WorkerPlan.schedule`): ``min(T, floor(G(t) / W))`` with 
 step boundaries of all workers at times ``<= t`` (one worker: its own step count, as in sync
 DiLoCo).
 
+Data (:attr:`WorkerPlan.data`, ``shard_policy``). ``worker`` (default): worker ``w`` reads its own
+shard ``w``, its local step ``k`` the shard's batch ``k - 1``. ``least_visited`` (Liu et al. 2024's
+simulation; the DeepMind toy notebook's ``sample_data``): there are W shards, and each new task
+takes the least-visited shard, visits being the local steps of the tasks given to it so far (tasks
+under way included, counted when they start, as the notebook's ``local_updates``), ties by shard
+id (the notebook draws among the tied at random). Tasks are given out in the order they start: at
+time 0 worker ``w`` gets shard ``w``; later, each group's members in the group's order. A task of
+``H`` steps on a shard visited ``p`` times reads the shard's batches ``p .. p + H - 1``, so every
+shard is read as one stream, each batch once, whichever workers read it (so shards are taken in
+proportion to lag: a slow worker's shard is handed to faster workers). The learning-rate schedule
+is per shard (warm-up + cosine of each shard's stream, as the notebook's schedule per data shard
+of length T): after the step reading batch ``q`` of its shard, ``min(T, q + 1)``.
+
 DyLU (dynamic local updates, Liu et al. 2024 section 3.3): worker ``w`` runs
 ``max(1, floor(v_w / max_w' v_w' x H))`` local steps per task, ``v`` its speed (1 / step_s):
 :func:`dylu_steps`.
@@ -131,6 +144,9 @@ from dataclasses import dataclass, field
 #: added before flooring the DyLU ratio, so that a speed ratio that is an exact fraction in
 #: decimal (1/2 x 4 = 2) is not floored to one less by binary rounding
 _DYLU_EPS = 1e-9
+
+#: which shard a task reads (module docstring)
+SHARD_POLICIES = ("worker", "least_visited")
 
 
 @dataclass(frozen=True)
@@ -177,12 +193,15 @@ class WorkerPlan:
             pseudo-gradient that is arrival ``i`` and pulls the server's model.
         times: ``times[k - 1]`` = the virtual time of the boundary after step ``k`` (s).
         schedule: ``schedule[k - 1]`` = the learning-rate schedule's position after step ``k``.
+        data: ``data[k - 1]`` = ``(shard, batch)``: local step ``k`` reads batch ``batch`` (0-based,
+            counted over epochs) of shard ``shard`` (module docstring, ``shard_policy``).
     """
 
     progress: list[int] = field(default_factory=list)
     push: dict[int, int] = field(default_factory=dict)
     times: list[float] = field(default_factory=list)
     schedule: list[int] = field(default_factory=list)
+    data: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
@@ -223,7 +242,7 @@ def dylu_steps(h: int, step_s: Sequence[float], dylu: bool) -> list[int]:
 
 
 def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[float], pull_s: Sequence[float],
-         total_steps: int, grace_s: float = 0.0) -> Plan:
+         total_steps: int, grace_s: float = 0.0, shard_policy: str = "worker") -> Plan:
     """The asynchronous Local-SGD schedule (module docstring).
 
     Args:
@@ -234,6 +253,8 @@ def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[f
         total_steps: T, the run's length in progress steps (>= 1).
         grace_s: the grace period g (s, finite, >= 0; 0: no grouping): rule 5 of the module
             docstring.
+        shard_policy: ``worker`` (each worker its own shard) or ``least_visited`` (each new task
+            the least-visited shard; module docstring).
 
     Raises:
         ValueError: lengths differ, a step time <= 0, a step count < 1, a cost < 0, T < 1 or a
@@ -254,10 +275,23 @@ def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[f
     grace_s = float(grace_s)
     if not (math.isfinite(grace_s) and grace_s >= 0):
         raise ValueError(f"grace_s must be a finite number >= 0, got {grace_s}")
+    if shard_policy not in SHARD_POLICIES:
+        raise ValueError(f"shard_policy must be one of {SHARD_POLICIES}, got {shard_policy!r}")
     step_s = [float(s) for s in step_s]
     hs = [int(h) for h in local_steps]
-    # tasks[w]: (start, arrival index or None) of each of w's tasks, in order
-    tasks: list[list[list]] = [[[0.0, None]] for _ in range(n)]
+    # tasks[w]: [start, arrival index or None, shard, first batch of the shard] of each of w's
+    # tasks, in order
+    visits = [0] * n  # least_visited: local steps given to each shard so far
+
+    def task(w: int, start: float) -> list:
+        if shard_policy == "worker":
+            return [start, None, w, None]
+        shard = min(range(n), key=lambda s: (visits[s], s))
+        first = visits[shard]
+        visits[shard] += hs[w]
+        return [start, None, shard, first]
+
+    tasks: list[list[list]] = [[task(w, 0.0)] for w in range(n)]
     pulled = [0] * n  # server version each worker started its current task from
     heap = []
 
@@ -291,7 +325,7 @@ def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[f
             arrivals.append(Arrival(w, len(tasks[w]) - 1, hs[w], staleness, finish, arrive, apply, progress,
                                     first, last, send))
             tasks[w][-1][1] = i
-            tasks[w].append([send, None])  # the next task (never pushed if the run ends now)
+            tasks[w].append(task(w, send))  # the next task (never pushed if the run ends now)
             pulled[w] = last + 1
         server_free = send
         if arrivals[-1].progress >= total_steps:
@@ -305,10 +339,11 @@ def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[f
     for w in range(n):
         wp = WorkerPlan()
         done = False
-        for start, index in tasks[w]:
+        for start, index, shard, first in tasks[w]:
             for j in range(1, hs[w] + 1):
                 t = start + j * step_s[w]
                 k = len(wp.progress) + 1
+                wp.data.append((shard, k - 1 if first is None else first + j - 1))
                 if j == hs[w] and index is not None:
                     p = before[index]
                     wp.push[k] = index
@@ -327,8 +362,11 @@ def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[f
     # the schedule: the network's average local step count at each boundary's time
     ends = sorted(t for wp in workers for t in wp.times)
     for wp in workers:
-        wp.schedule = [min(total_steps, bisect.bisect_right(ends, t) // n) for t in wp.times]
+        if shard_policy == "least_visited":  # per shard: the position of the shard's stream
+            wp.schedule = [min(total_steps, q + 1) for _, q in wp.data]
+        else:
+            wp.schedule = [min(total_steps, bisect.bisect_right(ends, t) // n) for t in wp.times]
     return Plan(arrivals, workers)
 
 
-__all__ = ["Arrival", "Plan", "WorkerPlan", "dylu_steps", "plan"]
+__all__ = ["SHARD_POLICIES", "Arrival", "Plan", "WorkerPlan", "dylu_steps", "plan"]

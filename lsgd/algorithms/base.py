@@ -208,6 +208,14 @@ class Algorithm:
         default): the local step count (the trainer steps the scheduler once per local step)."""
         return None
 
+    def data_position(self, step: int) -> tuple[int, int] | None:
+        """Where local step ``step`` (0-based) reads its batch: ``(shard, batch)``, batch ``batch``
+        (0-based, counted over epochs) of shard ``shard`` of the W worker shards; None (the
+        default): the worker's own shard, batch ``step``. The trainer reads the answer's batches
+        one stream per shard (:class:`lsgd.data.ShardedLoader` of that shard), so a method may
+        move workers between shards (asynchronous Local-SGD's least-visited shard)."""
+        return None
+
     def before_step(self, step: int) -> None:
         """Called before local step ``step`` (0-based; = completed steps), after the bookkeeping
         of the previous step; not called after the last step."""

@@ -207,3 +207,32 @@ def test_grace_period_groups_arrivals_reproducibly_and_resumes_exactly(tmp_path)
     assert 8 <= crashed[-1] < TOTAL
     resumed = records(run(tmp_path, over, world=4, name="crash", resume=True))
     assert strip(resumed) == strip(full)
+
+
+def test_least_visited_shards_resume_exactly_and_change_the_run(tmp_path):
+    """algo.shard_policy=least_visited through the trainer (server + 3 workers, speeds spread 6,
+    DyLU): the plan moves workers between shards (each task the least-visited one, read on from
+    where it stopped); a worker crashing after the checkpoint at 8 resumes to the records of an
+    uninterrupted run (the batches and the per-shard schedule follow from the step alone), and
+    the run is not the shard_policy=worker one."""
+    speeds = resolve_speeds("very", 4, 0)
+    step_s = [0.01 / speeds[r] for r in (1, 2, 3)]
+    _, cost = four_process_plan()
+    p = plan(step_s, dylu_steps(4, step_s, True), [cost] * 3, [cost] * 3, TOTAL, 0.0, "least_visited")
+    assert any(shard != w for w, wp in enumerate(p.workers) for shard, _ in wp.data)
+    over = ["algo=async_local_sgd", "algo.local_steps=4", "algo.dylu=true", "algo.shard_policy=least_visited",
+            "algo.outer_optimizer=delayed_nesterov", "algo.dn_buffer=3", "algo.outer_lr=0.5",
+            "cluster.compute=profile", "cluster.speeds=very", "cluster.step_time_s=0.01", "epochs=3",
+            f"max_steps={TOTAL}", "eval_unit=step", "eval_every=4", "log_every=1", "checkpoint_every=8"]
+    full = records(run(tmp_path, over, world=4, name="full"))
+    recs = [r for r in full if "kind" not in r]
+    assert [r["step"] for r in recs] == list(range(1, TOTAL + 1))
+    assert recs[-1]["comm_rounds"] == len(p.arrivals)
+    w = max(range(3), key=lambda w: p.workers[w].steps)
+    k = next(k for k, prog in enumerate(p.workers[w].progress, start=1) if prog > 8)
+    with pytest.raises(ProcessException):
+        run(tmp_path, [*over, f"inject_failure.step={k}", f"inject_failure.rank={w + 1}"], world=4, name="crash")
+    resumed = records(run(tmp_path, over, world=4, name="crash", resume=True))
+    assert strip(resumed) == strip(full)
+    plain = records(run(tmp_path, [o for o in over if "shard_policy" not in o], world=4, name="plain"))
+    assert [r.get("test_loss") for r in strip(plain)] != [r.get("test_loss") for r in strip(full)]

@@ -233,6 +233,57 @@ def test_grace_period_two_workers_inside_and_outside_the_window():
     assert b[0].progress == 1
 
 
+def test_least_visited_shards_hand_computed():
+    """The first plan above (step times 1 and 3 s, H = 2, free messages, T = 4) with
+    shard_policy=least_visited: worker 0 takes shard 0, worker 1 shard 1 at time 0 (2 steps each);
+    at 2 worker 0 takes shard 0 again (tie 2 = 2, lower id), batches 2-3; at 4 shard 1 (2 < 4), its
+    batches 2-3, so worker 0 reads on where worker 1 stopped; at 6 shard 0 (4 = 4), batches 4-5;
+    worker 1, last, shard 1 from batch 4. The schedule is the shard's position (at most T). Arrivals
+    and times are those of shard_policy=worker."""
+    p = plan([1.0, 3.0], [2, 2], [0.0, 0.0], [0.0, 0.0], 4, shard_policy="least_visited")
+    w0, w1 = p.workers
+    assert w0.data == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (0, 4)]
+    assert w0.schedule == [1, 2, 3, 4, 3, 4, 4]
+    assert w1.data == [(1, 0), (1, 1), (1, 4)]
+    assert w1.schedule == [1, 2, 4]
+    q = plan([1.0, 3.0], [2, 2], [0.0, 0.0], [0.0, 0.0], 4)
+    assert p.arrivals == q.arrivals and [w.times for w in p.workers] == [w.times for w in q.workers]
+    assert q.workers[0].data == [(0, k) for k in range(7)] and q.workers[1].data == [(1, 0), (1, 1), (1, 2)]
+
+
+@pytest.mark.parametrize("grace", [0.0, 1.0])
+@pytest.mark.parametrize("seed", range(8))
+def test_least_visited_reads_every_batch_once_and_keeps_shards_balanced(seed, grace):
+    """Random plans: shard_policy=worker is the default plan exactly (own shard, batch = step);
+    least_visited changes only the data and the schedule: no (shard, batch) is read twice, the
+    steps given to the shards differ by at most the largest H (each task took the least-visited
+    one), and the schedule is the shard's position."""
+    rng = random.Random(500 + seed)
+    n = rng.randint(1, 5)
+    step_s = [rng.choice([0.5, 1.0, 1.3, 2.0, 3.7]) for _ in range(n)]
+    hs = [rng.randint(1, 4) for _ in range(n)]
+    cost = [rng.choice([0.0, 0.1, 0.7]) for _ in range(n)]
+    total = rng.randint(1, 30)
+    base = plan(step_s, hs, cost, cost, total, grace)
+    assert plan(step_s, hs, cost, cost, total, grace, "worker") == base
+    assert all(wp.data == [(w, k) for k in range(wp.steps)] for w, wp in enumerate(base.workers))
+    p = plan(step_s, hs, cost, cost, total, grace, "least_visited")
+    assert p.arrivals == base.arrivals
+    assert [(w.progress, w.push, w.times) for w in p.workers] == [(w.progress, w.push, w.times) for w in base.workers]
+    read = [d for wp in p.workers for d in wp.data]
+    assert len(read) == len(set(read)) and all(0 <= s < n for s, _ in read)
+    given = [0] * n
+    for w, wp in enumerate(p.workers):
+        for t in range(0, wp.steps, hs[w]):  # each task's first step names its shard and start
+            shard, first = wp.data[t]
+            assert wp.data[t:t + hs[w]] == [(shard, first + j) for j in range(len(wp.data[t:t + hs[w]]))]
+            given[shard] = max(given[shard], first + hs[w])
+        assert wp.schedule == [min(total, q + 1) for _, q in wp.data]
+    assert max(given) - min(given) <= max(hs)
+    with pytest.raises(ValueError, match="shard_policy"):
+        plan(step_s, hs, cost, cost, total, grace, "random")
+
+
 def test_grace_period_must_be_finite_and_not_negative():
     for bad in (-0.1, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="grace_s"):
@@ -318,6 +369,7 @@ def _algo(**kw):
     ("grace_period_s", -0.5, "algo.grace_period_s must be a number >= 0"),
     ("grace_period_s", "0.5s", "algo.grace_period_s must be a number >= 0"),
     ("grace_period_s", float("inf"), "algo.grace_period_s must be a finite number >= 0"),
+    ("shard_policy", "random", "algo.shard_policy='random' is not allowed; allowed: worker, least_visited"),
 ])
 def test_config_errors_name_the_key_and_the_allowed_values(key, value, match):
     with pytest.raises(ConfigError, match=match):
