@@ -21,7 +21,8 @@ Roles: :meth:`Algorithm.roles` says what every rank is (``worker`` by default; `
 parameter-server methods). The trainer dispatches once: a worker runs the loop above, a server
 runs ``algorithm.serve_step(step)`` per step, with the same recording, evaluation and checkpoint
 services (its schedule, too, follows :meth:`Algorithm.schedule_position` where that is not None). Data shards are dealt to workers only (``RunContext.worker_index`` of
-``RunContext.num_workers``).
+``RunContext.num_workers``); a worker reads its own shard unless :meth:`Algorithm.data_position`
+names another shard and position for a step.
 
 Registration: a subclass that sets ``name`` in its class body registers itself in
 :data:`ALGORITHMS` (``lsgd.algorithms`` imports every module of the package), and checks its own
