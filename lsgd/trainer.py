@@ -156,7 +156,9 @@ class Trainer:
         self.info = dataset_info(cfg["dataset"])
         self.train_set, self.test_set = build_datasets(cfg["dataset"], seed)
         shard = worker_index if worker_index is not None else 0
+        self.worker_index = worker_index
         self.loader = ShardedLoader(self.train_set, cfg["dataset"], shard, self.num_workers, int(cfg["batch_size"]), seed)
+        self.loaders = {shard: self.loader}  # other shards' loaders, made when an algorithm moves this worker
         self.steps_per_epoch = self.loader.steps_per_epoch
         total = int(cfg["epochs"]) * self.steps_per_epoch
         self.total_steps = min(total, int(cfg["max_steps"])) if cfg.get("max_steps") else total
@@ -275,18 +277,36 @@ class Trainer:
             raise RuntimeError(f"inject_failure: rank {self.rank} fails at step {self.step}")
 
     def work(self) -> None:
-        """A worker's loop over its shard until the algorithm's progress reaches the total."""
+        """A worker's loop over its shard until the algorithm's progress reaches the total (the
+        batches of the shard and position :meth:`Algorithm.data_position` says, by default its own
+        shard at its step count)."""
         if self.bookkeeping():  # records a resumed rank had crossed but not yet made (not lockstep)
             return
         while self.algorithm.progress(self.step) < self.total_steps:
-            epoch, start = divmod(self.step, self.steps_per_epoch)
-            for x, y in self.loader.batches(epoch, start):
+            shard, batch = self._data_position(self.step)
+            epoch, start = divmod(batch, self.steps_per_epoch)
+            for x, y in self._shard_loader(shard).batches(epoch, start):
                 self._check_injected_failure()
                 self.train_step(x, y)
                 if self.bookkeeping() or self.algorithm.progress(self.step) >= self.total_steps:
                     break
+                batch += 1
+                if self._data_position(self.step) != (shard, batch):  # moved to another shard or position
+                    break
             if self.diverged:
                 return
+
+    def _data_position(self, step: int) -> tuple[int, int]:
+        """(shard, batch) local step ``step`` reads (:meth:`Algorithm.data_position`)."""
+        where = self.algorithm.data_position(step)
+        return (self.worker_index, step) if where is None else (int(where[0]), int(where[1]))
+
+    def _shard_loader(self, shard: int) -> ShardedLoader:
+        """The loader of worker shard ``shard`` (the same batches whichever worker reads them)."""
+        if shard not in self.loaders:
+            self.loaders[shard] = ShardedLoader(self.train_set, self.cfg["dataset"], shard, self.num_workers,
+                                                int(self.cfg["batch_size"]), int(self.cfg["seed"]))
+        return self.loaders[shard]
 
     def serve(self) -> None:
         """A server's loop: the algorithm's serve step, the schedule, the same bookkeeping."""

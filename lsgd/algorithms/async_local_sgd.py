@@ -53,10 +53,30 @@ virtual time (the trainer's non-lockstep bookkeeping). A worker pushes and pulls
 worker's messages travel on its own 2-rank process group with the server (torchft's
 ParameterServer pattern; papers.md section 4).
 
+Grace period (``algo.grace_period_s`` = g seconds of virtual time, default 0 = off; Liu et al.
+2024's simulation and the DeepMind toy notebook, 0.5 simulated s there): the server applies
+near-simultaneous arrivals back to back before the workers restart. When it receives an arrival
+at r, every further arrival that reaches it by r + g joins the group; the group's pushes are
+received and applied one after another (each with its own staleness, so the second member is at
+least one update stale), and only then does the server send the model after the whole group to
+each member in turn (the floating buffers of the group's last member). The group closes at its
+last member: the server does not sit out the rest of the window when nobody else comes (the
+notebook's rule; :mod:`lsgd.algorithms.async_plan`, rule 5, says why and how records stay free
+of deadlock). ``comm_rounds`` still counts arrivals.
+
+Data (``algo.shard_policy``): ``worker`` (default) gives each worker its own shard for the whole
+run; ``least_visited`` (Liu et al. 2024's simulation, the notebook's ``sample_data``) gives each
+new task the least-visited of the W shards (visits = local steps given to it so far, ties by shard
+id), computed in the plan so every rank agrees. A task reads its shard's batches from where the
+shard's reading stopped (each shard one stream, each batch read once: :meth:`data_position`, the
+trainer keeps one :class:`lsgd.data.ShardedLoader` per shard it visits), and the learning-rate
+schedule of a step is its shard's position (per-shard warm-up + cosine).
+
 Progress: floor(local steps of the applied tasks / W), so ``T`` progress steps are the compute of
 W workers x T local steps; the run ends when the server has applied enough. The learning-rate
-schedule of a worker follows the network's average local step count at its virtual time; the
-server's follows the progress. ``lr`` in records is the server's (rank 0).
+schedule of a worker follows the network's average local step count at its virtual time (with
+``least_visited``: its shard's position); the server's follows the progress. ``lr`` in records is
+the server's (rank 0).
 
 Bytes (all ``p2p``): per task, the worker sends n + b and the server n + b back (n parameter bytes,
 b floating-buffer bytes). Metrics (rank 0, the server): ``staleness`` (mean over applied arrivals)
@@ -68,6 +88,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import re
 import warnings
 from collections.abc import Iterator
@@ -140,7 +161,9 @@ class AsyncLocalSGD(Algorithm):
     modeled second of a local step), ``local_steps`` (H >= 1), ``dylu`` (bool), ``outer_optimizer``
     (sgd | nesterov | delayed_nesterov), ``outer_lr`` (> 0), ``outer_momentum`` ([0, 1)),
     ``dn_buffer`` (N >= 1), ``dn_c`` (>= 0), ``staleness_exponent`` (>= 0), ``staleness_avg``
-    (>= 0), ``max_staleness`` (null or an integer >= 0), ``fedbuff`` (null or K >= 1).
+    (>= 0), ``max_staleness`` (null or an integer >= 0), ``fedbuff`` (null or K >= 1),
+    ``grace_period_s`` (seconds of virtual time, finite, >= 0; 0: off), ``shard_policy`` (worker |
+    least_visited).
     """
 
     name = "async_local_sgd"
@@ -172,6 +195,19 @@ class AsyncLocalSGD(Algorithm):
         number_at_least({"staleness_avg": algo.get("staleness_avg", 0.0)}, "staleness_avg", 0.0, "algo.")
         if algo.get("fedbuff") is not None:
             int_at_least(algo, "fedbuff", 1, "algo.")
+        grace = algo.get("grace_period_s", 0.0)
+        number_at_least({"grace_period_s": grace}, "grace_period_s", 0.0, "algo.")
+        if not math.isfinite(grace):
+            raise ConfigError(f"algo.grace_period_s must be a finite number >= 0 (seconds of virtual time), got {grace!r}")
+        choice({"shard_policy": algo.get("shard_policy", "worker")}, "shard_policy", async_plan.SHARD_POLICIES, "algo.")
+        if algo.get("timing", "virtual") == "real":  # both are rules of the virtual-time plan
+            if grace > 0:
+                raise ConfigError(f"algo.grace_period_s={grace!r} needs algo.timing=virtual (the grace period groups "
+                                  f"arrivals in the virtual-time plan); with algo.timing=real set it to 0")
+            if algo.get("shard_policy", "worker") != "worker":
+                raise ConfigError(f"algo.shard_policy={algo.get('shard_policy')!r} needs algo.timing=virtual (shards "
+                                  f"are assigned in the virtual-time plan); with algo.timing=real the allowed value "
+                                  f"is worker")
 
     @classmethod
     def validate_run(cls, cfg: dict, world_size: int) -> None:
@@ -190,6 +226,8 @@ class AsyncLocalSGD(Algorithm):
         self.max_staleness = cfg.get("max_staleness")
         self.staleness_avg = float(cfg.get("staleness_avg", 0.0) or 0.0)
         self.fedbuff = None if cfg.get("fedbuff") is None else int(cfg["fedbuff"])
+        self.grace_s = float(cfg.get("grace_period_s", 0.0) or 0.0)
+        self.shard_policy = cfg.get("shard_policy", "worker")
         self.buffer: torch.Tensor | None = None  # FedBuff: the weighted pseudo-gradients since the last server step
         self.buffered = 0                        # FedBuff: arrivals added to the buffer so far
         self.dropped = 0
@@ -240,7 +278,7 @@ class AsyncLocalSGD(Algorithm):
                         "follows the plan built from rank 0's")
         step_s, cost = [float(v) for v in table[0][:n_workers]], [float(v) for v in table[0][n_workers:]]
         hs = async_plan.dylu_steps(self.local_steps, step_s, self.dylu)
-        return async_plan.plan(step_s, hs, cost, cost, total)
+        return async_plan.plan(step_s, hs, cost, cost, total, self.grace_s, self.shard_policy)
 
     def _outer_optimizer(self):
         kind = self.cfg.get("outer_optimizer", "delayed_nesterov")
@@ -271,6 +309,14 @@ class AsyncLocalSGD(Algorithm):
             return self.progress(step)
         return self.plan.workers[self.worker].schedule[step - 1]
 
+    def data_position(self, step: int) -> tuple[int, int] | None:
+        """``least_visited``: the planned (shard, batch) of local step ``step``; ``worker``: None
+        (the worker's own shard, as every other method)."""
+        if self.is_server or self.shard_policy == "worker":
+            return None
+        data = self.plan.workers[self.worker].data
+        return data[step] if step < len(data) else None
+
     # -- worker ------------------------------------------------------------------------------------
     @torch.no_grad()
     def before_step(self, step: int) -> None:
@@ -292,8 +338,9 @@ class AsyncLocalSGD(Algorithm):
     # -- server ------------------------------------------------------------------------------------
     @torch.no_grad()
     def serve_step(self, step: int) -> None:
-        """Server: receive arrival ``step`` (the plan's order) from its worker, apply the outer
-        step, send the model back."""
+        """Server: receive arrival ``step`` (the plan's order) from its worker and apply the outer
+        step; at the last arrival of its group (every arrival without a grace period), send the
+        model to each member of the group in turn."""
         if self.real is not None:
             return self.real.serve_step(step)
         arrival = self.plan.arrivals[step]
@@ -304,7 +351,10 @@ class AsyncLocalSGD(Algorithm):
         pair.sendrecv(None, recv, 1)
         self.apply(recv[:n_params], arrival.staleness, index=step)
         copy_back(recv[n_params:], self.buffers)
-        pair.sendrecv(_flat(self.params + self.buffers), None, 1)
+        if arrival.group_end == step:
+            theta = _flat(self.params + self.buffers)
+            for i in self.plan.group(step):
+                self.pairs[self.plan.arrivals[i].worker].sendrecv(theta, None, 1)
         self.served = step + 1
         self.comm.round()
 

@@ -29,43 +29,100 @@ The rules (times in modeled seconds; workers indexed 0..W-1 among the workers):
    ``min(T, floor(sum of H over arrivals 0..i / W))``: the local steps of the applied tasks, per
    worker, so a run of ``T`` progress steps spends the compute of ``W`` workers x ``T`` local
    steps on the server's model. The run ends with the first arrival whose progress reaches ``T``.
+5. Grace period ``g = grace_s > 0`` (Liu et al. 2024's simulation; the DeepMind toy notebook's
+   ``max_wait_time``, 0.5 simulated s there): arrivals are handled in *groups*. The server takes
+   the next arrival ``i0`` in ``(a, w)`` order at ``r_i0 = max(a_i0, end of its last send)``; every
+   further arrival with ``a <= r_i0 + g`` joins its group (in ``(a, w)`` order; those that reached
+   the server while it was still sending join too; a worker is in a group at most once, as its
+   next task starts after the group). The group's pushes are received back to back,
+   ``r_k = max(a_k, r_{k-1})``, each applied in turn with its own staleness (rule 3: the second
+   member of a group is at least 1 stale, the first member's update being applied before it).
+   Only then does the server send the model after the whole group to each member, in the group's
+   order, on its single link: member ``k`` has it at ``s_k = s_{k-1} + pull_s[w_k]`` (``s`` of
+   the first member = ``r`` of the last + its pull cost) and restarts then. Only the group's last
+   arrival advances progress: every other member's progress is the progress before the group
+   (rule 4 applied to the last member counts the whole group's steps). The run ends with the first
+   group whose last arrival's progress reaches ``T``; all its members are applied and pull.
+   ``g = 0`` turns grouping off (every group is one arrival: rules 2-4 exactly, bit for bit; two
+   arrivals at the very same time are then still handled one after the other).
+
+   The server does *not* wait for the end of the window when nobody else arrives in it: the group
+   closes at its last member, and the sends start at once (``r`` of the last member). This is the
+   notebook's rule (its ``time_now`` moves to each joining worker's finish time and the idle
+   workers restart at ``time_now`` as soon as the next finish falls outside the window; it never
+   jumps to the window's end), so a grace period only batches near-simultaneous arrivals and
+   never idles the cluster. It needs foresight a real server lacks (it would have to wait up to
+   ``g`` to learn that nobody comes, or have workers announce their finish); in virtual time every
+   rank knows the whole schedule, so the plan applies the notebook's rule as it is.
 
 Each rank's progress at each point, and why no rank can block in a point-to-point operation
 while its peer blocks in a collective (records, evaluations and checkpoints are collectives of
 every rank, made at the progress multiples each rank crosses, in order: the trainer's
-non-lockstep bookkeeping):
+non-lockstep bookkeeping). Without a grace period every group is one arrival, so this is also the
+argument for ``g = 0``:
 
-* The server's progress after its ``i``-th serve step is arrival ``i``'s: it makes the records
-  arrival ``i`` crosses right after the push/pull of arrival ``i``.
+* The server's progress after its ``i``-th serve step is arrival ``i``'s. A serve step receives
+  arrival ``i``'s push and applies it; the serve step of a group's last arrival then sends the
+  model to every member of the group. So the server makes the records a group crosses right after
+  the group's pushes and pulls (a group's other members do not move progress: no records in
+  between).
 * A worker at a local step boundary at time ``t`` inside a task has the progress of the arrivals
-  with ``r <= t`` (a prefix of the server's order: ``r`` is non-decreasing along it).
+  with ``r <= t`` (a prefix of the server's order: ``r`` is non-decreasing along it; a prefix
+  ending inside a group has the progress before that group).
 * A worker at the finish boundary of a task whose arrival is ``i`` has the progress of the
-  arrivals *strictly before* ``i`` in the server's order (whatever their times); the trainer makes
-  that boundary's records, then the algorithm's ``before_step`` pushes and pulls. Its next
-  boundary (after ``r_i + pull_s``) counts arrival ``i`` too.
-* A worker whose task would arrive after the last applied arrival never pushes it: it stops at
-  its first boundary whose progress reaches ``T`` (at the latest that task's finish boundary,
-  whose "arrivals strictly before" are all applied ones). The worker of the last applied arrival
-  takes one more local step after its push and pull, and stops there.
+  arrivals *strictly before* ``i`` in the server's order (whatever their times), which is the
+  progress before ``i``'s group; the trainer makes that boundary's records, then the
+  algorithm's ``before_step`` pushes and pulls. Its next boundary (after ``s_i``, which is after
+  ``r`` of the group's last arrival) counts the whole group.
+* A worker whose task would arrive after the last applied group never pushes it: it stops at its
+  first boundary whose progress reaches ``T`` (at the latest that task's finish boundary, whose
+  "arrivals strictly before" are all applied ones). The workers of the last applied group take
+  one more local step after their push and pull, and stop there.
 
-Give every operation a key: the push/pull of arrival ``i`` has key ``(i, 0)``; a record at
-progress count ``m`` has key ``(i, 1, m)`` with ``i`` the first arrival whose progress reaches
-``m``. The server performs all its operations in increasing key order. So does every worker: at
-a boundary inside a task it makes the records of a prefix of arrivals that ends before its own
-next arrival ``j`` (their ``r <= t < f_j <= a_j <= r_j``, and ``r`` never decreases along the
-order); at a finish boundary exactly the records of arrivals before ``j``, then the push/pull
-``(j, 0)``, and afterwards records of arrivals ``>= j`` only. Every rank takes part in every
-record, and the server and worker ``w`` in every push/pull of ``w``. Hence each rank's blocking
-operations are the subsequence, in one global order, of the operations it takes part in; the
-smallest operation not yet complete has every participant waiting at it (each has completed all
-smaller ones and computes only in between), so it completes: no deadlock, by induction.
-Point-to-point messages travel on one 2-rank process group per (server, worker) pair, so a
-worker's messages never wait behind another worker's.
+Give every operation a key: the push of arrival ``i`` has key ``(i, 0, 0)``; the pull (model
+back) of arrival ``i`` whose group ends with arrival ``j`` has key ``(j, 0, 1, i)``; a record at
+progress count ``m`` has key ``(j, 1, m)`` with ``j`` the first arrival whose progress reaches
+``m`` (always the last arrival of a group). Keys compare as tuples. The server performs all its
+operations in increasing key order: a group's pushes ``(i0, 0, 0) .. (j, 0, 0)``, its pulls
+``(j, 0, 1, i0) .. (j, 0, 1, j)``, its records ``(j, 1, m)``, then the next group's. So does every
+worker. At a boundary at time ``t`` inside a task whose arrival is ``i`` it makes the records of
+groups whose last arrival ``j`` has ``r_j <= t``; each such ``j < i``, since ``j >= i`` would give
+``r_j >= r_i >= a_i >= f_i > t``; so their keys are below its next push ``(i, 0, 0)``. At its
+finish boundary it makes exactly the records of arrivals before ``i`` (keys ``(j, 1, m)`` with
+``j < i``; within ``i``'s group only the last arrival has records, and it is ``>= i``), then the
+push ``(i, 0, 0)`` and the pull ``(J, 0, 1, i)``, ``J`` the last of its group, and afterwards only
+records of groups ending at ``>= J`` (every record of an earlier arrival was at most the progress
+before the group, made already), whose keys ``(>= J, 1, m)`` are above the pull's. Every rank takes
+part in every record, and the server and worker ``w`` in every push and pull of ``w``. Hence each
+rank's blocking operations are the subsequence, in one global order, of the operations it takes
+part in; the smallest operation not yet complete has every participant waiting at it (each has
+completed all smaller ones and computes only in between), so it completes: no deadlock, by
+induction. (A member of a group waits in its pull while the server receives the other members'
+pushes: those are smaller keys, each with a participant that is waiting at it.) Point-to-point
+messages travel on one 2-rank process group per (server, worker) pair, so a worker's messages
+never wait behind another worker's.
+
+The cluster clock follows the plan: a push is received at ``max(server ready, a)`` and a send
+starts when the previous one ended (:mod:`lsgd.comm`'s point-to-point rules), which are the
+``r`` and ``s`` above; records are uncounted and move no clock.
 
 The learning-rate schedule of a worker follows the network's average local step count at the
 boundary's time (:attr:`WorkerPlan.schedule`): ``min(T, floor(G(t) / W))`` with ``G(t)`` the local
 step boundaries of all workers at times ``<= t`` (one worker: its own step count, as in sync
 DiLoCo).
+
+Data (:attr:`WorkerPlan.data`, ``shard_policy``). ``worker`` (default): worker ``w`` reads its own
+shard ``w``, its local step ``k`` the shard's batch ``k - 1``. ``least_visited`` (Liu et al. 2024's
+simulation; the DeepMind toy notebook's ``sample_data``): there are W shards, and each new task
+takes the least-visited shard, visits being the local steps of the tasks given to it so far (tasks
+under way included, counted when they start, as the notebook's ``local_updates``), ties by shard
+id (the notebook draws among the tied at random). Tasks are given out in the order they start: at
+time 0 worker ``w`` gets shard ``w``; later, each group's members in the group's order. A task of
+``H`` steps on a shard visited ``p`` times reads the shard's batches ``p .. p + H - 1``, so every
+shard is read as one stream, each batch once, whichever workers read it (so shards are taken in
+proportion to lag: a slow worker's shard is handed to faster workers). The learning-rate schedule
+is per shard (warm-up + cosine of each shard's stream, as the notebook's schedule per data shard
+of length T): after the step reading batch ``q`` of its shard, ``min(T, q + 1)``.
 
 DyLU (dynamic local updates, Liu et al. 2024 section 3.3): worker ``w`` runs
 ``max(1, floor(v_w / max_w' v_w' x H))`` local steps per task, ``v`` its speed (1 / step_s):
@@ -88,6 +145,9 @@ from dataclasses import dataclass, field
 #: decimal (1/2 x 4 = 2) is not floored to one less by binary rounding
 _DYLU_EPS = 1e-9
 
+#: which shard a task reads (module docstring)
+SHARD_POLICIES = ("worker", "least_visited")
+
 
 @dataclass(frozen=True)
 class Arrival:
@@ -101,7 +161,12 @@ class Arrival:
         finish_s: the task's last local step ends (s).
         arrive_s: the push reaches the server, ``finish_s + push_s`` (s).
         apply_s: the server receives and applies it, ``>= arrive_s`` (s).
-        progress: the run's progress after applying it (progress steps, <= T).
+        progress: the run's progress after applying it (progress steps, <= T); in a group of
+            several arrivals (grace period) only the last one moves it, the others keep the
+            progress before the group.
+        group_start, group_end: indices of the first and last arrival of its group (rule 5 of
+            the module docstring; both its own index without a grace period).
+        restart_s: its worker has the server's model back and starts its next task (s).
     """
 
     worker: int
@@ -112,6 +177,9 @@ class Arrival:
     arrive_s: float
     apply_s: float
     progress: int
+    group_start: int
+    group_end: int
+    restart_s: float
 
 
 @dataclass
@@ -125,12 +193,15 @@ class WorkerPlan:
             pseudo-gradient that is arrival ``i`` and pulls the server's model.
         times: ``times[k - 1]`` = the virtual time of the boundary after step ``k`` (s).
         schedule: ``schedule[k - 1]`` = the learning-rate schedule's position after step ``k``.
+        data: ``data[k - 1]`` = ``(shard, batch)``: local step ``k`` reads batch ``batch`` (0-based,
+            counted over epochs) of shard ``shard`` (module docstring, ``shard_policy``).
     """
 
     progress: list[int] = field(default_factory=list)
     push: dict[int, int] = field(default_factory=dict)
     times: list[float] = field(default_factory=list)
     schedule: list[int] = field(default_factory=list)
+    data: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
@@ -150,6 +221,16 @@ class Plan:
         """Virtual time the last arrival is applied (s)."""
         return self.arrivals[-1].apply_s
 
+    @property
+    def server_end_s(self) -> float:
+        """Virtual time the server's last send ends (s): the server's clock at the end."""
+        return max(a.restart_s for a in self.arrivals)
+
+    def group(self, i: int) -> range:
+        """Indices of the arrivals in arrival ``i``'s group, in the server's order."""
+        a = self.arrivals[i]
+        return range(a.group_start, a.group_end + 1)
+
 
 def dylu_steps(h: int, step_s: Sequence[float], dylu: bool) -> list[int]:
     """Local steps per task of every worker: ``h`` each, or with DyLU
@@ -161,7 +242,7 @@ def dylu_steps(h: int, step_s: Sequence[float], dylu: bool) -> list[int]:
 
 
 def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[float], pull_s: Sequence[float],
-         total_steps: int) -> Plan:
+         total_steps: int, grace_s: float = 0.0, shard_policy: str = "worker") -> Plan:
     """The asynchronous Local-SGD schedule (module docstring).
 
     Args:
@@ -170,9 +251,14 @@ def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[f
         push_s, pull_s: modeled seconds of a worker's push (pseudo-gradient to the server) and pull
             (model back) message (>= 0).
         total_steps: T, the run's length in progress steps (>= 1).
+        grace_s: the grace period g (s, finite, >= 0; 0: no grouping): rule 5 of the module
+            docstring.
+        shard_policy: ``worker`` (each worker its own shard) or ``least_visited`` (each new task
+            the least-visited shard; module docstring).
 
     Raises:
-        ValueError: lengths differ, a step time <= 0, a step count < 1, a cost < 0 or T < 1.
+        ValueError: lengths differ, a step time <= 0, a step count < 1, a cost < 0, T < 1 or a
+            grace period that is negative or not finite.
     """
     n = len(step_s)
     if n < 1 or not len(local_steps) == len(push_s) == len(pull_s) == n:
@@ -186,10 +272,26 @@ def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[f
         raise ValueError("message costs must be >= 0")
     if total_steps < 1:
         raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+    grace_s = float(grace_s)
+    if not (math.isfinite(grace_s) and grace_s >= 0):
+        raise ValueError(f"grace_s must be a finite number >= 0, got {grace_s}")
+    if shard_policy not in SHARD_POLICIES:
+        raise ValueError(f"shard_policy must be one of {SHARD_POLICIES}, got {shard_policy!r}")
     step_s = [float(s) for s in step_s]
     hs = [int(h) for h in local_steps]
-    # tasks[w]: (start, arrival index or None) of each of w's tasks, in order
-    tasks: list[list[list]] = [[[0.0, None]] for _ in range(n)]
+    # tasks[w]: [start, arrival index or None, shard, first batch of the shard] of each of w's
+    # tasks, in order
+    visits = [0] * n  # least_visited: local steps given to each shard so far
+
+    def task(w: int, start: float) -> list:
+        if shard_policy == "worker":
+            return [start, None, w, None]
+        shard = min(range(n), key=lambda s: (visits[s], s))
+        first = visits[shard]
+        visits[shard] += hs[w]
+        return [start, None, shard, first]
+
+    tasks: list[list[list]] = [[task(w, 0.0)] for w in range(n)]
     pulled = [0] * n  # server version each worker started its current task from
     heap = []
 
@@ -203,20 +305,33 @@ def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[f
     applied_steps = 0
     server_free = 0.0
     while True:
-        arrive, w, finish = heapq.heappop(heap)
-        apply = max(arrive, server_free)
-        applied_steps += hs[w]
-        progress = min(total_steps, applied_steps // n)
-        i = len(arrivals)
-        arrivals.append(Arrival(w, len(tasks[w]) - 1, hs[w], i - pulled[w], finish, arrive, apply, progress))
-        tasks[w][-1][1] = i
-        back = apply + float(pull_s[w])
-        server_free = back
-        tasks[w].append([back, None])  # the next task (never pushed if the run ends now)
-        pulled[w] = i + 1
-        if progress >= total_steps:
+        group = [heapq.heappop(heap)]  # (arrive, worker, finish) in (a, w) order
+        r = max(group[0][0], server_free)
+        if grace_s > 0:
+            window = r + grace_s
+            while heap and heap[0][0] <= window:
+                group.append(heapq.heappop(heap))
+        first, last = len(arrivals), len(arrivals) + len(group) - 1
+        before_group = arrivals[-1].progress if arrivals else 0
+        received = []
+        for i, (arrive, w, finish) in enumerate(group, start=first):
+            r = max(arrive, r)  # pushes received back to back
+            applied_steps += hs[w]
+            progress = min(total_steps, applied_steps // n) if i == last else before_group
+            received.append((w, finish, arrive, r, i - pulled[w], progress))
+        send = r  # the model after the whole group goes to each member in turn
+        for i, (w, finish, arrive, apply, staleness, progress) in enumerate(received, start=first):
+            send += float(pull_s[w])
+            arrivals.append(Arrival(w, len(tasks[w]) - 1, hs[w], staleness, finish, arrive, apply, progress,
+                                    first, last, send))
+            tasks[w][-1][1] = i
+            tasks[w].append(task(w, send))  # the next task (never pushed if the run ends now)
+            pulled[w] = last + 1
+        server_free = send
+        if arrivals[-1].progress >= total_steps:
             break
-        launch(w, back)
+        for i in range(first, last + 1):
+            launch(arrivals[i].worker, arrivals[i].restart_s)
 
     applied_at = [a.apply_s for a in arrivals]
     before = [0] + [a.progress for a in arrivals]  # before[i]: progress of the arrivals before i
@@ -224,10 +339,11 @@ def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[f
     for w in range(n):
         wp = WorkerPlan()
         done = False
-        for start, index in tasks[w]:
+        for start, index, shard, first in tasks[w]:
             for j in range(1, hs[w] + 1):
                 t = start + j * step_s[w]
                 k = len(wp.progress) + 1
+                wp.data.append((shard, k - 1 if first is None else first + j - 1))
                 if j == hs[w] and index is not None:
                     p = before[index]
                     wp.push[k] = index
@@ -246,8 +362,11 @@ def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[f
     # the schedule: the network's average local step count at each boundary's time
     ends = sorted(t for wp in workers for t in wp.times)
     for wp in workers:
-        wp.schedule = [min(total_steps, bisect.bisect_right(ends, t) // n) for t in wp.times]
+        if shard_policy == "least_visited":  # per shard: the position of the shard's stream
+            wp.schedule = [min(total_steps, q + 1) for _, q in wp.data]
+        else:
+            wp.schedule = [min(total_steps, bisect.bisect_right(ends, t) // n) for t in wp.times]
     return Plan(arrivals, workers)
 
 
-__all__ = ["Arrival", "Plan", "WorkerPlan", "dylu_steps", "plan"]
+__all__ = ["SHARD_POLICIES", "Arrival", "Plan", "WorkerPlan", "dylu_steps", "plan"]

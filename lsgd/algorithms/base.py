@@ -21,7 +21,8 @@ Roles: :meth:`Algorithm.roles` says what every rank is (``worker`` by default; `
 parameter-server methods). The trainer dispatches once: a worker runs the loop above, a server
 runs ``algorithm.serve_step(step)`` per step, with the same recording, evaluation and checkpoint
 services (its schedule, too, follows :meth:`Algorithm.schedule_position` where that is not None). Data shards are dealt to workers only (``RunContext.worker_index`` of
-``RunContext.num_workers``).
+``RunContext.num_workers``); a worker reads its own shard unless :meth:`Algorithm.data_position`
+names another shard and position for a step.
 
 Registration: a subclass that sets ``name`` in its class body registers itself in
 :data:`ALGORITHMS` (``lsgd.algorithms`` imports every module of the package), and checks its own
@@ -222,6 +223,14 @@ class Algorithm:
     def schedule_position(self, step: int) -> int | None:
         """The learning-rate schedule's position after ``step`` completed local steps; None (the
         default): the local step count (the trainer steps the scheduler once per local step)."""
+        return None
+
+    def data_position(self, step: int) -> tuple[int, int] | None:
+        """Where local step ``step`` (0-based) reads its batch: ``(shard, batch)``, batch ``batch``
+        (0-based, counted over epochs) of shard ``shard`` of the W worker shards; None (the
+        default): the worker's own shard, batch ``step``. The trainer reads the answer's batches
+        one stream per shard (:class:`lsgd.data.ShardedLoader` of that shard), so a method may
+        move workers between shards (asynchronous Local-SGD's least-visited shard)."""
         return None
 
     def before_step(self, step: int) -> None:

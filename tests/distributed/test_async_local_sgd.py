@@ -154,3 +154,85 @@ def test_fedbuff_resumes_with_its_buffer_exactly(tmp_path):
     # not the unbuffered run: the server stepped on means of K arrivals
     plain = records(run(tmp_path, [o for o in over if not o.startswith("algo.fedbuff")], world=4, name="plain"))
     assert [r.get("test_loss") for r in strip(plain)] != [r.get("test_loss") for r in strip(full)]
+
+
+GRACE_SPEEDS = [1.0, 1.0, 0.95, 0.7]  # the server's first (unused)
+
+
+def grace_plan(grace):
+    """The plan of the grace-period runs below: workers of speeds 1, 0.95 and 0.7 at 0.01 s per
+    step, H = 4, one CNN message each way on the default link."""
+    step_s = [0.01 / s for s in GRACE_SPEEDS[1:]]
+    cost = 10e-6 + 4 * (CNN_PARAMS + CNN_FLOAT_BUFFERS) * 8 / 10e9
+    return plan(step_s, [4] * 3, [cost] * 3, [cost] * 3, TOTAL, grace)
+
+
+def test_grace_period_groups_arrivals_reproducibly_and_resumes_exactly(tmp_path):
+    """Server + 3 workers whose arrivals cluster, algo.grace_period_s=0.01: the server applies the
+    planned groups (update counts, staleness with the members after the first stale by the others,
+    the cluster clock's end time: the server's last send or the workers' last boundary), every
+    record is made once, in order, two runs are identical, and a worker crashing after the
+    checkpoint at 8 resumes to the same records as an uninterrupted run."""
+    p = grace_plan(0.01)
+    sizes = [a.group_end - a.group_start + 1 for i, a in enumerate(p.arrivals) if a.group_end == i]
+    assert max(sizes) == 3 and 1 in sizes  # groups of three, and arrivals outside every window
+    no_grace = grace_plan(0.0)
+    assert [a.staleness for a in p.arrivals] != [a.staleness for a in no_grace.arrivals]
+    over = ["algo=async_local_sgd", "algo.local_steps=4", "algo.grace_period_s=0.01",
+            "algo.outer_optimizer=delayed_nesterov", "algo.dn_buffer=3", "algo.outer_lr=0.5",
+            "cluster.compute=profile", f"cluster.speeds=[{','.join(map(str, GRACE_SPEEDS))}]",
+            "cluster.step_time_s=0.01", "epochs=3", f"max_steps={TOTAL}", "eval_unit=step", "eval_every=4",
+            "log_every=1", "checkpoint_every=8"]
+    full = records(run(tmp_path, over, world=4, name="full"))
+    recs = [r for r in full if "kind" not in r]
+    assert [r["step"] for r in recs] == list(range(1, TOTAL + 1))
+    assert [r["step"] for r in recs if "test_acc" in r] == [4, 8, 12, 16]
+    last = recs[-1]
+    assert [last[f"updates_worker{w}"] for w in range(3)] == [sum(a.worker == w for a in p.arrivals) for w in range(3)]
+    assert last["staleness"] == pytest.approx(sum(a.staleness for a in p.arrivals) / len(p.arrivals))
+    assert last["staleness_max"] == max(a.staleness for a in p.arrivals)
+    assert last["comm_rounds"] == len(p.arrivals)
+    ends = [wp.times[-1] for wp in p.workers] + [p.server_end_s]
+    assert last["modeled_time_s"] == pytest.approx(max(ends), rel=1e-9)
+
+    again = records(run(tmp_path, over, world=4, name="again"))
+    assert strip(again) == strip(full)
+
+    w = max(range(3), key=lambda w: p.workers[w].steps)
+    k = next(k for k, prog in enumerate(p.workers[w].progress, start=1) if prog > 8)
+    assert p.workers[w].progress[k - 1] < TOTAL
+    with pytest.raises(ProcessException):
+        run(tmp_path, [*over, f"inject_failure.step={k}", f"inject_failure.rank={w + 1}"], world=4, name="crash")
+    crashed = [r["step"] for r in records(tmp_path / "crash") if "kind" not in r]
+    assert 8 <= crashed[-1] < TOTAL
+    resumed = records(run(tmp_path, over, world=4, name="crash", resume=True))
+    assert strip(resumed) == strip(full)
+
+
+def test_least_visited_shards_resume_exactly_and_change_the_run(tmp_path):
+    """algo.shard_policy=least_visited through the trainer (server + 3 workers, speeds spread 6,
+    DyLU): the plan moves workers between shards (each task the least-visited one, read on from
+    where it stopped); a worker crashing after the checkpoint at 8 resumes to the records of an
+    uninterrupted run (the batches and the per-shard schedule follow from the step alone), and
+    the run is not the shard_policy=worker one."""
+    speeds = resolve_speeds("very", 4, 0)
+    step_s = [0.01 / speeds[r] for r in (1, 2, 3)]
+    _, cost = four_process_plan()
+    p = plan(step_s, dylu_steps(4, step_s, True), [cost] * 3, [cost] * 3, TOTAL, 0.0, "least_visited")
+    assert any(shard != w for w, wp in enumerate(p.workers) for shard, _ in wp.data)
+    over = ["algo=async_local_sgd", "algo.local_steps=4", "algo.dylu=true", "algo.shard_policy=least_visited",
+            "algo.outer_optimizer=delayed_nesterov", "algo.dn_buffer=3", "algo.outer_lr=0.5",
+            "cluster.compute=profile", "cluster.speeds=very", "cluster.step_time_s=0.01", "epochs=3",
+            f"max_steps={TOTAL}", "eval_unit=step", "eval_every=4", "log_every=1", "checkpoint_every=8"]
+    full = records(run(tmp_path, over, world=4, name="full"))
+    recs = [r for r in full if "kind" not in r]
+    assert [r["step"] for r in recs] == list(range(1, TOTAL + 1))
+    assert recs[-1]["comm_rounds"] == len(p.arrivals)
+    w = max(range(3), key=lambda w: p.workers[w].steps)
+    k = next(k for k, prog in enumerate(p.workers[w].progress, start=1) if prog > 8)
+    with pytest.raises(ProcessException):
+        run(tmp_path, [*over, f"inject_failure.step={k}", f"inject_failure.rank={w + 1}"], world=4, name="crash")
+    resumed = records(run(tmp_path, over, world=4, name="crash", resume=True))
+    assert strip(resumed) == strip(full)
+    plain = records(run(tmp_path, [o for o in over if "shard_policy" not in o], world=4, name="plain"))
+    assert [r.get("test_loss") for r in strip(plain)] != [r.get("test_loss") for r in strip(full)]

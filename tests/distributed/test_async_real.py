@@ -111,6 +111,10 @@ def test_real_timing_config_errors():
     with pytest.raises(ConfigError, match="launcher.preemption=off"):
         compose_cfg(["algo=async_local_sgd", "algo.timing=real", "checkpoint_every=0",
                      "launcher.preemption=checkpoint"])
+    with pytest.raises(ConfigError, match="algo.grace_period_s=0.5 needs algo.timing=virtual"):
+        compose_cfg(["algo=async_local_sgd", "algo.timing=real", "checkpoint_every=0", "algo.grace_period_s=0.5"])
+    with pytest.raises(ConfigError, match="algo.shard_policy='least_visited' needs algo.timing=virtual"):
+        compose_cfg(["algo=async_local_sgd", "algo.timing=real", "checkpoint_every=0", "algo.shard_policy=least_visited"])
     assert compose_cfg(["algo=async_local_sgd", "algo.timing=real", "checkpoint_every=0"])["algo"]["time_scale"] == 1.0
 
 

@@ -4,6 +4,7 @@ delayed Nesterov outer optimizer against its formula (papers.md section 4)."""
 
 from __future__ import annotations
 
+import heapq
 import random
 
 import pytest
@@ -56,35 +57,62 @@ def test_dylu_step_counts():
     assert dylu_steps(6, [1.0, 2.0], False) == [6, 6]
 
 
-def _operation_keys(p, w, total):
-    """Worker w's blocking operations in the order it performs them: a push/pull of arrival i is
-    (i, 0); a record at progress m is (first arrival reaching m, 1, m)."""
+def _first_arrival_of_each_record(p):
     first = {}
     for i, a in enumerate(p.arrivals):
         prev = p.arrivals[i - 1].progress if i else 0
         for m in range(prev + 1, a.progress + 1):
             first[m] = i
+    return first
+
+
+def _operation_keys(p, w, total):
+    """Worker w's blocking operations in the order it performs them (async_plan's keys): the push
+    of arrival i is (i, 0, 0), its pull (j, 0, 1, i) with j the last arrival of its group, a record
+    at progress m (first arrival reaching m, 1, m)."""
+    first = _first_arrival_of_each_record(p)
     ops, made = [], 0
     for k, prog in enumerate(p.workers[w].progress, start=1):
         ops += [(first[m], 1, m) for m in range(made + 1, prog + 1)]
         made = max(made, prog)
         if k in p.workers[w].push and prog < total:
-            ops.append((p.workers[w].push[k], 0))
+            i = p.workers[w].push[k]
+            ops += [(i, 0, 0), (p.arrivals[i].group_end, 0, 1, i)]
     return ops
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_random_plans_keep_every_rank_in_one_global_order(seed):
-    """Random speeds, step counts and costs: progress never decreases and ends at T on every worker;
-    each applied arrival is pushed once by its worker at its finish boundary; and every worker's
-    records and pushes come in the global order of the deadlock-freedom argument (async_plan)."""
+def _server_keys(p):
+    """The server's operations in the order serve steps and bookkeeping perform them: per serve
+    step its push, at a group's last arrival the group's pulls, then the records it crossed."""
+    first = _first_arrival_of_each_record(p)
+    ops, made = [], 0
+    for i, a in enumerate(p.arrivals):
+        ops.append((i, 0, 0))
+        if a.group_end == i:
+            ops += [(i, 0, 1, k) for k in p.group(i)]
+        ops += [(first[m], 1, m) for m in range(made + 1, a.progress + 1)]
+        made = max(made, a.progress)
+    return ops
+
+
+def _random_plan(seed, grace=0.0):
     rng = random.Random(seed)
     n = rng.randint(1, 5)
     step_s = [rng.choice([0.5, 1.0, 1.3, 2.0, 3.7]) for _ in range(n)]
     hs = [rng.randint(1, 4) for _ in range(n)]
     cost = [rng.choice([0.0, 0.1, 0.7]) for _ in range(n)]
     total = rng.randint(1, 30)
-    p = plan(step_s, hs, cost, cost, total)
+    return plan(step_s, hs, cost, cost, total, grace), total, step_s
+
+
+@pytest.mark.parametrize("grace", [0.0, 0.3, 1.0, 4.0])
+@pytest.mark.parametrize("seed", range(6))
+def test_random_plans_keep_every_rank_in_one_global_order(seed, grace):
+    """Random speeds, step counts and costs, with and without a grace period: progress never
+    decreases and ends at T on every worker; each applied arrival is pushed once by its worker at
+    its finish boundary; and every rank's records, pushes and pulls come in the global order of
+    the deadlock-freedom argument (async_plan)."""
+    p, total, step_s = _random_plan(seed, grace)
     assert p.arrivals[-1].progress == total
     assert all(a.progress < total for a in p.arrivals[:-1])
     applies = [a.apply_s for a in p.arrivals]
@@ -96,9 +124,170 @@ def test_random_plans_keep_every_rank_in_one_global_order(seed):
         assert wp.schedule == sorted(wp.schedule) and wp.schedule[-1] <= total
         for k, i in wp.push.items():
             assert p.arrivals[i].worker == w and wp.times[k - 1] == p.arrivals[i].finish_s
+            if k < wp.steps:  # the next task starts when the model is back
+                assert wp.times[k] == p.arrivals[i].restart_s + step_s[w]
         ops = _operation_keys(p, w, total)
         assert ops == sorted(ops)
         assert sum(1 for op in ops if op[1] == 1) == total  # every record, once
+    server = _server_keys(p)
+    assert server == sorted(server) and sum(1 for op in server if op[1] == 1) == total
+    # groups: members within the window of the first, one per worker, pulls one after another
+    for i, a in enumerate(p.arrivals):
+        members = list(p.group(i))
+        head = p.arrivals[members[0]]
+        assert a.arrive_s <= head.apply_s + grace
+        assert len({p.arrivals[k].worker for k in members}) == len(members)
+        if i != a.group_end:
+            assert a.progress == (p.arrivals[members[0] - 1].progress if members[0] else 0)
+        if grace == 0:
+            assert members == [i]
+    ends = [p.arrivals[k].restart_s for k in range(len(p.arrivals))]
+    assert p.server_end_s == max(ends)
+
+
+def _plan_before_grace_periods(step_s, hs, push_s, pull_s, total):
+    """The arrival rules as they were before grace periods (rules 1-4 of async_plan, one arrival
+    at a time): (worker, task, staleness, finish, arrive, apply, progress, restart) per arrival."""
+    n, heap, out = len(step_s), [], []
+    tasks, pulled, applied, free = [0] * n, [0] * n, 0, 0.0
+    for w in range(n):
+        heapq.heappush(heap, (0.0 + hs[w] * step_s[w] + push_s[w], w, 0.0 + hs[w] * step_s[w]))
+    while True:
+        arrive, w, finish = heapq.heappop(heap)
+        apply = max(arrive, free)
+        applied += hs[w]
+        progress = min(total, applied // n)
+        i = len(out)
+        back = apply + pull_s[w]
+        out.append((w, tasks[w], i - pulled[w], finish, arrive, apply, progress, back))
+        free, pulled[w] = back, i + 1
+        tasks[w] += 1
+        if progress >= total:
+            return out
+        f = back + hs[w] * step_s[w]
+        heapq.heappush(heap, (f + push_s[w], w, f))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_zero_grace_period_is_the_plan_without_one_exactly(seed):
+    """grace 0 (the default) handles one arrival at a time: the same arrivals, times, staleness and
+    progress, bit for bit, as the rules before grace periods, on random plans (ties included)."""
+    rng = random.Random(1000 + seed)
+    n = rng.randint(1, 6)
+    step_s = [rng.choice([0.25, 0.5, 1.0, 1.3, 2.0, 3.7]) for _ in range(n)]
+    hs = [rng.randint(1, 5) for _ in range(n)]
+    cost = [rng.choice([0.0, 0.1, 0.25, 0.7]) for _ in range(n)]
+    total = rng.randint(1, 40)
+    p = plan(step_s, hs, cost, cost, total)
+    assert p == plan(step_s, hs, cost, cost, total, 0.0)
+    got = [(a.worker, a.task, a.staleness, a.finish_s, a.arrive_s, a.apply_s, a.progress, a.restart_s)
+           for a in p.arrivals]
+    assert got == _plan_before_grace_periods(step_s, hs, cost, cost, total)
+    assert all(a.group_start == a.group_end == i for i, a in enumerate(p.arrivals))
+
+
+def test_grace_period_groups_arrivals_within_the_window_hand_computed():
+    """Step times 1, 1.2, 2 s, H = 1, 0.1 s per message each way, grace 0.5 s, T = 2 (3 workers).
+    Group 1: worker 0 arrives at 1.1 (window to 1.6), worker 1 at 1.3 joins, worker 2 at 2.1 does
+    not; the model goes to worker 0 at 1.4 and to worker 1 at 1.5. Group 2: worker 2 at 2.1
+    (window 2.6), worker 0 at 2.5 joins, worker 1 at 2.8 does not. Group 3: worker 1 alone at 2.8:
+    it has the model at 2.9, not after the window (3.3 + 0.1): the server does not wait. Group 4:
+    worker 0 at 3.8, worker 1 at 4.2; 7 local steps / 3 workers reach T = 2."""
+    p = plan([1.0, 1.2, 2.0], [1, 1, 1], [0.1] * 3, [0.1] * 3, 2, grace_s=0.5)
+    got = [(a.worker, a.staleness, a.apply_s, a.restart_s, a.progress, a.group_start, a.group_end) for a in p.arrivals]
+    expected = [(0, 0, 1.1, 1.4, 0, 0, 1), (1, 1, 1.3, 1.5, 0, 0, 1),
+                (2, 2, 2.1, 2.6, 0, 2, 3), (0, 1, 2.5, 2.7, 1, 2, 3),
+                (1, 2, 2.8, 2.9, 1, 4, 4),
+                (0, 1, 3.8, 4.3, 1, 5, 6), (1, 1, 4.2, 4.4, 2, 5, 6)]
+    assert [g[:2] + g[4:] for g in got] == [e[:2] + e[4:] for e in expected]
+    assert [g[2:4] for g in got] == [pytest.approx(e[2:4], abs=1e-12) for e in expected]
+    w0, w1, w2 = p.workers
+    # progress at a finish boundary: the arrivals before its group; the last task never arrives
+    assert w0.progress == [0, 0, 1, 2] and w0.push == {1: 0, 2: 3, 3: 5}
+    assert w0.times == pytest.approx([1.0, 2.4, 3.7, 5.3])
+    assert w1.progress == [0, 1, 1, 2] and w1.push == {1: 1, 2: 4, 3: 6}
+    assert w1.times == pytest.approx([1.2, 2.7, 4.1, 5.6])
+    assert w2.progress == [0, 2] and w2.push == {1: 2}
+    assert w2.times == pytest.approx([2.0, 4.6])
+    assert p.server_end_s == pytest.approx(4.4)
+    # without the grace period worker 0 is served alone and restarts at 1.1 + 0.1
+    assert plan([1.0, 1.2, 2.0], [1, 1, 1], [0.1] * 3, [0.1] * 3, 2).arrivals[0].restart_s == pytest.approx(1.2)
+
+
+def test_grace_period_two_workers_inside_and_outside_the_window():
+    """Step times 1 and 1.4 s, H = 2, free messages, T = 2. Grace 1 s: worker 0 arrives at 2,
+    worker 1 at 2.8 joins (both restart at 2.8, worker 1 one update stale). Grace 0.5 s: 2.8 is
+    outside the window, worker 0 is served alone at 2 and restarts at once."""
+    inside = plan([1.0, 1.4], [2, 2], [0.0, 0.0], [0.0, 0.0], 2, grace_s=1.0)
+    a = inside.arrivals
+    assert [(x.worker, x.staleness, x.progress, x.group_start, x.group_end) for x in a[:2]] == [
+        (0, 0, 0, 0, 1), (1, 1, 2, 0, 1)]
+    assert [x.restart_s for x in a[:2]] == pytest.approx([2.8, 2.8])
+    assert len(a) == 2  # 4 local steps / 2 workers = T: the run ends with the group
+    assert inside.workers[0].times == pytest.approx([1.0, 2.0, 3.8])  # one step after its pull
+    assert inside.workers[0].progress == [0, 0, 2]
+    outside = plan([1.0, 1.4], [2, 2], [0.0, 0.0], [0.0, 0.0], 2, grace_s=0.5)
+    b = outside.arrivals
+    assert [(x.worker, x.apply_s, x.restart_s, x.group_start, x.group_end) for x in b[:2]] == [
+        (0, 2.0, 2.0, 0, 0), (1, 2.8, 2.8, 1, 1)]
+    assert b[0].progress == 1
+
+
+def test_least_visited_shards_hand_computed():
+    """The first plan above (step times 1 and 3 s, H = 2, free messages, T = 4) with
+    shard_policy=least_visited: worker 0 takes shard 0, worker 1 shard 1 at time 0 (2 steps each);
+    at 2 worker 0 takes shard 0 again (tie 2 = 2, lower id), batches 2-3; at 4 shard 1 (2 < 4), its
+    batches 2-3, so worker 0 reads on where worker 1 stopped; at 6 shard 0 (4 = 4), batches 4-5;
+    worker 1, last, shard 1 from batch 4. The schedule is the shard's position (at most T). Arrivals
+    and times are those of shard_policy=worker."""
+    p = plan([1.0, 3.0], [2, 2], [0.0, 0.0], [0.0, 0.0], 4, shard_policy="least_visited")
+    w0, w1 = p.workers
+    assert w0.data == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (0, 4)]
+    assert w0.schedule == [1, 2, 3, 4, 3, 4, 4]
+    assert w1.data == [(1, 0), (1, 1), (1, 4)]
+    assert w1.schedule == [1, 2, 4]
+    q = plan([1.0, 3.0], [2, 2], [0.0, 0.0], [0.0, 0.0], 4)
+    assert p.arrivals == q.arrivals and [w.times for w in p.workers] == [w.times for w in q.workers]
+    assert q.workers[0].data == [(0, k) for k in range(7)] and q.workers[1].data == [(1, 0), (1, 1), (1, 2)]
+
+
+@pytest.mark.parametrize("grace", [0.0, 1.0])
+@pytest.mark.parametrize("seed", range(8))
+def test_least_visited_reads_every_batch_once_and_keeps_shards_balanced(seed, grace):
+    """Random plans: shard_policy=worker is the default plan exactly (own shard, batch = step);
+    least_visited changes only the data and the schedule: no (shard, batch) is read twice, the
+    steps given to the shards differ by at most the largest H (each task took the least-visited
+    one), and the schedule is the shard's position."""
+    rng = random.Random(500 + seed)
+    n = rng.randint(1, 5)
+    step_s = [rng.choice([0.5, 1.0, 1.3, 2.0, 3.7]) for _ in range(n)]
+    hs = [rng.randint(1, 4) for _ in range(n)]
+    cost = [rng.choice([0.0, 0.1, 0.7]) for _ in range(n)]
+    total = rng.randint(1, 30)
+    base = plan(step_s, hs, cost, cost, total, grace)
+    assert plan(step_s, hs, cost, cost, total, grace, "worker") == base
+    assert all(wp.data == [(w, k) for k in range(wp.steps)] for w, wp in enumerate(base.workers))
+    p = plan(step_s, hs, cost, cost, total, grace, "least_visited")
+    assert p.arrivals == base.arrivals
+    assert [(w.progress, w.push, w.times) for w in p.workers] == [(w.progress, w.push, w.times) for w in base.workers]
+    read = [d for wp in p.workers for d in wp.data]
+    assert len(read) == len(set(read)) and all(0 <= s < n for s, _ in read)
+    given = [0] * n
+    for w, wp in enumerate(p.workers):
+        for t in range(0, wp.steps, hs[w]):  # each task's first step names its shard and start
+            shard, first = wp.data[t]
+            assert wp.data[t:t + hs[w]] == [(shard, first + j) for j in range(len(wp.data[t:t + hs[w]]))]
+            given[shard] = max(given[shard], first + hs[w])
+        assert wp.schedule == [min(total, q + 1) for _, q in wp.data]
+    assert max(given) - min(given) <= max(hs)
+    with pytest.raises(ValueError, match="shard_policy"):
+        plan(step_s, hs, cost, cost, total, grace, "random")
+
+
+def test_grace_period_must_be_finite_and_not_negative():
+    for bad in (-0.1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="grace_s"):
+            plan([1.0], [1], [0.0], [0.0], 1, grace_s=bad)
 
 
 # -- delayed Nesterov ------------------------------------------------------------------------------
@@ -177,6 +366,10 @@ def _algo(**kw):
     ("max_staleness", -1, "algo.max_staleness must be an integer >= 0"),
     ("local_steps", 0, "algo.local_steps must be an integer >= 1"),
     ("dylu", "yes", "algo.dylu='yes' is not allowed"),
+    ("grace_period_s", -0.5, "algo.grace_period_s must be a number >= 0"),
+    ("grace_period_s", "0.5s", "algo.grace_period_s must be a number >= 0"),
+    ("grace_period_s", float("inf"), "algo.grace_period_s must be a finite number >= 0"),
+    ("shard_policy", "random", "algo.shard_policy='random' is not allowed; allowed: worker, least_visited"),
 ])
 def test_config_errors_name_the_key_and_the_allowed_values(key, value, match):
     with pytest.raises(ConfigError, match=match):
