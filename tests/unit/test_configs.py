@@ -278,6 +278,8 @@ def test_async_bundles_compose_and_validate_every_arm(experiment, cells):
                 assert algo["outer_optimizer"] == "delayed_nesterov" and algo["dn_buffer"] == w
             else:
                 assert algo["outer_optimizer"] == "nesterov"
+            per_arrival = arm in ("async_naive", "async_poly")
+            assert algo["outer_lr"] == (cfg["study"]["per_arrival_outer_lr"] if per_arrival else 0.7)
             if servers:
                 assert algo["dylu"] == (arm == "async_dn_dylu")
                 assert algo["fedbuff"] == (w if arm == "async_fedbuff" else None)
