@@ -30,6 +30,17 @@ or one flat float32 tensor of 20M elements (``--model flat20m``):
 Block and all-reduce repeats alternate; the table shows medians of ``--repeats``. All ranks share
 this machine's cores and loopback: the times are this machine's, not a cluster's (the cluster
 clock, ``modeled_time_s``, prices the messages: ``lsgd.comm``).
+
+Measured once (25 Nov 2026; 2 CPU cores shared with other jobs, load average ~10; 1m45s)::
+
+    workers     params update_ms updates/s apply_ms allreduce_ms  ratio round_ratio MB/update
+          4 19,177,984     230.8      4.33     24.0        327.2   0.71        2.82      76.7
+          8 19,177,984     215.1      4.65     27.7        609.7   0.35        2.82      76.7
+
+The server's throughput does not depend on the number of workers (one arrival at a time: receive
+77 MB, the outer step, send 77 MB); the all-reduce grows with it. Per unit of local compute the
+asynchronous server moves W models each way where a ring all-reduce moves about 2 per worker, so
+on this loopback its W updates cost 2.8x one synchronous round.
 """
 
 from __future__ import annotations
