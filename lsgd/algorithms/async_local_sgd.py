@@ -79,7 +79,8 @@ schedule of a worker follows the network's average local step count at its virtu
 the server's (rank 0).
 
 Bytes (all ``p2p``): per task, the worker sends n + b and the server n + b back (n parameter bytes,
-b floating-buffer bytes). Metrics (rank 0, the server): ``staleness`` (mean over applied arrivals)
+b floating-buffer bytes). Metrics (rank 0, the server): ``server_updates`` (outer steps taken: the
+arrivals applied, without dropped ones; with FedBuff one per K), ``staleness`` (mean over applied arrivals)
 and ``staleness_max``, ``updates_worker<w>`` (arrivals applied from worker w, 0-based), ``dropped``
 (with ``max_staleness``).
 """
@@ -358,6 +359,13 @@ class AsyncLocalSGD(Algorithm):
         self.served = step + 1
         self.comm.round()
 
+    def server_updates(self) -> int:
+        """Outer steps the server has taken: arrivals applied (dropped ones excluded), with FedBuff
+        one per K buffered arrivals."""
+        if self.fedbuff is not None:
+            return self.buffered // self.fedbuff
+        return self.served - self.dropped
+
     def staleness_weight(self, staleness: int) -> float:
         """``((1 + s_avg) / (1 + s))^a``; 1 without a discount (module docstring)."""
         if self.exponent == 0:
@@ -420,7 +428,8 @@ class AsyncLocalSGD(Algorithm):
         if not self.is_server:
             return {}
         applied = self.plan.arrivals[: self.served]
-        out = {"staleness": sum(a.staleness for a in applied) / max(len(applied), 1),
+        out = {"server_updates": self.server_updates(),
+               "staleness": sum(a.staleness for a in applied) / max(len(applied), 1),
                "staleness_max": max((a.staleness for a in applied), default=0)}
         for w in range(len(self.plan.workers)):
             out[f"updates_worker{w}"] = sum(1 for a in applied if a.worker == w)

@@ -41,6 +41,11 @@ class DiLoCo(SlowMo):
             return torch.optim.SGD(groups, lr=lr, momentum=float(self.cfg.get("outer_momentum", 0.9)), nesterov=True)
         return torch.optim.SGD(groups, lr=lr)
 
+    def metrics(self) -> dict:
+        """``server_updates``: outer steps so far (one per round), the x axis it shares with
+        ``async_local_sgd``'s server."""
+        return {**super().metrics(), "server_updates": self.rounds}
+
     def pseudo_gradient_scale(self, gamma: float) -> float:
         """DiLoCo's outer gradient is x_prev - x_avg itself (no division by the inner rate)."""
         return 1.0

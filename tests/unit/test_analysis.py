@@ -391,6 +391,30 @@ def test_language_model_threshold_uses_perplexity(tmp_path):
     assert {p.name for p in files} >= {"wt2_test_ppl_vs_comm_bytes.png", "wt2_test_ppl_vs_wall_time_s.svg"}
 
 
+def test_perplexity_vs_server_updates_for_sync_diloco_and_async_runs(tmp_path):
+    """issue 13's figure: records carrying ``server_updates`` (async_local_sgd's server; diloco's
+    rounds) give a test_ppl vs server_updates figure with one line per arm at the recorded counts;
+    runs whose records lack it are left out of that figure."""
+    sync = write_run(tmp_path, "sync", {"name": "diloco", "local_steps": 10}, 0.3, 1.0, 2.0, experiment="at", lm=True)
+    asyn = write_run(tmp_path, "async", {"name": "async_local_sgd", "local_steps": 10}, 0.2, 1.0, 1.0,
+                     experiment="at", lm=True)
+    write_run(tmp_path, "plain", {"name": "ddp"}, 0.1, 1.0, 1.0, experiment="at", lm=True)
+    for run, per_round in ((sync, 1), (asyn, WORLD)):  # async: W server updates per H progress steps
+        path = run / "metrics.jsonl"
+        recs = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({**r, "server_updates": r["step"] // 10 * per_round}) + "\n" for r in recs))
+    out = tmp_path / "plots"
+    names = {p.name for p in plot_runs(tmp_path, out)}
+    assert {"at_test_ppl_vs_server_updates.png", "at_test_ppl_vs_server_updates.svg",
+            "at_test_ppl_vs_modeled_time_s.png"} <= names
+    svg = (out / "at_test_ppl_vs_server_updates.svg").read_text()
+    assert "server updates" in svg and "DDP" not in svg
+    curves = aggregate_curves(load_runs(tmp_path).dropna(subset=["server_updates", "test_ppl"]), "server_updates",
+                              "test_ppl", {str(sync): "sync", str(asyn): "async"})
+    by_arm = {arm: c["x"].tolist() for arm, c in curves.groupby("arm")}
+    assert by_arm["sync"] == list(range(1, 11)) and by_arm["async"] == [WORLD * k for k in range(1, 11)]
+
+
 # -- figures and report ---------------------------------------------------------------------------
 FIGURES = ("test_acc_vs_comm_bytes", "test_acc_vs_wall_time_s", "test_acc_vs_modeled_time_s", "train_loss_vs_step")
 

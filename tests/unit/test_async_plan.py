@@ -446,3 +446,20 @@ def test_fedbuff_config_errors():
         AsyncLocalSGD.validate_config(_algo(fedbuff=0), 3)
     with pytest.raises(ConfigError, match="algo.staleness_avg"):
         AsyncLocalSGD.validate_config(_algo(staleness_avg=-1.0), 3)
+
+
+def test_server_updates_count_outer_steps():
+    """``server_updates`` (records' x axis): one per applied arrival, dropped ones excluded; with
+    FedBuff K one per K buffered arrivals (the buffer's partial fill is no update yet)."""
+    algo = _server(max_staleness=1)
+    for i, staleness in enumerate([0, 2, 1]):  # the second is dropped
+        algo.apply(torch.tensor([1.0, 1.0, 1.0]), staleness, index=i)
+        algo.served = i + 1  # serve_step's count
+    assert algo.server_updates() == 2 and algo.dropped == 1
+    buffered = _server(fedbuff=2)
+    counts = []
+    for i in range(5):
+        buffered.apply(torch.tensor([1.0, 1.0, 1.0]), 0, index=i)
+        buffered.served = i + 1
+        counts.append(buffered.server_updates())
+    assert counts == [0, 1, 1, 2, 2]

@@ -51,7 +51,8 @@ def test_every_group_option_composes(group):
 @pytest.mark.parametrize("experiment", options("experiment"))
 def test_every_experiment_composes(experiment):
     cfg = load([f"experiment={experiment}"])
-    assert cfg["experiment_name"] == experiment
+    # a bundle may name one experiment per study cell (async_text_<level>, async_c4_<size>_w<W>_<level>)
+    assert cfg["experiment_name"] == experiment or cfg["experiment_name"].startswith(f"{experiment}_")
     # the model must fit the dataset in every bundle
     from lsgd.data import dataset_info
     from lsgd.models import check_compatible
@@ -176,6 +177,12 @@ def test_every_variant_composes_with_its_study(variant):
              "overlap_local_sgd": "overlap_local_sgd", "swarm_h1": "swarm_sgd", "swarm_h1_nonblocking": "swarm_sgd",
              "swarm_h4": "swarm_sgd", "swarm_h4_nonblocking": "swarm_sgd", "swarm_h1_async": "swarm_sgd",
              "ad_psgd_ring": "ad_psgd"}
+    if variant.startswith("async_"):  # async_text's arms (and async_c4's: test_async_bundles_...)
+        cfg = load(["experiment=async_text", f"variant={variant}"])
+        assert cfg["algo"]["name"] == ("diloco" if variant == "async_sync_diloco" else "async_local_sgd")
+        assert cfg["experiment_name"] == "async_text_none"
+        validate(cfg)
+        return
     experiment = "swarm_fmnist" if variant in swarm else study_of(variant)
     cfg = load([f"experiment={experiment}", f"variant={variant}"])
     expected = swarm.get(variant) or {"dense": "ddp", "avg": "ddp", "topk": "compressed", "dgc": "compressed",
@@ -231,6 +238,73 @@ def test_local_vs_minibatch_arms_have_equal_rounds_and_samples(overrides):
         assert kb[key] == local[key] == mb[key] == study[key]
     cfg = load(["experiment=local_vs_minibatch", "variant=local_sgd_k", *overrides])
     assert cfg["algo"]["local_steps"] == k and cfg["batch_size"] == b
+
+
+ASYNC_ARMS = ("async_sync_diloco", "async_naive", "async_dn", "async_dn_dylu", "async_poly", "async_fedbuff")
+
+
+@pytest.mark.parametrize("experiment, cells", [
+    ("async_text", [[f"study.heterogeneity={h}"] for h in ("none", "slight", "moderate", "very")]),
+    ("async_c4", [[f"model.size={m}", f"study.workers={w}", f"study.heterogeneity={h}"]
+                  for m, w, h in [("20m", 4, "none"), ("60m", 4, "moderate"), ("150m", 4, "very"),
+                                  ("20m", 8, "slight"), ("20m", 16, "very")]]),
+])
+def test_async_bundles_compose_and_validate_every_arm(experiment, cells):
+    """issue 13's studies: every arm at every cell composes and validates; the synchronous arm runs
+    W ranks, the asynchronous arms 1 + W (rank 0 the server), and every arm's W workers get the same
+    speeds (the level's preset for W workers: fastest 1, slowest 1 / spread); each arm is the
+    algorithm and outer optimizer it names; H = 50 and the inner AdamW everywhere."""
+    from lsgd.cluster import HETEROGENEITY_SPREAD
+
+    for cell in cells:
+        workers_speeds = {}
+        for arm in ASYNC_ARMS:
+            cfg = load([f"experiment={experiment}", f"variant={arm}", *cell])
+            validate(cfg)
+            w, level = cfg["study"]["workers"], cfg["study"]["heterogeneity"]
+            assert cfg["experiment_name"].startswith(f"{experiment}_") and cfg["experiment_name"].endswith(f"_{level}")
+            assert cfg["study"]["arm"] == arm.removeprefix("async_") or cfg["study"]["arm"] == arm
+            servers = 0 if arm == "async_sync_diloco" else 1
+            assert cfg["launcher"]["nproc_per_node"] == w + servers
+            speeds = cfg["cluster"]["speeds"]
+            assert len(speeds) == w + servers and speeds[:servers] == [1.0] * servers
+            workers_speeds[arm] = speeds[servers:]
+            assert max(speeds[servers:]) == 1.0
+            assert max(speeds) / min(speeds) == pytest.approx(HETEROGENEITY_SPREAD[level])
+            assert cfg["algo"]["local_steps"] == 50 and cfg["optim"]["name"] == "adamw"
+            algo = cfg["algo"]
+            assert algo["name"] == ("diloco" if servers == 0 else "async_local_sgd")
+            if arm in ("async_dn", "async_dn_dylu"):
+                assert algo["outer_optimizer"] == "delayed_nesterov" and algo["dn_buffer"] == w
+            else:
+                assert algo["outer_optimizer"] == "nesterov"
+            per_arrival = arm in ("async_naive", "async_poly")
+            assert algo["outer_lr"] == (cfg["study"]["per_arrival_outer_lr"] if per_arrival else 0.7)
+            if servers:
+                assert algo["dylu"] == (arm == "async_dn_dylu")
+                assert algo["fedbuff"] == (w if arm == "async_fedbuff" else None)
+                assert (algo["staleness_exponent"] > 0) == (arm in ("async_poly", "async_fedbuff"))
+        assert len({tuple(s) for s in workers_speeds.values()}) == 1, workers_speeds
+    if experiment == "async_c4":
+        cfg = load(["experiment=async_c4", "model.size=150m", "study.workers=16", "study.heterogeneity=very"])
+        assert cfg["dataset"]["name"] == "c4" and cfg["dataset"]["seq_len"] == 256
+        assert cfg["experiment_name"] == "async_c4_150m_w16_very"
+
+
+def test_lsgd_add_and_speeds_resolvers():
+    from lsgd.cluster import resolve_speeds
+    from lsgd.resolvers import add, speeds
+
+    assert add(4, 1) == 5 and add("4", -1) == 3 and add(7) == 7
+    for bad in [(2.5,), (True, 3), ("x",), ()]:
+        with pytest.raises(ValueError):
+            add(*bad)
+    assert speeds("very", 4, 1) == [1.0, *resolve_speeds("very", 4, 0)]
+    assert speeds("none", 3) == [1.0, 1.0, 1.0]
+    assert speeds("moderate", "8", "0") == resolve_speeds("moderate", 8, 0)
+    for bad in [("fast", 4, 1), ("very", 0, 1), ("very", 4, -1), ("very", 2.5, 0)]:
+        with pytest.raises(ValueError):
+            speeds(*bad)
 
 
 def test_lsgd_mul_resolver():
