@@ -337,7 +337,8 @@ class RealTiming:
         a = self.algo
         if not a.is_server:
             return {}
-        out = {"staleness": sum(self.staleness) / max(len(self.staleness), 1),
+        out = {"server_updates": a.server_updates(),
+               "staleness": sum(self.staleness) / max(len(self.staleness), 1),
                "staleness_max": max(self.staleness, default=0)}
         for w in range(self.n_workers):
             out[f"updates_worker{w}"] = self.updates[w]
