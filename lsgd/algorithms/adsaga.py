@@ -32,7 +32,9 @@ worker), so every rank draws the same numbers (:class:`DelayModel`); the arrival
 decided in virtual time by :func:`lsgd.algorithms.async_plan.plan` (one local step per task, the
 task lasting the drawn duration; earliest arrival first, ties by worker id) and every rank follows
 its part: runs are reproducible bit for bit. The worker's cluster clock is moved to the drawn
-duration (the trainer charged the profile's step time).
+duration (the trainer charged the profile's step time), in both modes: a synchronous iteration
+therefore lasts the slowest of the m draws (plus the messages), which is what asynchrony saves
+in ``modeled_time_s``.
 
 ADSAGA, as implemented (``algo.mode=async``, ``algo.variance_reduction=true``), rank 0 the server,
 ranks 1..m the workers; B = ``batch_size`` samples per gradient (B = 1 is the paper's setting):
@@ -333,6 +335,8 @@ class ADSAGA(Algorithm):
         else:
             self.a, self.y = features(self.ctx.train_set, parts[self.worker])
             self.table = torch.zeros(len(self.a), self.params[0].shape[0]) if self.vr else None
+        if self.ctx.worker_step_s is not None:
+            self.delays = DelayModel(self.delay, self._means_and_costs()[0], self.ctx.seed)
         if self.mode == "async":
             pairs = [self.comm.subgroup([SERVER, w]) for w in range(1, self.workers + 1)]
             self.pairs = pairs if self.is_server else None
@@ -341,17 +345,22 @@ class ADSAGA(Algorithm):
         warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before `optimizer.step()`"))
         return model
 
-    def _plan(self) -> async_plan.Plan:
-        step_s, total = self.ctx.worker_step_s, self.ctx.total_steps
-        if step_s is None or total is None:
-            raise ConfigError("algo=adsaga with algo.mode=async needs cluster.compute=profile (modeled seconds per "
-                              "gradient of every worker) and a known run length")
+    def _means_and_costs(self) -> tuple[list[float], list[float]]:
+        """Every worker's mean seconds per gradient (the profile's step time / speed) and the
+        modeled seconds of one parameter message to it, as rank 0 has them (an uncounted
+        all-gather, so every rank builds the same delay model and plan)."""
+        step_s = self.ctx.worker_step_s
         nbytes = self.n_params * self.params[0].element_size()
         cost = [float(self.comm.pair_cost(SERVER, w + 1, nbytes)[0]) for w in range(self.workers)]
-        table = self.comm.gather_values([*step_s, *cost])  # every rank takes rank 0's inputs
-        step_s = [float(v) for v in table[0][: self.workers]]
-        cost = [float(v) for v in table[0][self.workers:]]
-        self.delays = DelayModel(self.delay, step_s, self.ctx.seed)
+        table = self.comm.gather_values([*step_s, *cost])
+        return [float(v) for v in table[0][: self.workers]], [float(v) for v in table[0][self.workers:]]
+
+    def _plan(self) -> async_plan.Plan:
+        total = self.ctx.total_steps
+        if self.delays is None or total is None:
+            raise ConfigError("algo=adsaga with algo.mode=async needs cluster.compute=profile (modeled seconds per "
+                              "gradient of every worker) and a known run length")
+        step_s, cost = self._means_and_costs()
         p = async_plan.plan(step_s, [1] * self.workers, cost, cost, total, task_s=self.delays)
         # every rank drew the same delays: their plans agree (an uncounted all-gather of a fingerprint)
         fp = self.comm.gather_values([p.end_s, len(p.arrivals), sum(a.staleness for a in p.arrivals),
@@ -393,15 +402,14 @@ class ADSAGA(Algorithm):
         d, r = saga_difference(self.params[0], self.params[1], self.a[j], self.y[j],
                                self.table[j] if self.vr else None)
         self.pending = (j, r, d)
-        if self.mode == "sync":
-            self._push_pull(self.comm, SERVER)
-            return
         clock = self.ctx.clock
-        if clock is not None and self.ctx.step_compute_s is not None:
+        if self.delays is not None and clock is not None and self.ctx.step_compute_s is not None:
             # the delay model's duration replaces the profile's step time the trainer charged
             extra = self.delays(self.worker, step) - self.ctx.step_compute_s()[0]
             clock.now = clock.now + extra
             clock.compute_s += extra
+        if self.mode == "sync":
+            self._push_pull(self.comm, SERVER)
 
     def optimizer_step(self) -> None:
         """Workers take no step of their own (the server does)."""

@@ -115,12 +115,17 @@ def test_adsaga_three_workers_equals_the_replayed_reference_and_is_reproducible(
 ])
 def test_sync_saga_and_async_sgd_equal_the_reference(tmp_path, m, overrides, mode, vr):
     """Synchronous SAGA (2 workers, one server iteration on both) and asynchronous SGD (2 workers,
-    constant delays) equal their single-process references within 1e-6."""
+    constant delays) equal their single-process references within 1e-6; a synchronous run's
+    modeled time is the sum over iterations of the slowest worker's delay, plus messages."""
     recs, models = train(tmp_path, [*COMMON, *overrides], world=m + 1)
     delay = "constant" if "algo.delay=constant" in overrides else "exponential"
     torch.testing.assert_close(server_x(models), reference(m, mode, vr, delay), rtol=0, atol=1e-6)
     assert recs[-1]["iterations"] == (TOTAL if mode == "sync" else m * TOTAL)
     assert recs[-1]["suboptimality"] < recs[0]["suboptimality"]
+    if mode == "sync":  # an iteration lasts the slowest worker's Exp draw, plus the two messages
+        draws = DelayModel("exponential", [STEP_S] * m, 0)
+        slowest = sum(max(draws(w, t) for w in range(m)) for t in range(TOTAL))
+        assert slowest < recs[-1]["modeled_time_s"] <= slowest + TOTAL * 2 * m * COST + 1e-9
 
 
 def test_one_worker_adsaga_is_plain_saga(tmp_path):
