@@ -1,15 +1,17 @@
 """``adsaga`` (server + workers) through the real trainer on gloo ranks, against a single-process
 reference written independently (per-sample gradients by autograd, a table of full gradients, the
 server's arrival order and staleness replayed from the delay plan): ADSAGA with 3 workers and
-exponential delays, asynchronous SGD, synchronous SAGA with 2 workers; a run is reproducible;
-suboptimality falls; with one worker the asynchronous protocol is plain (synchronous) SAGA."""
+exponential delays, asynchronous SGD, synchronous SAGA with 2 workers; a run is reproducible and its
+cluster clocks follow the planned delays; suboptimality falls; a run resumes exactly after a worker
+fails; with one worker the asynchronous protocol is plain (synchronous) SAGA."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
-from trainer_runs import TINY, compose_cfg, train
+from torch.multiprocessing.spawn import ProcessException
+from trainer_runs import TINY, compose_cfg, records, run, train
 
 from lsgd.algorithms import async_plan
 from lsgd.algorithms.adsaga import DelayModel, features, partitions
@@ -104,6 +106,10 @@ def test_adsaga_three_workers_equals_the_replayed_reference_and_is_reproducible(
                            task_s=DelayModel("exponential", [STEP_S] * 3, 0))
     assert recs[-1]["staleness"] == pytest.approx(sum(a.staleness for a in plan.arrivals) / len(plan.arrivals))
     assert recs[-1]["staleness_max"] > 0
+    # the processes' cluster clocks follow the plan (the drawn delays, not the profile's step time):
+    # the server sends its last model at end_s + COST, workers stop at their last boundary
+    ends = [wp.times[-1] for wp in plan.workers] + [plan.end_s + COST]
+    assert recs[-1]["modeled_time_s"] == pytest.approx(max(ends), rel=1e-9)
     # per gradient the worker sends and receives one copy of the parameters (comm_bytes is the
     # mean over ranks; the server's share is the same bytes in the other direction)
     assert recs[-1]["comm_bytes"] * 4 == pytest.approx(2 * 3 * TOTAL * PARAMS * 4)
@@ -136,3 +142,28 @@ def test_one_worker_adsaga_is_plain_saga(tmp_path):
     _, sync_models = train(tmp_path, [*COMMON, "algo.mode=sync"], world=2, name="sync")
     assert torch.equal(server_x(async_models), server_x(sync_models))
     torch.testing.assert_close(server_x(async_models), reference(1, "sync"), rtol=0, atol=1e-6)
+
+
+def test_adsaga_resumes_exactly_after_a_worker_fails(tmp_path):
+    """Server + 3 workers, a checkpoint at progress 4: a worker failing after it stops the job, and
+    resuming from the checkpoint (server: alpha_bar; workers: SAGA table and the computed, not yet
+    pushed difference) ends with the records and server model of an uninterrupted run."""
+    over = [*COMMON, "checkpoint_every=4"]
+    full, full_models = train(tmp_path, over, world=4, name="full")
+    plan = async_plan.plan([STEP_S] * 3, [1] * 3, [COST] * 3, [COST] * 3, TOTAL,
+                           task_s=DelayModel("exponential", [STEP_S] * 3, 0))
+    w = max(range(3), key=lambda w: plan.workers[w].steps)
+    k = next(k for k, prog in enumerate(plan.workers[w].progress, start=1) if prog > 4)
+    assert plan.workers[w].progress[k - 1] < TOTAL
+    with pytest.raises(ProcessException):
+        run(tmp_path, [*over, f"inject_failure.step={k}", f"inject_failure.rank={w + 1}"], world=4, name="crash")
+    before = [r for r in records(tmp_path / "crash") if "kind" not in r]
+    assert 4 <= before[-1]["step"] < TOTAL
+    run_dir = run(tmp_path, over, world=4, name="crash", resume=True)
+    # a resume, not a fresh (deterministic) restart: the records up to the checkpoint are the
+    # crashed run's own (their measured wall times), the later ones were made again
+    kept = [r for r in records(run_dir) if "kind" not in r and r["step"] <= 4]
+    assert [r["wall_time_s"] for r in kept] == [r["wall_time_s"] for r in before if r["step"] <= 4]
+    resumed = [r for r in records(run_dir) if "kind" not in r]
+    assert strip(resumed) == strip(full)
+    assert torch.equal(server_x([torch.load(run_dir / "rank0.pt")]), server_x(full_models))
