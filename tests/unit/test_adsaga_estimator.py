@@ -192,4 +192,4 @@ def test_config_errors_name_the_key(overrides, key):
 def test_valid_configs_pass():
     validate(load(BASE))
     validate(load([*BASE, "algo.mode=sync", "cluster.compute=measured", "algo.variance_reduction=false"]))
-    validate(load(["experiment=adsaga_logreg", "variant=sync_saga"]))
+    validate(load(["experiment=adsaga_logreg", "variant=adsaga_sync_saga"]))

@@ -164,7 +164,7 @@ def test_validation_names_the_key(overrides, key):
 
 
 LOCAL_VS_MINIBATCH = ("minibatch_kb", "local_sgd_k", "minibatch_b")
-ADSAGA_LOGREG = ("adsaga", "async_sgd", "sync_saga")
+ADSAGA_LOGREG = ("adsaga", "adsaga_async_sgd", "adsaga_sync_saga")
 
 
 def study_of(variant: str) -> str:
