@@ -187,7 +187,7 @@ class Trainer:
             rank=self.rank, world_size=self.world_size, role=self.role, worker_index=worker_index,
             num_workers=self.num_workers, steps_per_epoch=self.steps_per_epoch, total_steps=self.total_steps,
             batch_size=int(cfg["batch_size"]), clock=self.clock, device=self.device,
-            data=self.loader if self.role == "worker" else None,
+            data=self.loader if self.role == "worker" else None, train_set=self.train_set,
             lr=lambda: self.optimizer.param_groups[0]["lr"], seed=seed,
             lr_decay_steps=lr_decay_steps(cfg["schedule"], self.steps_per_epoch),
             step_compute_s=lambda: self.step_compute_s, compute_seconds=self.compute_model.seconds,

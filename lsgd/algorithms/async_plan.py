@@ -138,7 +138,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 #: added before flooring the DyLU ratio, so that a speed ratio that is an exact fraction in
@@ -242,7 +242,8 @@ def dylu_steps(h: int, step_s: Sequence[float], dylu: bool) -> list[int]:
 
 
 def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[float], pull_s: Sequence[float],
-         total_steps: int, grace_s: float = 0.0, shard_policy: str = "worker") -> Plan:
+         total_steps: int, grace_s: float = 0.0, shard_policy: str = "worker",
+         task_s: Callable[[int, int], float] | None = None) -> Plan:
     """The asynchronous Local-SGD schedule (module docstring).
 
     Args:
@@ -255,10 +256,15 @@ def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[f
             docstring.
         shard_policy: ``worker`` (each worker its own shard) or ``least_visited`` (each new task
             the least-visited shard; module docstring).
+        task_s: None (default): task ``k`` of worker ``w`` lasts ``H_w x step_s[w]``. Else
+            ``task_s(w, k)`` is its duration in seconds (> 0; a stochastic delay model, e.g.
+            :mod:`lsgd.algorithms.adsaga`), called for every task in increasing ``k`` per worker,
+            and its ``H_w`` local step boundaries divide it evenly. The rules and the
+            deadlock-freedom argument of the module docstring hold for any durations.
 
     Raises:
-        ValueError: lengths differ, a step time <= 0, a step count < 1, a cost < 0, T < 1 or a
-            grace period that is negative or not finite.
+        ValueError: lengths differ, a step time <= 0, a step count < 1, a cost < 0, T < 1, a
+            grace period that is negative or not finite, or a task duration <= 0.
     """
     n = len(step_s)
     if n < 1 or not len(local_steps) == len(push_s) == len(pull_s) == n:
@@ -294,9 +300,18 @@ def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[f
     tasks: list[list[list]] = [[task(w, 0.0)] for w in range(n)]
     pulled = [0] * n  # server version each worker started its current task from
     heap = []
+    durations: list[list[float]] = [[] for _ in range(n)]  # durations[w][k]: task k of worker w (s)
+
+    def duration(w: int, k: int) -> float:
+        while len(durations[w]) <= k:
+            d = hs[w] * step_s[w] if task_s is None else float(task_s(w, len(durations[w])))
+            if not d > 0:
+                raise ValueError(f"task durations must be > 0, got {d} for worker {w}, task {len(durations[w])}")
+            durations[w].append(d)
+        return durations[w][k]
 
     def launch(w: int, start: float) -> None:
-        finish = start + hs[w] * step_s[w]
+        finish = start + duration(w, len(tasks[w]) - 1)
         heapq.heappush(heap, (finish + float(push_s[w]), w, finish))
 
     for w in range(n):
@@ -339,9 +354,10 @@ def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[f
     for w in range(n):
         wp = WorkerPlan()
         done = False
-        for start, index, shard, first in tasks[w]:
+        for k_task, (start, index, shard, first) in enumerate(tasks[w]):
+            per_step = step_s[w] if task_s is None else duration(w, k_task) / hs[w]
             for j in range(1, hs[w] + 1):
-                t = start + j * step_s[w]
+                t = start + j * per_step
                 k = len(wp.progress) + 1
                 wp.data.append((shard, k - 1 if first is None else first + j - 1))
                 if j == hs[w] and index is not None:

@@ -62,6 +62,9 @@ class RunContext:
         clock: this process's cluster clock (:class:`lsgd.comm.Clock`).
         device: where the model lives.
         data: the worker's :class:`lsgd.data.ShardedLoader` (None on a server).
+        train_set: the whole training set (every rank, servers included; the same object the
+            loader reads), for algorithms that choose their own samples (``adsaga``); None: not
+            given (hand-driven hooks).
         lr: callable returning the learning rate in use this step.
         lr_decay_steps: completed-step counts from which a milestone of a step schedule lowers
             the learning rate (:func:`lsgd.optim.lr_decay_steps`; empty under constant and
@@ -94,6 +97,7 @@ class RunContext:
     clock: Clock | None = None
     device: torch.device | None = None
     data: Any = None
+    train_set: Any = None
     lr: Callable[[], float] | None = None
     lr_decay_steps: tuple[int, ...] = ()
     seed: int = 0

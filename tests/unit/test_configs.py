@@ -35,6 +35,7 @@ def test_groups_are_shipped_with_the_package():
     assert set(options("algo")) == {
         "ddp", "local_sgd", "post_local_sgd", "slowmo", "diloco", "compressed", "gravac", "accordion", "adasum",
         "param_server", "swarm_sgd", "dpsgd", "decentlam", "sgp", "overlap_local_sgd", "ad_psgd", "lead", "async_local_sgd",
+        "adsaga",
     }
     assert {"cnn", "resnet20", "resnet56", "resnet18", "resnet50", "resnet101", "vgg16", "lstm_lm", "gpt"} <= set(options("model"))
     assert {"fashion_mnist", "cifar10", "cifar100", "imagenet", "c4", "synthetic"} <= set(options("dataset"))
@@ -163,11 +164,14 @@ def test_validation_names_the_key(overrides, key):
 
 
 LOCAL_VS_MINIBATCH = ("minibatch_kb", "local_sgd_k", "minibatch_b")
+ADSAGA_LOGREG = ("adsaga", "adsaga_async_sgd", "adsaga_sync_saga")
 
 
 def study_of(variant: str) -> str:
     if variant in LOCAL_VS_MINIBATCH:
         return "local_vs_minibatch"
+    if variant in ADSAGA_LOGREG:
+        return "adsaga_logreg"
     return "adasum_scaling" if variant.startswith(("adasum", "avg")) else "gravac_fmnist"
 
 
@@ -185,7 +189,7 @@ def test_every_variant_composes_with_its_study(variant):
         return
     experiment = "swarm_fmnist" if variant in swarm else study_of(variant)
     cfg = load([f"experiment={experiment}", f"variant={variant}"])
-    expected = swarm.get(variant) or {"dense": "ddp", "avg": "ddp", "topk": "compressed", "dgc": "compressed",
+    expected = swarm.get(variant) or ("adsaga" if variant in ADSAGA_LOGREG else None) or {"dense": "ddp", "avg": "ddp", "topk": "compressed", "dgc": "compressed",
                                       "randomk": "compressed", "gravac": "gravac", "accordion": "accordion",
                                       "adasum": "adasum", "minibatch": "ddp", "local": "local_sgd"}[variant.split("_")[0]]
     assert cfg["algo"]["name"] == expected
