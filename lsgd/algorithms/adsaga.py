@@ -105,7 +105,7 @@ import torch
 import torch.nn.functional as F
 
 from lsgd.algorithms import async_plan
-from lsgd.algorithms.base import Algorithm, model_tensors
+from lsgd.algorithms.base import Algorithm, holding_model_of
 from lsgd.comm import copy_back
 from lsgd.config import choice, int_at_least, positive
 from lsgd.data.partition import derive_seed, generator
@@ -470,15 +470,8 @@ class ADSAGA(Algorithm):
     def eval_context(self) -> Iterator[None]:
         """Within the block every rank holds the server's model (an uncounted broadcast)."""
         self.consensus_distance = None
-        tensors = model_tensors(self.model, buffers=True)
-        saved = [t.clone() for t in tensors]
-        self.comm.broadcast_(tensors, src=SERVER, count=False)
-        try:
+        with holding_model_of(self.model, self.comm, SERVER):
             yield
-        finally:
-            with torch.no_grad():
-                for t, s in zip(tensors, saved):
-                    t.copy_(s)
 
     def suboptimality(self) -> float:
         """f(x) - f* at the server's model (float64 over the n samples)."""

@@ -97,7 +97,7 @@ from collections.abc import Iterator
 import torch
 
 from lsgd.algorithms import async_plan, async_real
-from lsgd.algorithms.base import Algorithm, float_buffers, model_tensors
+from lsgd.algorithms.base import Algorithm, float_buffers, holding_model_of
 from lsgd.comm import copy_back
 from lsgd.config import choice, int_at_least, number_at_least, positive
 from lsgd.errors import ConfigError
@@ -404,15 +404,8 @@ class AsyncLocalSGD(Algorithm):
         """Within the block every rank holds the server's model (an uncounted broadcast from rank 0;
         the workers' own models are restored afterwards)."""
         self.consensus_distance = None
-        tensors = model_tensors(self.model, buffers=True)
-        saved = [t.clone() for t in tensors]
-        self.comm.broadcast_(tensors, src=SERVER, count=False)
-        try:
+        with holding_model_of(self.model, self.comm, SERVER):
             yield
-        finally:
-            with torch.no_grad():
-                for t, s in zip(tensors, saved):
-                    t.copy_(s)
 
     def after_step(self, step: int) -> None:
         if self.real is not None:

@@ -125,6 +125,22 @@ def model_tensors(model: nn.Module, buffers: bool) -> list[torch.Tensor]:
     return tensors
 
 
+@contextlib.contextmanager
+def holding_model_of(model: nn.Module, comm: Communicator, src: int) -> Iterator[None]:
+    """Within the block every rank holds rank ``src``'s parameters and floating buffers (an
+    uncounted broadcast); each rank's own are restored afterwards. Parameter-server methods
+    evaluate the server's model this way (their ``eval_context``)."""
+    tensors = model_tensors(model, buffers=True)
+    saved = [t.clone() for t in tensors]
+    comm.broadcast_(tensors, src=src, count=False)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, s in zip(tensors, saved):
+                t.copy_(s)
+
+
 class Algorithm:
     """Base class: a method is a subclass in its own module of ``lsgd.algorithms``.
 
