@@ -105,7 +105,7 @@ import torch
 import torch.nn.functional as F
 
 from lsgd.algorithms import async_plan
-from lsgd.algorithms.base import Algorithm, holding_model_of
+from lsgd.algorithms.base import ServerAlgorithm, holding_model_of
 from lsgd.comm import copy_back
 from lsgd.config import choice, int_at_least, positive
 from lsgd.data.partition import derive_seed, generator
@@ -249,7 +249,7 @@ def solve_f_star(a: torch.Tensor, y: torch.Tensor, classes: int, l2: float, tol:
 # --------------------------------------------------------------------------------------------
 # the algorithm
 # --------------------------------------------------------------------------------------------
-class ADSAGA(Algorithm):
+class ADSAGA(ServerAlgorithm):
     """ADSAGA / asynchronous SGD / synchronous SAGA with a server (module docstring).
 
     Config keys: ``mode`` (async | sync), ``variance_reduction`` (bool), ``delay`` (exponential |
@@ -260,14 +260,8 @@ class ADSAGA(Algorithm):
     lockstep = False
 
     @classmethod
-    def roles(cls, world_size: int) -> list[str]:
-        return ["server"] + ["worker"] * (world_size - 1)
-
-    @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
-        if world_size < 2:
-            raise ConfigError(f"algo=adsaga needs at least 2 processes (rank 0 serves, the rest are workers); got "
-                              f"{world_size}: set launcher.nproc_per_node >= 2")
+        super().validate_config(algo, world_size)
         choice({"mode": algo.get("mode", "async")}, "mode", MODES, "algo.")
         choice({"variance_reduction": algo.get("variance_reduction", True)}, "variance_reduction", (True, False), "algo.")
         choice({"delay": algo.get("delay", "exponential")}, "delay", DELAYS, "algo.")

@@ -97,7 +97,7 @@ from collections.abc import Iterator
 import torch
 
 from lsgd.algorithms import async_plan, async_real
-from lsgd.algorithms.base import Algorithm, float_buffers, holding_model_of
+from lsgd.algorithms.base import ServerAlgorithm, float_buffers, holding_model_of
 from lsgd.comm import copy_back
 from lsgd.config import choice, int_at_least, number_at_least, positive
 from lsgd.errors import ConfigError
@@ -155,7 +155,7 @@ def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
 
 
-class AsyncLocalSGD(Algorithm):
+class AsyncLocalSGD(ServerAlgorithm):
     """Asynchronous Local-SGD / async DiLoCo (module docstring).
 
     Config keys: ``timing`` (virtual | real), ``time_scale`` (> 0, real timing: wall seconds per
@@ -171,14 +171,8 @@ class AsyncLocalSGD(Algorithm):
     lockstep = False
 
     @classmethod
-    def roles(cls, world_size: int) -> list[str]:
-        return ["server"] + ["worker"] * (world_size - 1)
-
-    @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
-        if world_size < 2:
-            raise ConfigError(f"algo=async_local_sgd needs at least 2 processes (rank 0 serves, the rest are "
-                              f"workers); got {world_size}: set launcher.nproc_per_node >= 2")
+        super().validate_config(algo, world_size)
         choice({"timing": algo.get("timing", "virtual")}, "timing", TIMINGS, "algo.")
         positive({"time_scale": algo.get("time_scale", 1.0)}, "time_scale", "algo.")
         int_at_least(algo, "local_steps", 1, "algo.")

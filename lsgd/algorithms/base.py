@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from lsgd.comm import Clock, Communicator
+from lsgd.errors import ConfigError
 
 ROLES = ("worker", "server")
 
@@ -343,3 +344,24 @@ class Algorithm:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`."""
+
+
+class ServerAlgorithm(Algorithm):
+    """Base of parameter-server methods: rank 0 is the server, ranks 1..W the workers.
+
+    Subclasses call ``super().validate_config(algo, world_size)`` first.
+
+    Raises:
+        lsgd.errors.ConfigError: (``validate_config``) fewer than 2 processes.
+    """
+
+    @classmethod
+    def roles(cls, world_size: int) -> list[str]:
+        return ["server"] + ["worker"] * (world_size - 1)
+
+    @classmethod
+    def validate_config(cls, algo: dict, world_size: int) -> None:
+        if world_size < 2:
+            raise ConfigError(f"algo={cls.name} needs at least 2 processes (rank 0 serves, the rest are workers); "
+                              f"got {world_size}: set launcher.nproc_per_node >= 2")
+

@@ -28,9 +28,8 @@ import warnings
 
 import torch
 
-from lsgd.algorithms.base import Algorithm, float_buffers
+from lsgd.algorithms.base import ServerAlgorithm, float_buffers
 from lsgd.comm import copy_back
-from lsgd.errors import ConfigError
 
 SERVER = 0
 
@@ -39,7 +38,7 @@ def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
 
 
-class ParameterServer(Algorithm):
+class ParameterServer(ServerAlgorithm):
     """Synchronous parameter server: workers push gradients, the server steps and pushes the model.
 
     Config keys: none beyond ``name``.
@@ -49,18 +48,6 @@ class ParameterServer(Algorithm):
     """
 
     name = "param_server"
-
-    @classmethod
-    def roles(cls, world_size: int) -> list[str]:
-        return ["server"] + ["worker"] * (world_size - 1)
-
-    @classmethod
-    def validate_config(cls, algo: dict, world_size: int) -> None:
-        if world_size < 2:
-            raise ConfigError(
-                f"algo=param_server needs at least 2 processes (rank 0 serves, the rest are workers); "
-                f"got {world_size}: set launcher.nproc_per_node >= 2"
-            )
 
     def setup(self, model, optimizer, ctx=None):
         model = super().setup(model, optimizer, ctx)
