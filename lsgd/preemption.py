@@ -20,7 +20,10 @@ Why our own handler: submitit's (``JobEnvironment._handle_signals``) pickles the
 requeues at once from inside the signal handler; torch elastic restarts local workers but knows
 nothing of SLURM's requeue. A requeued SLURM job keeps its job id (so ``${lsgd_run_id:}`` names the
 same folder) and sees ``SLURM_RESTART_COUNT`` >= 1; :func:`lsgd.launch.run` then resumes that folder.
-Note that SLURM makes a requeued job eligible again only about two minutes after the requeue.
+Note that SLURM makes a requeued job eligible again only about two minutes after the requeue
+(its begin time). An admin who starts it sooner (``scontrol update jobid=N StartTime=now``) must
+wait until the second after the requeue: nodes reject a credential created in the second they
+revoked the old one, and the job then ends FAILED without running.
 """
 
 from __future__ import annotations

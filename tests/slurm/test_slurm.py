@@ -94,14 +94,43 @@ def job_state(cluster, job_id: str) -> dict:
     return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
 
 
-def wait_for(predicate, timeout: float, what: str, poll: float = 0.05):
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.05, diagnose=None):
+    """Poll ``predicate`` until it returns a true value (returned); on timeout raise an
+    AssertionError naming ``what``, with ``diagnose()``'s text (cluster and run state) appended."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"\n{diagnose()}" if diagnose else ""))
+
+
+def diagnosis(cluster, job: str, folders: list[Path]) -> str:
+    """What a failed wait needs to be understood from CI's log alone: the tails of the daemons'
+    logs and of the logs under ``folders``, then (last, nearest the end of CI's output) the job's
+    and the nodes' state."""
+    logs = sorted((cluster.base / "log").glob("slurm*.log"))
+    for folder in folders:
+        logs += sorted(f for f in Path(folder).rglob("*") if f.is_file() and f.suffix in (".log", ".err", ".out"))
+    parts = [f"--- {f} (tail)\n{f.read_text(errors='replace')[-1200:]}" for f in logs]
+    parts += [f"job: {cluster.run(['scontrol', '-o', 'show', 'job', job], timeout=30).stdout.strip()}",
+              f"nodes: {cluster.run(['sinfo', '-N', '-h', '-o', '%N %T %E'], timeout=30).stdout.strip()}",
+              f"job processes left: {cluster.job_processes()}"]
+    return "\n".join(parts)
+
+
+def start_requeued_job_now(cluster, job: str, pending_since: list[float]) -> None:
+    """An admin's "start now" for a requeued job, which SLURM holds for ~2 minutes (BeginTime).
+
+    Only from the second after the requeue was first seen: nodes revoke the job's old credential
+    at the requeue and reject any credential created in the same second (``ctime <= revoked``,
+    1 s resolution), so a restart within that second fails to launch and the job ends FAILED
+    (SLURM's own delay exists to avoid this). ``pending_since``: [] on the first call."""
+    if not pending_since:
+        pending_since.append(time.time())
+    if time.time() >= int(pending_since[0]) + 1.05:
+        cluster.run(["scontrol", "update", f"jobid={job}", "StartTime=now"])
 
 
 def test_preset_job_is_preempted_requeued_and_resumes_to_identical_metrics(slurm_cluster, tmp_path):
@@ -128,14 +157,19 @@ def test_preset_job_is_preempted_requeued_and_resumes_to_identical_metrics(slurm
         job = run.name.removeprefix("slurm-")
         assert slurm_cluster.run(["scancel", "--signal=TERM", job]).returncode == 0
 
-        def requeued_and_restarted():
+        def explain():
+            return diagnosis(slurm_cluster, job, [tmp_path / "submitit", run])
+
+        pending_since = []
+
+        def requeued_and_ended():
             state = job_state(slurm_cluster, job)
             if state.get("JobState") == "PENDING" and state.get("Restarts") == "1":
-                # SLURM holds a requeued job for ~2 minutes (BeginTime); an admin's "start now"
-                slurm_cluster.run(["scontrol", "update", f"jobid={job}", "StartTime=now"])
-            return state.get("JobState") == "COMPLETED" and state.get("Restarts") == "1"
+                start_requeued_job_now(slurm_cluster, job, pending_since)
+            return state if state.get("JobState") in FINAL_STATES else None
 
-        wait_for(requeued_and_restarted, 180, "the requeued job to complete", poll=0.5)
+        state = wait_for(requeued_and_ended, 300, "the requeued job to end", poll=0.5, diagnose=explain)
+        assert state["JobState"] == "COMPLETED" and state.get("Restarts") == "1", explain()
         out, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
