@@ -2,7 +2,7 @@
 
     lsgd train [HYDRA_OVERRIDES...]        one job (or a sweep with -m), e.g. algo=local_sgd algo.local_steps=8
     lsgd plot RUN_OR_SWEEP_DIRS... [--out DIR]
-    lsgd report RUN_OR_SWEEP_DIRS... [--out DIR] [--baseline ALGO|LABEL|KEY=VALUE,...]
+    lsgd report RUN_OR_SWEEP_DIRS... [--out DIR] [--baseline ALGO|LABEL|KEY=VALUE,...] [--threshold T]
     lsgd data DATASET [HYDRA_OVERRIDES...]  fetch a dataset (e.g. fashion_mnist) into dataset.root
 
 ``lsgd train`` is a Hydra application (config groups under the packaged conf/, ``--help`` lists
@@ -12,6 +12,7 @@ them, ``--cfg job`` prints the composed config).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import sys
@@ -106,7 +107,15 @@ def _analysis(cmd: str, argv: list[str]) -> int:
             help="the runs speedups are relative to: an algo.name (default: ddp), an arm label as the "
                  "report writes it ('local SGD, H=8') or key=value pairs ('algo.name=local_sgd,algo.local_steps=8')",
         )  # fmt: skip
+        parser.add_argument(
+            "--threshold", type=float, default=None,
+            help="T, the value whose time to reach the speedups compare, in the metric's unit (test accuracy "
+                 "in [0, 1], or test perplexity); default: the worst final value among the completed runs "
+                 "that did not collapse",
+        )  # fmt: skip
     args = parser.parse_args(argv)
+    if getattr(args, "threshold", None) is not None and not math.isfinite(args.threshold):
+        parser.error(f"--threshold must be a finite number (test accuracy in [0, 1], or test perplexity), got {args.threshold}")
     from pathlib import Path
 
     out = Path(args.out) if args.out else Path(args.paths[0]) / ("report" if cmd == "report" else "plots")
@@ -119,7 +128,7 @@ def _analysis(cmd: str, argv: list[str]) -> int:
     else:
         from lsgd.analysis.report import write_report
 
-        path = write_report(args.paths, out, baseline=args.baseline)
+        path = write_report(args.paths, out, baseline=args.baseline, threshold=args.threshold)
         print(f"report written to {path}")
     return 0
 

@@ -13,7 +13,10 @@ their status.
 Speedup vs the baseline, per experiment ("set" of runs):
 
 - threshold T = the lowest final test accuracy among the set's completed runs, every seed counted
-  (for language models: the highest final test perplexity), so every completed run reaches it,
+  (for language models: the highest final test perplexity), so every such run reaches it; runs
+  that collapsed are left out: a run collapsed when its final evaluation is worse than its first
+  (a blown-up run at chance accuracy would otherwise set T there and make every time to T that of
+  the first evaluation). ``threshold`` (``lsgd report --threshold``) gives T instead,
 - a run's time to T = ``wall_time_s`` (and ``modeled_time_s``) of its first evaluation record with
   ``test_acc >= T`` (``test_ppl <= T``),
 - the baseline = the runs that ``baseline`` selects (:func:`lsgd.analysis.arms.select_runs`:
@@ -46,7 +49,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -154,7 +157,10 @@ class ExperimentTable:
         experiment: ``experiment_name``.
         metric: ``"test_acc"`` or ``"test_ppl"``.
         threshold: T (see the module docstring); None if the set has no completed run with a final
-            value of ``metric``.
+            value of ``metric`` and none was given.
+        threshold_given: True when T was given (``threshold`` of :func:`experiment_table`).
+        collapsed_runs: run_ids of the completed runs left out of T because they collapsed (final
+            evaluation worse than the first).
         baseline_runs: run_ids of the baseline's runs (``baseline`` selects them).
         keys: the config keys that differ between the arms (seeds excluded; label columns of
             ``table``).
@@ -194,6 +200,8 @@ class ExperimentTable:
     baseline: str = BASELINE_ALGO
     differences: dict[str, list[str]] | None = None
     label_keys: list[str] | None = None
+    threshold_given: bool = False
+    collapsed_runs: list[str] = field(default_factory=list)
 
 
 def _speedup(base: float, t: float) -> float:
@@ -249,12 +257,23 @@ def _dense_baselines(summaries: pd.DataFrame, keys: list[str]) -> dict[str, str 
 
 
 def experiment_table(
-    experiment: str, records: pd.DataFrame, summaries: pd.DataFrame, baseline: str = BASELINE_ALGO
+    experiment: str,
+    records: pd.DataFrame,
+    summaries: pd.DataFrame,
+    baseline: str = BASELINE_ALGO,
+    threshold: float | None = None,
 ) -> ExperimentTable:
     """The :class:`ExperimentTable` of one experiment from its load_runs / load_summaries rows.
 
     ``baseline``: the runs the speedups are relative to (:func:`lsgd.analysis.arms.select_runs`).
+    ``threshold``: T in the unit of the experiment's metric (test accuracy in [0, 1], or test
+    perplexity); None: from the completed runs that did not collapse (module docstring).
+
+    Raises:
+        ValueError: ``threshold`` is not a finite number.
     """
+    if threshold is not None and not math.isfinite(float(threshold)):
+        raise ValueError(f"threshold must be a finite number, got {threshold!r}")
     keys = arm_keys(summaries)
     labels = arm_labels(summaries)
     metric = eval_metric(records)
@@ -266,6 +285,7 @@ def experiment_table(
     pick_best = max if higher_better else min
 
     rows = []
+    collapsed: dict[str, bool] = {}  # run_id -> final evaluation worse than the first
     run_records = {d: records[records["run_dir"] == d] for d in summaries["run_dir"]}
     dense_of = _dense_baselines(summaries, keys + seed_keys(summaries))  # same seed first
     by_dir = summaries.set_index("run_dir", drop=False)
@@ -280,6 +300,8 @@ def experiment_table(
             best = float(pick_best(evals))
         row = {"run_id": s["run_id"], "run_dir": s["run_dir"], "arm": labels[s["run_dir"]],
                "seed": s.get("seed"), "algo": s.get("algo.name", s.get("algo"))}  # fmt: skip
+        first = float(evals.iloc[0]) if len(evals) > 1 else math.nan
+        collapsed[s["run_id"]] = bool(final < first if higher_better else final > first)
         row.update({k: s[k] for k in keys if k != "algo.name"})
         comm_bytes = _num(s.get("comm_bytes"))
         dense = dense_of[s["run_dir"]]
@@ -320,8 +342,16 @@ def experiment_table(
         rows.append(row)
     table = pd.DataFrame(rows)
 
-    finals = table.loc[table["status"] == "completed", f"final_{metric}"].dropna()
-    threshold = float(finals.min() if higher_better else finals.max()) if len(finals) else None
+    completed = table["status"] == "completed"
+    fell = completed & table["run_id"].map(collapsed).fillna(False).astype(bool)
+    finals = table.loc[completed & ~fell, f"final_{metric}"].dropna()
+    if not len(finals):  # every completed run collapsed: T from all of them
+        finals = table.loc[completed, f"final_{metric}"].dropna()
+    threshold_given = threshold is not None
+    if threshold_given:
+        threshold = float(threshold)
+    else:
+        threshold = float(finals.min() if higher_better else finals.max()) if len(finals) else None
     for col, time_col in (("wall", "wall_time_s"), ("modeled", "modeled_time_s")):
         table[f"time_to_T_{col}_s"] = [
             time_to_threshold(run_records[d], threshold, metric, time_col) if threshold is not None else math.nan
@@ -354,6 +384,8 @@ def experiment_table(
         experiment=str(experiment),
         metric=metric,
         threshold=threshold,
+        threshold_given=threshold_given,
+        collapsed_runs=[str(x) for x in table.loc[fell, "run_id"]],
         baseline_runs=[str(x) for x in table.loc[is_base, "run_id"]],
         keys=keys,
         table=table,
@@ -443,32 +475,33 @@ def batch_scaling_table(
 
 
 def tables_from_frames(
-    records: pd.DataFrame, summaries: pd.DataFrame, baseline: str = BASELINE_ALGO
+    records: pd.DataFrame, summaries: pd.DataFrame, baseline: str = BASELINE_ALGO, threshold: float | None = None
 ) -> dict[str, ExperimentTable]:
-    """:func:`experiment_tables` on frames already loaded."""
+    """:func:`experiment_tables` on frames already loaded (``threshold``: T for every experiment)."""
     out = {}
     for experiment, summ in summaries.groupby("experiment_name", sort=True):
         summ = summ.copy()
         summ.attrs = dict(summaries.attrs)
         recs = records[records["experiment_name"] == experiment]
-        out[str(experiment)] = experiment_table(str(experiment), recs, summ, baseline=baseline)
+        out[str(experiment)] = experiment_table(str(experiment), recs, summ, baseline=baseline, threshold=threshold)
     return out
 
 
 def experiment_tables(
-    paths: PathLike | Iterable[PathLike], baseline: str = BASELINE_ALGO
+    paths: PathLike | Iterable[PathLike], baseline: str = BASELINE_ALGO, threshold: float | None = None
 ) -> dict[str, ExperimentTable]:
     """``{experiment_name: ExperimentTable}`` for the runs in ``paths`` (the numbers of the report).
 
     ``baseline``: the runs the speedups are relative to (:func:`lsgd.analysis.arms.select_runs`:
-    an ``algo.name``, an arm label or ``key=value`` pairs; ``ddp`` by default).
+    an ``algo.name``, an arm label or ``key=value`` pairs; ``ddp`` by default). ``threshold``: T
+    for every experiment (None: from each experiment's runs, see the module docstring).
 
     Raises:
         FileNotFoundError: a path does not exist or holds no run folder.
         ValueError: no paths, or an unreadable run file.
     """
     runs = read_runs(paths)
-    return tables_from_frames(runs_frame(runs), summaries_frame(runs), baseline=baseline)
+    return tables_from_frames(runs_frame(runs), summaries_frame(runs), baseline=baseline, threshold=threshold)
 
 
 # -- markdown, LaTeX, CSV -------------------------------------------------------------------------
@@ -680,16 +713,27 @@ def _threshold_text(t: ExperimentTable, n_completed: int) -> str:
     if t.threshold is None:
         return f"No completed run with a final {name}: no threshold, speedups n/a."
     digits = ".4f" if t.metric == "test_acc" else ".2f"
+    k = len(t.collapsed_runs)
+    collapsed = (
+        f" {k} run{'s' if k != 1 else ''} collapsed (final {name} worse than at the first evaluation): "
+        + ", ".join(f"`{r}`" for r in t.collapsed_runs)
+        + "."
+        if k
+        else ""
+    )
     runs = len(t.baseline_runs)
     base = (
         f"baseline `{t.baseline}`: {runs} run{'s' if runs != 1 else ''}"
         if runs
         else f"speedups n/a: no run of the baseline `{t.baseline}` in this experiment"
     )
-    return (
-        f"Threshold T = {format(t.threshold, digits)}, the {which} final {name} among the "
-        f"{n_completed} completed runs; {base}."
-    )
+    if t.threshold_given:
+        return f"Threshold T = {format(t.threshold, digits)} {name}, given by `--threshold`; {base}.{collapsed}"
+    if k and k < n_completed:
+        among = f"{n_completed - k} completed runs that did not collapse"
+    else:
+        among = f"{n_completed} completed runs"
+    return f"Threshold T = {format(t.threshold, digits)}, the {which} final {name} among the {among}; {base}.{collapsed}"
 
 
 def _differences_text(t: ExperimentTable) -> list[str]:
@@ -735,8 +779,9 @@ def definitions_text(baseline: str, confidence: float = CONFIDENCE) -> list[str]
         (
             "- **T, time to T.** T is the lowest final test accuracy (language models: the highest final "
             "test perplexity) among the experiment's completed runs, all seeds counted, so every "
-            "completed run reaches it. A run's time to T is its `wall_time_s` or `modeled_time_s` at its "
-            "first evaluation with test accuracy >= T (perplexity <= T)."
+            "such run reaches it; runs that collapsed (final evaluation worse than their first) are left "
+            "out and named, and `--threshold` gives T instead. A run's time to T is its `wall_time_s` or "
+            "`modeled_time_s` at its first evaluation with test accuracy >= T (perplexity <= T)."
         ),
         (
             f"- **Speedup vs {baseline}.** The baseline's time to T (the mean over the runs that "
@@ -776,7 +821,10 @@ LATEX_FILE, ARMS_CSV, RUNS_CSV = "{name}_main.tex", "{name}_arms.csv", "{name}_r
 
 
 def write_report(
-    paths: PathLike | Iterable[PathLike], out_dir: PathLike, baseline: str = BASELINE_ALGO
+    paths: PathLike | Iterable[PathLike],
+    out_dir: PathLike,
+    baseline: str = BASELINE_ALGO,
+    threshold: float | None = None,
 ) -> Path:
     """Write ``out_dir/report.md`` comparing the runs in ``paths``, with figures in ``out_dir/figures``.
 
@@ -799,6 +847,8 @@ def write_report(
         out_dir: output folder (created if missing).
         baseline: the runs the speedups are relative to: an ``algo.name`` (default ``ddp``), an
             arm label (``"local SGD, H=8"``) or ``key=value`` pairs joined by commas.
+        threshold: T for every experiment, in its metric's unit (test accuracy in [0, 1], or test
+            perplexity); None: from each experiment's runs (module docstring).
 
     Returns:
         The path of report.md.
@@ -812,7 +862,7 @@ def write_report(
     records, summaries = runs_frame(runs), summaries_frame(runs)
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = plot_frames(records, summaries, out_dir / FIGURES_DIR, compression_frame(runs))
-    tables = tables_from_frames(records, summaries, baseline=baseline)
+    tables = tables_from_frames(records, summaries, baseline=baseline, threshold=threshold)
 
     given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     lines = [

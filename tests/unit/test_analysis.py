@@ -369,6 +369,58 @@ def test_running_and_failed_runs_do_not_set_the_threshold(results):
     assert by_run(t.table, "speedup_wall")["run_h8"] == pytest.approx(1.8)
 
 
+def collapse(run_dir, after_step: int, to: float):
+    """Rewrite a written run so that its test accuracy is ``to`` from ``after_step`` on (a run that
+    blew up): its final evaluation is then worse than its first."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for r in lines:
+        if "test_acc" in r and r["step"] > after_step:
+            r["test_acc"] = to
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["final_test_acc"] = to
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def test_a_collapsed_run_does_not_set_the_threshold(results, tmp_path):
+    # local SGD H=2 learns at 0.009 / step to 0.45 at step 50, then blows up to 0.01 (chance level
+    # would be 0.1): completed, but its final 0.01 is below its first evaluation's 0.09. Counted,
+    # it would set T = 0.01, reached by every run at its first evaluation (step 10), and every
+    # speedup would be the ratio of step times. Left out, T stays 0.80 and the hand times hold.
+    collapse(write_run(results, "run_blown", {"name": "local_sgd", "local_steps": 2}, 0.009, 0.5, 0.5), 50, 0.01)
+    t = experiment_tables(results)[EXP]
+    assert t.threshold == pytest.approx(HAND_T)
+    assert t.collapsed_runs == ["run_blown"] and not t.threshold_given
+    for run, (wall, modeled) in HAND_TIME.items():
+        assert by_run(t.table, "time_to_T_wall_s")[run] == pytest.approx(wall)
+        assert by_run(t.table, "speedup_modeled")[run] == pytest.approx(HAND_SPEEDUP[run][1])
+    assert math.isnan(by_run(t.table, "time_to_T_wall_s")["run_blown"])  # best 0.45 < 0.80
+    text = write_report(results, tmp_path / "report").read_text()
+    assert "among the 3 completed runs that did not collapse" in text
+    assert "1 run collapsed (final test accuracy worse than at the first evaluation): `run_blown`" in text
+    # when every completed run collapsed, T comes from all of them (there is nothing else)
+    alone = experiment_tables(results / EXP / "run_blown")[EXP]
+    assert alone.threshold == pytest.approx(0.01) and alone.collapsed_runs == ["run_blown"]
+
+
+def test_threshold_given_on_the_command_line(results, tmp_path, capsys):
+    # T = 0.5: ddp (0.009 / step) first evaluates >= 0.5 at step 60 (0.54): wall 60 s, modeled 120 s;
+    # H=8 (0.008) at step 70 (0.56): 35 s, 35 s; H=16 (0.0085) at step 60 (0.51): 15 s, 24 s.
+    t = experiment_tables(results, threshold=0.5)[EXP]
+    assert t.threshold == 0.5 and t.threshold_given
+    assert by_run(t.table, "time_to_T_wall_s") == pytest.approx({"run_ddp": 60.0, "run_h8": 35.0, "run_h16": 15.0})
+    assert by_run(t.table, "time_to_T_modeled_s") == pytest.approx({"run_ddp": 120.0, "run_h8": 35.0, "run_h16": 24.0})
+    assert by_run(t.table, "speedup_wall") == pytest.approx({"run_ddp": 1.0, "run_h8": 60 / 35, "run_h16": 4.0})
+    assert lsgd_cli(["report", str(results), "--out", str(tmp_path / "r"), "--threshold", "0.5"]) == 0
+    assert "Threshold T = 0.5000 test accuracy, given by `--threshold`" in (tmp_path / "r" / "report.md").read_text()
+    with pytest.raises(SystemExit) as exc:
+        lsgd_cli(["report", str(results), "--out", str(tmp_path / "bad"), "--threshold", "nan"])
+    assert exc.value.code == 2 and "--threshold must be a finite number" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()  # refused before any work
+    with pytest.raises(ValueError, match="threshold must be a finite number"):
+        experiment_tables(results, threshold=float("inf"))
+
+
 def test_no_ddp_run_gives_no_speedup(results):
     t = experiment_tables([results / EXP / "run_h8", results / EXP / "run_h16"])[EXP]
     assert t.threshold == pytest.approx(HAND_T)
