@@ -38,13 +38,14 @@ from lsgd.analysis.report import (
     time_to_threshold,
     write_report,
 )
-from lsgd.analysis.stats import aggregate_curves, aggregate_seeds, t_halfwidth
+from lsgd.analysis.stats import aggregate_curves, aggregate_seeds, paired_differences, t_halfwidth
 
 __all__ = [
     "DEFAULT_IGNORED_KEYS",
     "ExperimentTable",
     "aggregate_curves",
     "aggregate_seeds",
+    "paired_differences",
     "arm_keys",
     "arm_labels",
     "batch_scaling_table",

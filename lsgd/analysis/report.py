@@ -27,6 +27,14 @@ Speedup vs the baseline, per experiment ("set" of runs):
   arm's seeds, the baseline's mean taken as exact). Missing (n/a) when the set has no completed
   run, no baseline run that reached T, or the run never reached T.
 
+Paired differences, per arm: the arm's final metric minus that of the baseline's run of the same
+seed, averaged over the seeds both have, with the paired Student t interval
+(:func:`lsgd.analysis.paired_differences`); runs of one seed share data order and initialization,
+so this interval is narrower than the arms' own intervals and says whether the difference is real
+(it excludes 0). Each arm is paired with the completed baseline arm that matches it on the most
+differing config keys outside ``algo.*`` (``--baseline`` may select several arms, e.g. ddp at
+three batch sizes).
+
 Communication, per run:
 
 - bytes vs dense = the run's ``comm_bytes`` / ``comm_bytes`` of the experiment's dense baseline
@@ -80,7 +88,7 @@ from lsgd.analysis.load import (
     world_sizes,
 )
 from lsgd.analysis.plots import eval_metric, plot_frames, safe_name
-from lsgd.analysis.stats import CONFIDENCE, aggregate_seeds
+from lsgd.analysis.stats import CONFIDENCE, aggregate_seeds, paired_differences
 
 #: ``algo.name`` of the default baseline the speedups are relative to (``--baseline`` chooses another).
 BASELINE_ALGO = "ddp"
@@ -390,11 +398,69 @@ def experiment_table(
         keys=keys,
         table=table,
         batch_scaling=batch_scaling_table(summaries, metric) if batches.nunique() > 1 else None,
-        arms=aggregate_seeds(table.iloc[order], by=by, values=values),
+        arms=_with_paired_differences(aggregate_seeds(table.iloc[order], by=by, values=values), table, by,
+                                      is_base, f"final_{metric}"),
         baseline=str(baseline),
         differences=config_differences(summaries, keys),
         label_keys=label_keys(summaries, keys),
     )
+
+
+def _with_paired_differences(
+    arms: pd.DataFrame, table: pd.DataFrame, by: list[str], is_base, column: str
+) -> pd.DataFrame:
+    """``arms`` with the paired-by-seed difference of ``column`` from the baseline
+    (:func:`lsgd.analysis.paired_differences`): ``paired_diff_<column>_mean``, ``_ci``, ``_n``
+    (pairs), and ``paired_with`` (the baseline arm's label; ``"baseline"`` on a baseline arm; ""
+    when the experiment has no completed baseline arm). Each arm is paired with the completed
+    baseline arm that matches it on the most differing config keys outside ``algo.*`` (the first
+    such arm on a tie), as the dense baseline is chosen for bytes vs dense."""
+    key = lambda row: tuple(_hashable(row[c]) for c in by)  # noqa: E731
+    run_arm = [key(r) for _, r in table.iterrows()]
+    base_keys = {k for k, b in zip(run_arm, is_base) if b}
+    runs = {key(r): [i for i, k in enumerate(run_arm) if k == key(r)] for _, r in arms.iterrows()}
+    bases = [i for i, r in arms.iterrows() if key(r) in base_keys and r["status"] == "completed"]
+    other = [c for c in by if c not in ("arm", "algo", "status") and not str(c).startswith("algo.")]
+    out = arms.copy()
+    cols = {f"paired_diff_{column}_{s}": [] for s in ("mean", "ci", "n")}
+    paired_with = []
+    for i, r in arms.iterrows():
+        if key(r) in base_keys:
+            stat, name = {"mean": 0.0, "ci": math.nan, "n": len(runs[key(r)])}, "baseline"
+        elif not bases:
+            stat, name = {"mean": math.nan, "ci": math.nan, "n": 0}, ""
+        else:
+            j = max(bases, key=lambda j: (sum(_hashable(arms.at[j, c]) == _hashable(r[c]) for c in other), -j))
+            mine, theirs = table.iloc[runs[key(r)]], table.iloc[runs[key(arms.loc[j])]]
+            try:
+                stat = paired_differences(mine[column], mine["seed"], theirs[column], theirs["seed"])
+            except ValueError:  # two runs of one seed (a rerun): no pairing
+                stat = {"mean": math.nan, "ci": math.nan, "n": 0}
+            name = str(arms.at[j, "arm"])
+        for s in ("mean", "ci", "n"):
+            cols[f"paired_diff_{column}_{s}"].append(stat[s])
+        paired_with.append(name)
+    for c, v in cols.items():
+        out[c] = v
+    out["paired_with"] = paired_with
+    return out
+
+
+def _paired_cells(arms: pd.DataFrame, column: str, digits: str) -> pd.Series:
+    """Cells of the paired difference (:func:`_with_paired_differences`): ``baseline``, ``+m ± h``,
+    ``+m (1 pair)`` or ``n/a`` (no seed in common)."""
+    def cell(m, h, n, with_):
+        if with_ == "baseline":
+            return "baseline"
+        if not n or not math.isfinite(m):
+            return "n/a"
+        if n == 1:
+            return f"{format(m, '+' + digits)} (1 pair)"
+        return f"{format(m, '+' + digits)}{PM}{format(h, digits)}"
+
+    pre = f"paired_diff_{column}"
+    return pd.Series([cell(*v) for v in zip(arms[f"{pre}_mean"], arms[f"{pre}_ci"], arms[f"{pre}_n"],
+                                           arms["paired_with"])], index=arms.index, dtype=object)  # fmt: skip
 
 
 # -- batch scaling --------------------------------------------------------------------------------
@@ -565,7 +631,9 @@ def format_main_table(t: ExperimentTable) -> pd.DataFrame:
 
     Columns: ``method`` (the arm's label, :func:`arm_names`), ``n`` (runs = seeds), final and best
     test accuracy (or perplexity), ``GB sent / worker``, ``bytes vs dense``, ``modeled time (s)``,
-    ``time to T, modeled (s)`` and ``speedup vs <baseline>, modeled`` (see the module docstring).
+    ``time to T, modeled (s)``, ``speedup vs <baseline>, modeled`` and ``Δ final <metric> vs
+    <baseline>, paired`` (the mean difference from the baseline over the seeds both have, with the
+    paired t interval; :func:`_with_paired_differences`), see the module docstring.
     """
     a = t.arms
     m, acc_digits = _metric_words(t.metric)
@@ -577,6 +645,7 @@ def format_main_table(t: ExperimentTable) -> pd.DataFrame:
     out["modeled time (s)"] = _stat_cells(a, "modeled_time_s", ".3g")
     out["time to T, modeled (s)"] = _stat_cells(a, "time_to_T_modeled_s", ".3g")
     out[f"speedup vs {t.baseline}, modeled"] = _stat_cells(a, "speedup_modeled", ".2f")
+    out[f"Δ final {m} vs {t.baseline}, paired"] = _paired_cells(a, f"final_{t.metric}", acc_digits)
     return out
 
 
@@ -588,7 +657,8 @@ def format_table(t: ExperimentTable) -> pd.DataFrame:
     ``status``, ``n``, ``seeds``, final and best metric, final test and train loss, GB sent per
     worker, bytes vs dense, comm rounds, samples, wall and modeled time (s), modeled time at 1 and
     10 Gbps (when runs log the alpha-beta terms), time to T and speedup on wall and modeled time,
-    and the target columns when runs have ``target_acc``.
+    the paired-by-seed difference of the final metric from the baseline and the baseline arm it is
+    paired with, and the target columns when runs have ``target_acc``.
     """
     a = t.arms
     m, acc_digits = _metric_words(t.metric)
@@ -618,6 +688,8 @@ def format_table(t: ExperimentTable) -> pd.DataFrame:
     out["time to T, modeled (s)"] = _stat_cells(a, "time_to_T_modeled_s", ".3g")
     out[f"speedup vs {t.baseline}, wall"] = _stat_cells(a, "speedup_wall", ".2f")
     out[f"speedup vs {t.baseline}, modeled"] = _stat_cells(a, "speedup_modeled", ".2f")
+    out[f"Δ final {m} vs {t.baseline}, paired"] = _paired_cells(a, f"final_{t.metric}", acc_digits)
+    out["paired with"] = a["paired_with"].astype(str)
     if "time_to_target_s_mean" in a:
         out["target acc"] = _stat_cells(a, "target_acc", ".4f")
         out["time to target, wall (s)"] = _stat_cells(a, "time_to_target_s", ".1f")
@@ -782,6 +854,12 @@ def definitions_text(baseline: str, confidence: float = CONFIDENCE) -> list[str]
             "such run reaches it; runs that collapsed (final evaluation worse than their first) are left "
             "out and named, and `--threshold` gives T instead. A run's time to T is its `wall_time_s` or "
             "`modeled_time_s` at its first evaluation with test accuracy >= T (perplexity <= T)."
+        ),
+        (
+            f"- **Δ vs {baseline}, paired.** The arm's final accuracy (perplexity) minus that of the "
+            f"baseline's run with the same seed, averaged over the seeds both have, ± the paired 95% t "
+            "interval: a difference is real when its interval excludes 0. Each arm is paired with the "
+            "baseline arm that shares most of its other config keys (the detailed table names it)."
         ),
         (
             f"- **Speedup vs {baseline}.** The baseline's time to T (the mean over the runs that "

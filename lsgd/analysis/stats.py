@@ -142,6 +142,48 @@ def aggregate_seeds(
     return out
 
 
+def paired_differences(
+    values: pd.Series,
+    seeds: pd.Series,
+    base_values: pd.Series,
+    base_seeds: pd.Series,
+    confidence: float = CONFIDENCE,
+) -> dict[str, float]:
+    """Mean difference of an arm's runs from a baseline arm's runs of the same seed, with the
+    paired Student t interval.
+
+    Runs of one seed share the data order and initialization, so much of their run-to-run spread
+    cancels in the difference: d_i = x_i - b_i over the seeds i both arms have (n pairs), and
+    ``mean`` = mean(d), ``ci`` = t_{(1+c)/2, n-1} sd(d) / sqrt(n) (:func:`t_halfwidth`). The
+    difference is real at level c when the interval excludes 0. Pairs with a missing or infinite
+    value are left out.
+
+    Args:
+        values, seeds: the arm's runs' values and seeds (aligned, one per run).
+        base_values, base_seeds: the baseline arm's, likewise.
+        confidence: level c.
+
+    Returns:
+        ``{"mean": m, "ci": h, "n": n}`` (NaN mean and h when no pair; NaN h when n = 1).
+
+    Raises:
+        ValueError: the arm or the baseline has two runs with the same seed (no pairing).
+    """
+    def by_seed(v, s, who):
+        s = pd.Series(list(s)).map(_hashable)
+        if s.duplicated().any():
+            raise ValueError(f"paired_differences: the {who} has several runs of seed {format_value(s[s.duplicated()].iloc[0])}")
+        x = pd.to_numeric(pd.Series(list(v)), errors="coerce").astype(float)
+        return pd.Series(x.to_numpy(), index=s.to_numpy()).replace([np.inf, -np.inf], np.nan)
+
+    a, b = by_seed(values, seeds, "arm"), by_seed(base_values, base_seeds, "baseline")
+    d = (a - b.reindex(a.index)).dropna()
+    n = len(d)
+    mean = float(d.mean()) if n else float("nan")
+    ci = float(t_halfwidth(d.std(ddof=1), n, confidence)) if n >= 2 else float("nan")
+    return {"mean": mean, "ci": ci, "n": n}
+
+
 def _last_per_x(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(x, y)`` sorted by x with one point per x value, the last recorded (the state reached once
     that many bytes or seconds were spent): the form :func:`numpy.interp` needs."""

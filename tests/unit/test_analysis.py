@@ -33,6 +33,7 @@ from lsgd.analysis import (
     load_compression,
     load_runs,
     load_summaries,
+    paired_differences,
     plot_runs,
     run_labels,
     t_halfwidth,
@@ -507,7 +508,8 @@ def test_plot_runs_one_set_per_experiment(results, tmp_path):
 #: The arm labels of the main set (one seed each).
 LABELS = {"run_ddp": "DDP", "run_h8": "local SGD, H=8", "run_h16": "local SGD, H=16"}
 MAIN_COLUMNS = ["method", "n", "final test acc", "best test acc", "GB sent / worker", "bytes vs dense",
-                "modeled time (s)", "time to T, modeled (s)", "speedup vs ddp, modeled"]  # fmt: skip
+                "modeled time (s)", "time to T, modeled (s)", "speedup vs ddp, modeled",
+                "Δ final test acc vs ddp, paired"]  # fmt: skip
 
 
 def test_write_report_tables_and_figures(results, tmp_path):
@@ -903,11 +905,19 @@ def test_report_over_three_seeds_and_one_seed(tmp_path):
     h_speedup = T2 * math.sqrt(0.57) / math.sqrt(3)
     assert rows["local SGD, H=8"]["speedup vs ddp, modeled"] == f"3.70 ± {h_speedup:.2f}" == "3.70 ± 1.88"
     assert rows["local SGD, H=8"]["time to T, modeled (s)"] == f"50 ± {T2 * 10 / math.sqrt(3):.3g}" == "50 ± 24.8"
+    # paired by seed with DDP: d = 0.80 - 0.90, 0.82 - 0.92, 0.78 - 0.94 = -0.10, -0.10, -0.16;
+    # mean -0.12, s = sqrt((0.02^2 + 0.02^2 + 0.04^2) / 2) = sqrt(0.0012); H=16 has seed 0 only
+    h_paired = T2 * math.sqrt(0.0012) / math.sqrt(3)
+    assert rows["local SGD, H=8"]["Δ final test acc vs ddp, paired"] == f"-0.1200 ± {h_paired:.4f}" == "-0.1200 ± 0.0861"
+    assert rows["local SGD, H=16"]["Δ final test acc vs ddp, paired"] == "-0.0500 (1 pair)"
+    assert rows["DDP"]["Δ final test acc vs ddp, paired"] == "baseline"
+    assert list(t.arms["paired_with"]) == ["baseline", "DDP", "DDP"]
+    assert list(t.arms["paired_diff_final_test_acc_n"]) == [3, 3, 1]
     assert rows["local SGD, H=8"]["GB sent / worker"] == "0.048 ± 0"  # the same bytes in every seed
     # one seed: n=1, the value and no interval
     assert rows["local SGD, H=16"]["n"] == "1"
     assert rows["local SGD, H=16"]["final test acc"] == "0.8500" and rows["local SGD, H=16"]["speedup vs ddp, modeled"] == "4.50"
-    assert not any("±" in cell for cell in rows["local SGD, H=16"].values())
+    assert not any("±" in cell for cell in rows["local SGD, H=16"].values())  # 1 seed, 1 pair
     # no run ids or dotted keys in the main table; the details name the seeds
     main_text = markdown_table(pd.DataFrame(main))
     assert not re.search(r"ddp_s\d|h8_s\d|h16_s0|algo\.", main_text)
@@ -928,6 +938,25 @@ def test_report_over_three_seeds_and_one_seed(tmp_path):
         assert (out / "figures" / f"{EXP}_{fig}.png").stat().st_size > 1000
         assert "DDP (n=3)" in svg and "local SGD, H=8 (n=3)" in svg and "local SGD, H=16 (n=1)" in svg
         assert "h8_s0" not in svg
+
+
+def test_paired_differences_by_seed_against_hand_computation():
+    # seeds 0, 1, 2: d = 0.90 - 0.88, 0.85 - 0.84, 0.80 - 0.81 = 0.02, 0.01, -0.01; mean 0.02 / 3,
+    # s^2 = ((0.02 - m)^2 + (0.01 - m)^2 + (-0.01 - m)^2) / 2 = 0.00023333 (m = 0.0066667)
+    arm, base = pd.Series([0.90, 0.85, 0.80]), pd.Series([0.81, 0.84, 0.88])
+    got = paired_differences(arm, [0, 1, 2], base, [2, 1, 0])  # the baseline listed in another order
+    assert got["n"] == 3 and got["mean"] == pytest.approx(0.02 / 3)
+    assert got["ci"] == pytest.approx(T2 * math.sqrt(0.00023333333) / math.sqrt(3))
+    # the unpaired interval of the arm's mean alone is wider than the paired one: seeds share noise
+    assert got["ci"] < T2 * arm.std() / math.sqrt(3)
+    # only seeds both arms have are paired; a missing value drops its pair
+    two = paired_differences([0.90, 0.85, 0.70], [0, 1, 5], base, [2, 1, 0])
+    assert two["n"] == 2 and two["mean"] == pytest.approx(0.015)
+    one = paired_differences([0.90, float("nan")], [0, 1], base, [2, 1, 0])
+    assert one["n"] == 1 and one["mean"] == pytest.approx(0.02) and math.isnan(one["ci"])
+    assert paired_differences([0.5], [7], base, [2, 1, 0])["n"] == 0
+    with pytest.raises(ValueError, match="several runs of seed 1"):
+        paired_differences([0.9, 0.8], [1, 1], base, [2, 1, 0])
 
 
 def test_figures_draw_mean_curves_with_bands(tmp_path, monkeypatch):
