@@ -733,8 +733,9 @@ def latex_table(frame: pd.DataFrame, caption: str, label: str) -> str:
     """``frame`` (cells already strings, e.g. :func:`format_main_table`) as a LaTeX ``table`` with
     booktabs rules (``\\toprule``, ``\\midrule``, ``\\bottomrule``; needs ``\\usepackage{booktabs}``),
     written by :meth:`pandas.io.formats.style.Styler.to_latex`: text escaped for LaTeX, ``±`` as
-    ``$\\pm$``, the first column left-aligned and the others right-aligned; ``caption`` is escaped
-    too (``label`` must be a plain LaTeX label)."""
+    ``$\\pm$`` and ``Δ`` as ``$\\Delta$`` (pdflatex knows neither character), the first column
+    left-aligned and the others right-aligned; ``caption`` is escaped too (``label`` must be a plain
+    LaTeX label)."""
     styler = frame.style.hide(axis="index").format(escape="latex").format_index(escape="latex", axis=1)
     tex = styler.to_latex(
         hrules=True,
@@ -744,7 +745,7 @@ def latex_table(frame: pd.DataFrame, caption: str, label: str) -> str:
         position="htbp",
         position_float="centering",
     )
-    return tex.replace(PM.strip(), r"$\pm$")
+    return tex.replace(PM.strip(), r"$\pm$").replace("Δ", r"$\Delta$")
 
 
 def format_batch_scaling(

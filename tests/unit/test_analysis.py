@@ -927,6 +927,7 @@ def test_report_over_three_seeds_and_one_seed(tmp_path):
     tex = (out / f"{EXP}_main.tex").read_text()
     assert all(rule in tex for rule in ("\\toprule", "\\midrule", "\\bottomrule", "\\begin{tabular}"))
     assert "local SGD, H=8 & 3 & 0.8000 $\\pm$ 0.0497" in tex and "fmnist\\_demo" in tex and "95\\%" in tex
+    assert "$\\Delta$ final test acc vs ddp, paired" in tex and "Δ" not in tex  # pdflatex-safe
     arms_csv = pd.read_csv(out / f"{EXP}_arms.csv")
     assert arms_csv["arm"].tolist() == ["DDP", "local SGD, H=8", "local SGD, H=16"] and arms_csv["n"].tolist() == [3, 3, 1]
     assert arms_csv["final_test_acc_ci"].iloc[1] == pytest.approx(h_acc)
