@@ -189,7 +189,9 @@ def find_resume_dir(cfg: dict, fresh_dir: Path) -> Path:
     return path
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS picks it; another process may take it before use).
+    lsgd's own rendezvous and the benchmark scripts' gloo groups start on it."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -216,7 +218,7 @@ def spawn_local(cfg: dict, run_dir: Path) -> None:
         nproc_per_node=nproc,
         run_id=str(uuid.uuid4()),
         rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
         rdzv_configs={"is_host": True},
         max_restarts=0,
         monitor_interval=0.2,

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import socket
 import statistics
 import time
 from datetime import timedelta
@@ -37,6 +36,7 @@ import torch.multiprocessing as mp
 
 from lsgd.algorithms.adasum import adasum_reduce_
 from lsgd.comm import Communicator
+from lsgd.launch import free_port
 
 
 def shapes(which: str) -> list[torch.Size]:
@@ -117,12 +117,6 @@ def worker(rank: int, world: int, port: int, lists: list[str], repeats: int, que
                            statistics.median(times["all_reduce"]), *mean_cpu.tolist()))
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv=None) -> None:

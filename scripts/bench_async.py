@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import time
 from datetime import timedelta
@@ -59,6 +58,7 @@ import torch.multiprocessing as mp
 from lsgd.algorithms.async_local_sgd import AsyncLocalSGD
 from lsgd.algorithms.base import RunContext
 from lsgd.comm import Communicator
+from lsgd.launch import free_port
 
 GPT20M = {"name": "gpt", "size": "20m", "dropout": 0.0, "bias": True, "n_layer": None, "n_head": None, "n_embd": None}
 FLAT = 20_000_000
@@ -145,12 +145,6 @@ def worker(rank: int, world: int, port: int, kind: str, repeats: int, queue) -> 
         dist.barrier()  # nobody tears the group down while a peer's last messages are in flight
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv=None) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import time
@@ -37,6 +36,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from lsgd.compression import build
+from lsgd.launch import free_port
 
 CONFIGS = [
     ("none", "none", {}),
@@ -110,12 +110,9 @@ def _allreduce_worker(rank, world, port, sizes, reps, queue):
 
 def allreduce_times(sizes: list[int], reps: int, world: int) -> dict[int, float]:
     """Median seconds of a dense float32 all-reduce of each size on ``world`` gloo ranks."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    mp.start_processes(_allreduce_worker, args=(world, port, sizes, reps, queue), nprocs=world, join=True,
+    mp.start_processes(_allreduce_worker, args=(world, free_port(), sizes, reps, queue), nprocs=world, join=True,
                        start_method="spawn")
     return queue.get()
 

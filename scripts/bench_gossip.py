@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import time
 from datetime import timedelta
@@ -40,6 +39,7 @@ import torch.multiprocessing as mp
 
 from lsgd.algorithms.swarm_sgd import round_partners
 from lsgd.comm import Communicator
+from lsgd.launch import free_port
 from lsgd.compression.lattice import LatticeQuantizer
 from lsgd.topology import Topology
 
@@ -114,12 +114,6 @@ def worker(rank: int, world: int, port: int, sizes: list[str], repeats: int, que
         dist.barrier()  # nobody tears the group down while a peer's last messages are in flight
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv=None) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -30,6 +29,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
+
+from lsgd.launch import free_port
 
 
 def compose(overrides: list[str]) -> dict:
@@ -143,10 +144,7 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=15)
     parser.add_argument("overrides", nargs="*", default=["experiment=fmnist_demo"])
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(worker, args=(args.workers, port, args, args.overrides), nprocs=args.workers, join=True)
+    mp.spawn(worker, args=(args.workers, free_port(), args, args.overrides), nprocs=args.workers, join=True)
 
 
 if __name__ == "__main__":

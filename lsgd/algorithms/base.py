@@ -137,9 +137,15 @@ def holding_model_of(model: nn.Module, comm: Communicator, src: int) -> Iterator
     try:
         yield
     finally:
-        with torch.no_grad():
-            for t, s in zip(tensors, saved):
-                t.copy_(s)
+        restore_(tensors, saved)
+
+
+def restore_(tensors: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
+    """Copy ``saved[i]`` back into ``tensors[i]`` in place (no autograd): the end of an evaluation
+    on a borrowed or averaged model."""
+    with torch.no_grad():
+        for t, s in zip(tensors, saved):
+            t.copy_(s)
 
 
 class Algorithm:
@@ -334,9 +340,7 @@ class Algorithm:
         try:
             yield
         finally:
-            with torch.no_grad():
-                for t, s in zip(tensors, saved):
-                    t.copy_(s)
+            restore_(tensors, saved)
 
     def state_dict(self) -> dict:
         """Everything needed to resume exactly (counters, slow momentum, copies of models)."""
