@@ -60,6 +60,41 @@ def four_process_plan():
     return plan(step_s, dylu_steps(4, step_s, True), [cost] * 3, [cost] * 3, TOTAL), cost
 
 
+def follows_plan_repeats_and_resumes(tmp_path, over: list[str], p, server_end_s: float) -> None:
+    """Run ``over`` on 4 processes (server + 3 workers) and check it against plan ``p``: a record
+    at every progress count 1..TOTAL (evaluations at 4, 8, 12, 16); the server's update counts,
+    staleness and rounds as planned; the cluster clock ends at the latest of the workers' last
+    boundaries and ``server_end_s`` (the server's last send, seconds); a second run is identical;
+    the worker taking the most local steps, crashing after the checkpoint at 8, stops the job, and
+    resuming ends with the uninterrupted run's records."""
+    full = records(run(tmp_path, over, world=4, name="full"))
+    recs = [r for r in full if "kind" not in r]
+    assert [r["step"] for r in recs] == list(range(1, TOTAL + 1))
+    assert [r["step"] for r in recs if "test_acc" in r] == [4, 8, 12, 16]
+    last = recs[-1]
+    assert [last[f"updates_worker{w}"] for w in range(3)] == [sum(a.worker == w for a in p.arrivals) for w in range(3)]
+    assert last["staleness_max"] == max(a.staleness for a in p.arrivals)
+    assert last["staleness"] == pytest.approx(sum(a.staleness for a in p.arrivals) / len(p.arrivals))
+    assert last["comm_rounds"] == len(p.arrivals)
+    ends = [wp.times[-1] for wp in p.workers] + [server_end_s]
+    assert last["modeled_time_s"] == pytest.approx(max(ends), rel=1e-9)
+
+    again = records(run(tmp_path, over, world=4, name="again"))
+    assert strip(again) == strip(full)
+
+    w = max(range(3), key=lambda w: p.workers[w].steps)
+    k = next(k for k, prog in enumerate(p.workers[w].progress, start=1) if prog > 8)
+    assert p.workers[w].progress[k - 1] < TOTAL
+    # which rank's error surfaces here races (peers fail as the dead rank's sockets close); the
+    # launcher names the first one: tests/cli/test_async_local_sgd_cli.py
+    with pytest.raises(ProcessException):
+        run(tmp_path, [*over, f"inject_failure.step={k}", f"inject_failure.rank={w + 1}"], world=4, name="crash")
+    crashed = [r["step"] for r in records(tmp_path / "crash") if "kind" not in r]
+    assert 8 <= crashed[-1] < TOTAL
+    resumed = records(run(tmp_path, over, world=4, name="crash", resume=True))
+    assert strip(resumed) == strip(full)
+
+
 def test_heterogeneous_workers_record_every_multiple_reproducibly_and_resume_exactly(tmp_path):
     """Server + 3 workers of speeds spread 6 (cluster.speeds=very), DyLU, delayed Nesterov, a record
     at every progress count: the server applies the planned arrivals (update counts, staleness, the
@@ -72,35 +107,10 @@ def test_heterogeneous_workers_record_every_multiple_reproducibly_and_resume_exa
             "log_every=1", "checkpoint_every=8"]
     p, cost = four_process_plan()
     assert len({wp.steps for wp in p.workers}) > 1  # the workers take different numbers of local steps
-    full = records(run(tmp_path, over, world=4, name="full"))
-    recs = [r for r in full if "kind" not in r]
-    assert [r["step"] for r in recs] == list(range(1, TOTAL + 1))
-    assert [r["step"] for r in recs if "test_acc" in r] == [4, 8, 12, 16]
-    last = recs[-1]
-    assert [last[f"updates_worker{w}"] for w in range(3)] == [sum(a.worker == w for a in p.arrivals) for w in range(3)]
-    assert last["staleness_max"] == max(a.staleness for a in p.arrivals) > 0
-    assert last["staleness"] == pytest.approx(sum(a.staleness for a in p.arrivals) / len(p.arrivals))
-    assert last["comm_rounds"] == len(p.arrivals)
+    assert max(a.staleness for a in p.arrivals) > 0
     # the processes' cluster clocks follow the plan: the server sends its last model at end_s,
     # workers stop at their last boundary
-    ends = [wp.times[-1] for wp in p.workers] + [p.end_s + cost]
-    assert last["modeled_time_s"] == pytest.approx(max(ends), rel=1e-9)
-
-    again = records(run(tmp_path, over, world=4, name="again"))
-    assert strip(again) == strip(full)
-
-    # the worker taking the most local steps fails after the checkpoint at 8, before the end
-    w = max(range(3), key=lambda w: p.workers[w].steps)
-    k = next(k for k, prog in enumerate(p.workers[w].progress, start=1) if prog > 8)
-    assert p.workers[w].progress[k - 1] < TOTAL
-    # which rank's error surfaces here races (peers fail as the dead rank's sockets close); the
-    # launcher names the first one: tests/cli/test_async_local_sgd_cli.py
-    with pytest.raises(ProcessException):
-        run(tmp_path, [*over, f"inject_failure.step={k}", f"inject_failure.rank={w + 1}"], world=4, name="crash")
-    crashed = [r["step"] for r in records(tmp_path / "crash") if "kind" not in r]
-    assert 8 <= crashed[-1] < TOTAL
-    resumed = records(run(tmp_path, over, world=4, name="crash", resume=True))
-    assert strip(resumed) == strip(full)
+    follows_plan_repeats_and_resumes(tmp_path, over, p, server_end_s=p.end_s + cost)
 
 
 def test_config_errors_through_the_run_validation():
@@ -183,30 +193,7 @@ def test_grace_period_groups_arrivals_reproducibly_and_resumes_exactly(tmp_path)
             "cluster.compute=profile", f"cluster.speeds=[{','.join(map(str, GRACE_SPEEDS))}]",
             "cluster.step_time_s=0.01", "epochs=3", f"max_steps={TOTAL}", "eval_unit=step", "eval_every=4",
             "log_every=1", "checkpoint_every=8"]
-    full = records(run(tmp_path, over, world=4, name="full"))
-    recs = [r for r in full if "kind" not in r]
-    assert [r["step"] for r in recs] == list(range(1, TOTAL + 1))
-    assert [r["step"] for r in recs if "test_acc" in r] == [4, 8, 12, 16]
-    last = recs[-1]
-    assert [last[f"updates_worker{w}"] for w in range(3)] == [sum(a.worker == w for a in p.arrivals) for w in range(3)]
-    assert last["staleness"] == pytest.approx(sum(a.staleness for a in p.arrivals) / len(p.arrivals))
-    assert last["staleness_max"] == max(a.staleness for a in p.arrivals)
-    assert last["comm_rounds"] == len(p.arrivals)
-    ends = [wp.times[-1] for wp in p.workers] + [p.server_end_s]
-    assert last["modeled_time_s"] == pytest.approx(max(ends), rel=1e-9)
-
-    again = records(run(tmp_path, over, world=4, name="again"))
-    assert strip(again) == strip(full)
-
-    w = max(range(3), key=lambda w: p.workers[w].steps)
-    k = next(k for k, prog in enumerate(p.workers[w].progress, start=1) if prog > 8)
-    assert p.workers[w].progress[k - 1] < TOTAL
-    with pytest.raises(ProcessException):
-        run(tmp_path, [*over, f"inject_failure.step={k}", f"inject_failure.rank={w + 1}"], world=4, name="crash")
-    crashed = [r["step"] for r in records(tmp_path / "crash") if "kind" not in r]
-    assert 8 <= crashed[-1] < TOTAL
-    resumed = records(run(tmp_path, over, world=4, name="crash", resume=True))
-    assert strip(resumed) == strip(full)
+    follows_plan_repeats_and_resumes(tmp_path, over, p, server_end_s=p.server_end_s)
 
 
 def test_least_visited_shards_resume_exactly_and_change_the_run(tmp_path):
