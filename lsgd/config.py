@@ -31,6 +31,15 @@ def choice(cfg: dict, key: str, allowed, where: str) -> None:
         raise ConfigError(f"{where}{key}={cfg.get(key)!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
 
 
+#: ``dtype`` values: torch's default floating dtype in every worker (parameters, inputs, buffers)
+DTYPES = ("float32", "float64")
+
+
+def default_dtype(cfg: dict) -> torch.dtype:
+    """The torch dtype of ``cfg["dtype"]`` (float32 when absent: configs written before the key)."""
+    return getattr(torch, cfg.get("dtype") or "float32")
+
+
 def cuda_available() -> bool:
     return torch.cuda.is_available()
 
@@ -129,6 +138,7 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
     if cfg.get("eval_bleu_samples") is not None:
         int_at_least(cfg, "eval_bleu_samples", 0)
     choice(cfg, "device", ("auto", "cpu", "cuda"), "")
+    choice(cfg, "dtype", DTYPES, "")
     if cfg.get("target_acc") is not None and not 0 < float(cfg["target_acc"]) <= 1:
         raise ConfigError(f"target_acc must be in (0, 1], got {cfg['target_acc']!r}")
     if cfg.get("label_smoothing") is not None:

@@ -35,7 +35,7 @@ from lsgd.algorithms import ALGORITHMS, build_algorithm
 from lsgd.algorithms.base import RunContext
 from lsgd.cluster import ComputeModel, resolve_speeds
 from lsgd.comm import Clock, Communicator, Network
-from lsgd.config import resolve_backend, resolve_device, threads_per_worker
+from lsgd.config import default_dtype, resolve_backend, resolve_device, threads_per_worker
 from lsgd.data import ShardedLoader, build_datasets, dataset_info
 from lsgd.models import build_model
 from lsgd.optim import build_optimizer, build_scheduler, lr_decay_steps, scaled_lr
@@ -142,6 +142,9 @@ class Trainer:
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         self.is_main = self.rank == 0
         seed = int(cfg["seed"])
+        # parameters, inputs and every buffer an algorithm allocates follow torch's default dtype:
+        # set for every run (a process that runs several, e.g. the golden cases, gets each one's)
+        torch.set_default_dtype(default_dtype(cfg))
         self.label_smoothing = float(cfg.get("label_smoothing") or 0.0)  # training loss only
 
         # roles: the algorithm says what every rank is; data shards go to workers only

@@ -88,12 +88,13 @@ class TensorDataset(torch.utils.data.Dataset):
         return x[0], int(y[0])
 
     def batch(self, idx: Tensor, aug_seed: int | None = None) -> tuple[Tensor, Tensor]:
-        """Samples ``idx`` as (x float32 (B, C, H, W), y int64 (B,)); augmented when this set has
-        augmentation and ``aug_seed`` is given (same seed, same augmentation)."""
+        """Samples ``idx`` as (x (B, C, H, W) in torch's default dtype (float32 unless the run's
+        ``dtype`` says float64), y int64 (B,)); augmented when this set has augmentation and
+        ``aug_seed`` is given (same seed, same augmentation)."""
         x = self.data[idx]
         if self.augment_padding is not None and aug_seed is not None:
             x = random_crop_flip(x, self.augment_padding, generator("augment", aug_seed))
-        x = x.float()
+        x = x.to(torch.get_default_dtype())
         if self.data.dtype == torch.uint8:
             x = x.div_(255.0)
         return (x - self.mean) / self.std, self.targets[idx]
