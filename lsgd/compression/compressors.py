@@ -490,7 +490,8 @@ class RedSync(Sparsifier):
     Sec. 4; the GraVAC study's Redsync compressor).
 
     Rule at ``k = ceil(n / cf)`` (this implementation's choice): with ``m = mean(|x|)`` and
-    ``M = max(|x|)`` the threshold is ``m + ratio * (M - m)``, ``ratio = 1, 1/2, 1/4, ...`` (at
+    ``M = max(|x|)`` the threshold is ``m + ratio * (M - m)`` (computed as ``M - (1 - ratio) (M - m)``,
+    exact at ``ratio = 1``), ``ratio = 1, 1/2, 1/4, ...`` (at
     most 30 halvings, then ``ratio = 0``) until ``|x| >= threshold`` selects at least ``k``
     elements. When ``ratio = 1/16`` still selects fewer, ``ratio = 0`` (the mean) is tried once, and
     if even that selects fewer than ``k`` (cf close to 1, or very heavy tails) exact top-k is
@@ -518,7 +519,10 @@ class RedSync(Sparsifier):
         mask = torch.empty(n, dtype=torch.bool, device=x.device)
 
         def count(ratio: float) -> int:
-            return int(torch.ge(a, mean + ratio * (top - mean), out=mask).count_nonzero())
+            # top - (1 - ratio) (top - mean), not mean + ratio (top - mean): the same threshold, but
+            # ratio 1 gives exactly max |x| (the other form can round just above it, select nothing
+            # and so change the whole search with the last bit of the mean, i.e. with the CPU)
+            return int(torch.ge(a, top - (1.0 - ratio) * (top - mean), out=mask).count_nonzero())
 
         hi, ratio, c = None, 1.0, count(1.0)
         for _ in range(self.MAX_HALVINGS):
@@ -560,7 +564,8 @@ class QSGD(Compressor):
     ``scale = norm`` (float32, 1 element); ``decompress = norm / s * values``. Unbiased:
     ``E[D(C(x))] = x``, with variance ``sum_i (norm/s)^2 p_i (1 - p_i) <= n (norm / s)^2 / 4``
     (``p_i`` the fractional part of ``s |x_i| / norm``). Payload: ``n + 4`` bytes; nominal cf 4 for
-    float32. The rounding noise ``u`` comes from a generator seeded by ``(seed, step, key, rank)``,
+    float32. The levels are computed in the tensor's dtype (float32 for float16 / bfloat16), the norm
+    sent as float32. The rounding noise ``u`` comes from a generator seeded by ``(seed, step, key, rank)``,
     ``rank`` = the torch.distributed rank when initialized (or the ``rank`` argument), so workers
     round independently. Exchanged by all-gather.
 
@@ -588,7 +593,9 @@ class QSGD(Compressor):
         return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
     def compress(self, tensor, *, step=0, key=0, cf=None):
-        flat = tensor.detach().reshape(-1).float()
+        flat = tensor.detach().reshape(-1)
+        if flat.dtype not in (torch.float32, torch.float64):  # float16 / bfloat16: compute in float32
+            flat = flat.float()
         norm = flat.norm()
         s = self.levels
         g = _generator(flat.device, "qsgd", self.seed, step, key, self._rank())
