@@ -95,6 +95,7 @@ def test_slurm_launcher_composes():
         pytest.param(["device=cuda"], "device", marks=pytest.mark.skipif(
             __import__("torch").cuda.is_available(), reason="CUDA present: device=cuda is valid")),
         (["eval_unit=hour"], "eval_unit"),
+        (["dtype=float16"], "dtype"),
         (["target_acc=1.5"], "target_acc"),
         (["label_smoothing=1.0"], "label_smoothing"),
         (["eval_bleu_samples=-1"], "eval_bleu_samples"),
