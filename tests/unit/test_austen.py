@@ -19,7 +19,7 @@ import pytest
 from lsgd.data import austen
 from lsgd.errors import ConfigError
 
-rdata = pytest.importorskip("rdata")
+import rdata  # noqa: E402
 
 
 def _serialize(obj, tmp: Path) -> bytes:

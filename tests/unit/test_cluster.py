@@ -110,7 +110,7 @@ def test_conv_net_closed_form_and_state_untouched():
     assert torch.equal(torch.get_rng_state(), rng)  # dropout's draws were rolled back
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_cuda_counts_the_same_and_restores_the_cuda_rng():
     model = SmallConvNet().cuda().train()
     x, y = torch.randn(B, 1, 8, 8, device="cuda"), torch.randint(0, 10, (B,), device="cuda")

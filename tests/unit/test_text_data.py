@@ -224,7 +224,6 @@ def test_missing_files_and_empty_splits(tmp_path):
 
 # ------------------------------------------------------------------ the default corpus
 def test_prepare_fetches_the_default_corpus_then_splits_it(tmp_path, monkeypatch):
-    pytest.importorskip("rdata")
     from test_austen import TEXTS, fake_package
 
     tree, novels = fake_package(tmp_path, TEXTS)
