@@ -13,11 +13,15 @@ UV_VERSION := 0.13.8
 
 install: $(STAMP)
 
-# torch and torchvision come together from the registry (the standard build runs on CPU too).
-$(STAMP): pyproject.toml
+# Exactly the versions in requirements.lock (pip checks every file against the lock's sha256 hashes),
+# then lsgd itself, editable and without dependencies (the lock holds them all). A changed lock or
+# pyproject.toml reinstalls. torch and torchvision come together from the registry (the standard
+# Linux build runs on CPU too). pyproject.toml keeps compatible ranges for `pip install lsgd`.
+$(STAMP): $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e ".[dev]"
+	$(PY) -m pip install --require-hashes -r $(LOCK)
+	$(PY) -m pip install --no-deps -e .
 	touch $(STAMP)
 
 # `make lock` resolves pyproject.toml with the dev extra into requirements.lock with uv (pinned below,
