@@ -6,17 +6,55 @@ PY     := $(VENV)/bin/python
 LSGD   := $(VENV)/bin/lsgd
 STAMP  := $(VENV)/.installed
 FMNIST_DEB := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+LOCK   := requirements.lock
+UV_VERSION := 0.13.8
 
-.PHONY: install data demo test bench clean
+.PHONY: install lock data demo test bench clean
 
 install: $(STAMP)
 
-# torch and torchvision come together from the registry (the standard build runs on CPU too).
-$(STAMP): pyproject.toml
+# Exactly the versions in requirements.lock (pip checks every file against the lock's sha256 hashes),
+# then lsgd itself, editable and without dependencies (the lock holds them all). A changed lock or
+# pyproject.toml reinstalls. torch and torchvision come together from the registry (the standard
+# Linux build runs on CPU too). pyproject.toml keeps compatible ranges for `pip install lsgd`.
+$(STAMP): $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e ".[dev]"
+	$(PY) -m pip install --require-hashes -r $(LOCK)
+	$(PY) -m pip install --no-deps -e .
 	touch $(STAMP)
+
+# `make lock` resolves pyproject.toml with the dev extra into requirements.lock with uv (pinned below,
+# installed into the venv). It keeps every pin that still satisfies pyproject.toml; `make lock UPGRADE=1`
+# moves everything to the newest releases. lock-constraints.txt holds torch and torchvision either way.
+# Universal (--universal): one file for every OS, CPU and CPython >= 3.11, environment markers picking
+# each machine's packages (torch's nvidia-* and triton wheels on Linux only). Its linux x86_64 /
+# CPython 3.11 part, the one CI runs, is the same set a lock for that platform alone gives, so CI pays
+# nothing for it, and a checkout on another platform still installs known versions (CI tests only
+# linux x86_64 / CPython 3.11). CPython 3.10, which requires-python admits, is left out: rdata>=1.0
+# needs 3.11, so nothing resolves there.
+LOCK_FLAGS := pyproject.toml --extra dev --universal --python-version 3.11 --generate-hashes \
+              --constraint lock-constraints.txt
+define LOCK_HEADER
+# requirements.lock: the exact versions, with sha256 hashes, of lsgd's dependencies and its dev extra.
+# `make install` installs exactly these (pip install --require-hashes); CI runs green on them.
+# Universal: one file for every platform and CPython >= 3.11, environment markers picking each machine's
+# packages; CI installs and tests its linux x86_64 / CPython 3.11 part (the Makefile says why).
+# Made by `make lock`; do not edit by hand. Command:
+#   uv $(UV_VERSION): uv pip compile $(LOCK_FLAGS)
+# Refresh it after changing pyproject.toml's dependencies (`make lock`) or to move to new releases
+# (`make lock UPGRADE=1`); then run the whole suite and re-record the goldens if the numbers moved.
+endef
+export LOCK_HEADER
+
+# uv keeps the pins it can from the file it writes to: it starts from a copy of the current lock.
+lock:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q "uv==$(UV_VERSION)"
+	if [ -f $(LOCK) ]; then cp $(LOCK) $(VENV)/lock.tmp; else rm -f $(VENV)/lock.tmp; fi
+	$(VENV)/bin/uv pip compile $(LOCK_FLAGS) --no-header $(if $(UPGRADE),--upgrade) -o $(VENV)/lock.tmp
+	{ printf '%s\n' "$$LOCK_HEADER"; cat $(VENV)/lock.tmp; } > $(LOCK)
+	rm $(VENV)/lock.tmp
 
 # Fashion-MNIST: Debian's dataset-fashion-mnist package when apt is usable as root, else
 # torchvision's download into data/.
