@@ -41,6 +41,7 @@ def pytest_runtest_makereport(item, call):
     if not report.skipped or getattr(report, "wasxfail", None) is not None:
         return
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    reason = reason.removeprefix("Skipped: ")
     if CUDA or item.get_closest_marker("cuda") is not None:
         _skipped[reason] += 1
         return
