@@ -26,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from lsgd import provenance
 from lsgd.errors import ConfigError
 from lsgd.files import write_atomic
 
@@ -237,6 +238,9 @@ def run(cfg_node) -> dict | None:
       has nothing to join: lsgd starts ``launcher.nproc_per_node`` local workers itself.
     * Joining a launch of several tasks, the launch decides the workers: ``launcher.nproc_per_node``
       becomes the tasks on this node (a different explicit value is logged and ignored).
+    * The process that creates (or resumes) the run folder writes ``environment.json``
+      (:mod:`lsgd.provenance`: commit, versions, CPU / GPU, backend); a resumed run appends its own
+      session to it.
     * A run folder that already holds a checkpoint is resumed when this is a requeued SLURM job
       (``SLURM_RESTART_COUNT`` >= 1, the same job id and so the same folder); otherwise starting
       afresh there is refused (it would train beside the old checkpoints).
@@ -303,6 +307,9 @@ def run(cfg_node) -> dict | None:
         algo_cls = ALGORITHMS[cfg["algo"]["name"]]
         saved.update(algo_cls.describe(cfg["algo"], algo_cls.roles(saved["world_size"]).count("worker")))
         write_atomic(run_dir / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
+    # what produced the run (lsgd.provenance); a resumed run appends its session to the first one's
+    provenance.write_environment(run_dir, provenance.collect(provenance.launch_facts(cfg, launch_env)),
+                                 resume=bool(cfg.get("resume")))
 
     from lsgd.data import prepare
 
@@ -362,6 +369,7 @@ def record_invalid(cfg_node, run_dir: Path, exc: BaseException) -> None:
         return  # the folder holds a run already (the error is about it): leave its files alone
     run_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(run_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
+    provenance.write_environment(run_dir, provenance.collect(provenance.launch_facts(cfg)), resume=False)
     _mark_failed(run_dir, cfg, exc)
 
 

@@ -40,6 +40,7 @@ from lsgd.data import ShardedLoader, build_datasets, dataset_info
 from lsgd.models import build_model
 from lsgd.optim import build_optimizer, build_scheduler, lr_decay_steps, scaled_lr
 from lsgd.preemption import Preempted, PreemptionWatch
+from lsgd.provenance import record_workers
 from lsgd.services import Checkpointer, Evaluator, Recorder, loss_fn
 
 log = logging.getLogger("lsgd")
@@ -117,6 +118,7 @@ def worker_main(cfg: dict, run_dir: str | None) -> dict | None:
             run_dir, cfg["resume"] = box
             check_shared_run_dir(Path(run_dir), rank, device)
             setup_logging(Path(run_dir), rank)
+            record_workers(Path(run_dir), rank, dist.get_world_size(), local_world)  # environment.json: threads, nodes
             summary = Trainer(cfg, Path(run_dir), device, watch).fit()
             dist.barrier()  # nobody tears the group down while a peer's last messages are in flight
             return summary

@@ -8,6 +8,10 @@ one path or a list of paths, each a run folder or any folder that holds run fold
 Config keys become columns with dotted names (``algo.name``, ``algo.local_steps``, ``optim.lr``,
 ``world_size``); list and mapping values are stored as JSON strings, so every cell is a scalar.
 
+``environment.json`` (what produced the run: commit, versions, CPU / GPU; :mod:`lsgd.provenance`)
+becomes the ``env.*`` columns of :func:`load_summaries` (:data:`ENV_COLUMNS`), never config columns:
+runs that differ only in their environment stay one arm. Runs without the file have None there.
+
 ``metrics.jsonl`` also holds rows marked with a ``kind`` key (``"kind": "compression"``: one per step
 of an adaptive compression algorithm). The regular records (:func:`load_runs`, summaries, tables,
 figures) skip every row that has a ``kind``; :func:`load_compression` returns the compression rows.
@@ -28,11 +32,20 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from lsgd.provenance import ENVIRONMENT_FILE  # (lsgd.provenance imports torch only where it collects)
+
 PathLike = str | os.PathLike
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+
+#: Columns of :func:`load_summaries` from ``environment.json`` (:func:`environment_fields`).
+ENV_COLUMNS = ("env.commit", "env.lsgd", "env.torch", "env.cpu_capability", "env.cpu", "env.gpu", "env.python",
+               "env.host")  # fmt: skip
+
+#: Prefix of the environment columns (never config keys).
+ENV_PREFIX = "env."
 
 #: ``status`` of a run folder with no ``summary.json`` (still running, or killed before the end).
 RUNNING = "running"
@@ -95,6 +108,7 @@ class RunData:
     summary: dict | None  # None: no summary.json yet
     records: list[dict] = field(default_factory=list)  # regular records (rows without "kind")
     compression: list[dict] = field(default_factory=list)  # rows with "kind": "compression"
+    environment: dict | None = None  # environment.json; None: the run has none (made before lsgd wrote it)
 
     @property
     def run_id(self) -> str:
@@ -243,6 +257,93 @@ def read_summary(run_dir: PathLike) -> dict | None:
     return {k: _scalar(v) for k, v in summary.items()}
 
 
+def read_environment(run_dir: PathLike) -> dict | None:
+    """The run's ``environment.json`` (docs/run_format.md), or None when it has none. An unreadable
+    one is reported with a warning and read as none: the numbers of a report do not depend on it."""
+    path = Path(run_dir) / ENVIRONMENT_FILE
+    if not path.exists():
+        return None
+    try:
+        env = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        warnings.warn(f"{path}: unreadable, ignored: {e}", stacklevel=2)
+        return None
+    if not isinstance(env, dict):
+        warnings.warn(f"{path}: expected a JSON object, got {type(env).__name__}; ignored", stacklevel=2)
+        return None
+    return env
+
+
+def _commit_text(session: dict) -> str | None:
+    git = session.get("lsgd") or {}
+    short = git.get("commit_short") or (git.get("commit") or "")[:7]
+    if not short:
+        return None
+    return f"{short}+dirty" if git.get("dirty") else short
+
+
+def _gpu_text(session: dict) -> str | None:
+    dist = session.get("distributed") or {}
+    if "gpus" not in session:
+        return None
+    if dist.get("device") not in (None, "cuda"):
+        return "none"  # a CPU run (on a machine that may have GPUs)
+    names = [g.get("name") if isinstance(g, dict) else str(g) for g in session.get("gpus") or []]
+    nodes = session.get("nodes") or {}
+    if len(nodes) > 1:  # every node's GPUs
+        names = [str(n) for node in nodes.values() for n in node.get("gpus") or []]
+    if not names:
+        return "none"
+    counts: dict[str, int] = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    return ", ".join(f"{c} x {n}" if c > 1 else str(n) for n, c in counts.items())
+
+
+def _per_node(session: dict, key: str, own) -> str | None:
+    """``own`` (this host's value), or the distinct values of every node of a multi-node session."""
+    nodes = session.get("nodes") or {}
+    values = list(dict.fromkeys(str(v[key]) for v in nodes.values() if v.get(key))) if len(nodes) > 1 else []
+    return " / ".join(values) if values else own
+
+
+def _session_fields(session: dict) -> dict:
+    torch = session.get("torch") or {}
+    host = session.get("hostname")
+    nodes = session.get("nodes") or {}
+    if len(nodes) > 1:
+        host = f"{next(iter(nodes))} +{len(nodes) - 1} nodes"
+    return {
+        "env.commit": _commit_text(session),
+        "env.lsgd": (session.get("lsgd") or {}).get("version"),
+        "env.torch": torch.get("version"),
+        "env.cpu_capability": _per_node(session, "cpu_capability", torch.get("cpu_capability")),
+        "env.cpu": _per_node(session, "cpu", (session.get("cpu") or {}).get("model")),
+        "env.gpu": _gpu_text(session),
+        "env.python": (session.get("python") or {}).get("version"),
+        "env.host": host,
+    }
+
+
+def environment_fields(env: Mapping | None) -> dict:
+    """The :data:`ENV_COLUMNS` of a run from its ``environment.json`` (None: all None).
+
+    ``env.commit`` is the short commit with ``+dirty`` when the tree had changes (None when lsgd was
+    not a git checkout), ``env.gpu`` the GPUs of a CUDA run (``2 x NVIDIA H100 ...``; ``none`` for a
+    CPU run), ``env.cpu`` the CPU model; in a multi-node run the distinct values of its nodes joined
+    by `` / ``. A resumed run whose sessions differ shows each value in order: ``2.4.1 → 2.5.0``.
+    """
+    if not env:
+        return dict.fromkeys(ENV_COLUMNS)
+    sessions = [_session_fields(s) for s in [env, *[s for s in env.get("resumed") or [] if isinstance(s, Mapping)]]]
+    out = {}
+    for col in ENV_COLUMNS:
+        values = [s[col] for s in sessions]
+        changes = [v for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
+        out[col] = None if all(v is None for v in changes) else " → ".join("-" if v is None else str(v) for v in changes)
+    return out
+
+
 def read_metrics(run_dir: PathLike) -> list[dict]:
     """The regular records of the run's ``metrics.jsonl`` in file order ([] when it has none yet).
 
@@ -306,6 +407,7 @@ def read_run(run_dir: PathLike) -> RunData:
         summary=read_summary(run_dir),
         records=[r for r in rows if "kind" not in r],
         compression=[r for r in rows if r.get("kind") == COMPRESSION_KIND],
+        environment=read_environment(run_dir),
     )
 
 
@@ -402,6 +504,7 @@ def summaries_frame(runs: list[RunData]) -> pd.DataFrame:
             row[f"summary.{key}" if key in run.config else key] = value
         cfg = _config_part(run, row)
         row.update(cfg)
+        row.update(environment_fields(run.environment))
         config_keys.append(["run_id", "experiment_name", *cfg])
         rows.append(row)
     frame = pd.DataFrame.from_records(rows, columns=_ordered_union(rows) or list(ID_COLUMNS))
@@ -437,7 +540,9 @@ def load_summaries(paths: PathLike | Iterable[PathLike]) -> pd.DataFrame:
 
     Columns: ``run_id``, ``run_dir``, ``experiment_name``, ``status``, the summary fields of
     docs/run_format.md (``comm_bytes`` in bytes, ``*_time_s`` in seconds, ``steps`` in steps...),
-    then the flattened config keys as in :func:`load_runs`. A summary field whose name is also a
+    then the flattened config keys as in :func:`load_runs`, then the :data:`ENV_COLUMNS` from
+    ``environment.json`` (``env.commit``, ``env.torch``, ``env.cpu_capability``, ... ; None for a
+    run without one; :func:`environment_fields`). A summary field whose name is also a
     config key (``world_size``, ``epochs``, ``target_acc``) is stored as ``summary.<key>``, so the
     plain name is always the config value (e.g. ``epochs`` requested vs ``summary.epochs`` done).
 
@@ -487,14 +592,14 @@ def config_columns(frame: pd.DataFrame) -> list[str]:
     """Config columns of a frame from :func:`load_runs` / :func:`load_summaries`.
 
     Uses ``frame.attrs["config_keys"]``; when an operation dropped the attrs, every column that
-    is not an identity column, a run-format metric, compression-row key or summary field, or
-    ``summary.*``.
+    is not an identity column, a run-format metric, compression-row key or summary field,
+    ``summary.*`` or ``env.*``.
     """
     keys = frame.attrs.get("config_keys")
     if keys is not None:
         return [k for k in keys if k in frame.columns]
     known = set(ID_COLUMNS) | set(METRIC_KEYS) | set(SUMMARY_KEYS) | set(COMPRESSION_KEYS)
-    return [c for c in frame.columns if c not in known and not str(c).startswith("summary.")]
+    return [c for c in frame.columns if c not in known and not str(c).startswith(("summary.", ENV_PREFIX))]
 
 
 def differing_keys(frame: pd.DataFrame, ignore: Iterable[str] = DEFAULT_IGNORED_KEYS) -> list[str]:

@@ -48,6 +48,13 @@ Communication, per run:
   bandwidth_gbps, network.latency_us or 10).cost(model_alpha_terms, model_beta_bytes)`` (no
   overlap); blank for runs that lack those keys.
 
+Environment (:func:`environment_table`, :func:`environment_note`): what produced the runs, from
+their ``environment.json`` (:mod:`lsgd.provenance`): commit (``+dirty``: the tree had changes),
+lsgd, torch, torch's CPU capability, CPU, GPU and python, one row per distinct combination with
+the runs that share it; a run without the file shows ``-``. When the runs differ in torch version,
+commit or CPU capability (their numerics may differ in the last bits), one line says so and names
+the groups. The environment never splits an arm.
+
 Batch scaling (:func:`batch_scaling_table`): when an experiment's runs differ in effective batch
 (``batch_size`` x world size), final test accuracy (perplexity) per method and effective batch.
 """
@@ -75,6 +82,7 @@ from lsgd.analysis.arms import (
     select_runs,
 )
 from lsgd.analysis.load import (
+    ENV_COLUMNS,
     RUNNING,
     PathLike,
     _hashable,
@@ -184,7 +192,8 @@ class ExperimentTable:
             Also ``bytes_vs_dense`` (comm_bytes / the dense baseline's, see the module docstring),
             ``dense_run`` (that baseline's run_id), ``floats_sent`` (comm_bytes / 4, per worker)
             after ``gb_sent_per_worker``, and ``modeled_1gbps_s``, ``modeled_10gbps_s`` (s) after
-            ``modeled_time_s``.
+            ``modeled_time_s``. Last, the run's ``env.*`` columns (``env.commit``, ``env.torch``,
+            ``env.cpu_capability``, ...; :func:`lsgd.analysis.load.environment_fields`).
         batch_scaling: :func:`batch_scaling_table` of the experiment when its runs differ in
             effective batch, else None.
         arms: one row per arm and status: :func:`lsgd.analysis.aggregate_seeds` of ``table`` by
@@ -347,6 +356,7 @@ def experiment_table(
                 time_to_target_s=_num(s.get("time_to_target_s")),
                 modeled_time_to_target_s=_num(s.get("modeled_time_to_target_s")),
             )
+        row.update({c: s.get(c) for c in ENV_COLUMNS})  # (placed last below)
         rows.append(row)
     table = pd.DataFrame(rows)
 
@@ -370,9 +380,10 @@ def experiment_table(
         base_times = table.loc[is_base, f"time_to_T_{col}_s"].dropna()
         base = float(base_times.mean()) if len(base_times) else math.nan
         table[f"speedup_{col}"] = [_speedup(base, t) for t in table[f"time_to_T_{col}_s"]]
-    # the target columns (if any) last
+    # the target columns (if any) last, then the environment
     target_cols = [c for c in ("target_acc", "time_to_target_s", "modeled_time_to_target_s") if c in table]
-    table = table[[c for c in table.columns if c not in target_cols] + target_cols]
+    table = table[[c for c in table.columns if c not in target_cols and c not in ENV_COLUMNS] + target_cols
+                  + list(ENV_COLUMNS)]
     batches = effective_batch(summaries).dropna()
     by = ["arm", "algo", *[k for k in keys if k != "algo.name"], "status"]
     values = [c for c in table.columns if c not in by and c != "seed" and pd.api.types.is_numeric_dtype(table[c])]
@@ -568,6 +579,98 @@ def experiment_tables(
     """
     runs = read_runs(paths)
     return tables_from_frames(runs_frame(runs), summaries_frame(runs), baseline=baseline, threshold=threshold)
+
+
+# -- environment ----------------------------------------------------------------------------------
+#: The report's environment columns (``env.*`` of :func:`lsgd.analysis.load_summaries`) and headers.
+ENV_HEADERS = {
+    "env.commit": "commit", "env.lsgd": "lsgd", "env.torch": "torch", "env.cpu_capability": "CPU capability",
+    "env.cpu": "CPU", "env.gpu": "GPU", "env.python": "python",
+}  # fmt: skip
+
+#: Environment columns whose differences between runs :func:`environment_note` states (numerics
+#: differ in the last bits between torch versions, code versions and CPU kernels): (singular, plural).
+ENV_DIFFERENCES = {
+    "env.torch": ("torch version", "torch versions"),
+    "env.commit": ("commit", "commits"),
+    "env.cpu_capability": ("CPU capability", "CPU capabilities"),
+}  # fmt: skip
+
+#: A cell of an environment column the run did not record (no environment.json, not a git checkout).
+UNKNOWN = "-"
+
+
+def _env_cell(value) -> str:
+    return UNKNOWN if _is_missing(value) or value == "" else str(value)
+
+
+def _runs(n: int) -> str:
+    return f"{n} run{'s' if n != 1 else ''}"
+
+
+def has_environment(summaries: pd.DataFrame) -> bool:
+    """Whether any run of ``summaries`` has an ``environment.json`` (an ``env.*`` value)."""
+    cols = [c for c in ENV_COLUMNS if c in summaries]
+    return bool(cols) and bool(summaries[cols].notna().any().any())
+
+
+def environment_table(summaries: pd.DataFrame) -> pd.DataFrame:
+    """One row per distinct environment of the runs (cells strings, ``-`` where not recorded):
+    ``runs`` (how many), the :data:`ENV_HEADERS` columns (commit, lsgd, torch, CPU capability, CPU,
+    GPU, python) and ``run ids`` (``all`` when every run shares the one row); rows in order of
+    their first run."""
+    cells = pd.DataFrame({h: (summaries[c] if c in summaries else pd.Series(None, index=summaries.index))
+                          .map(_env_cell) for c, h in ENV_HEADERS.items()})  # fmt: skip
+    keys = [tuple(r) for r in cells.itertuples(index=False)]
+    groups: dict[tuple, list[str]] = {}
+    for key, run_id in zip(keys, summaries["run_id"].astype(str)):
+        groups.setdefault(key, []).append(run_id)
+    rows = []
+    for key, ids in groups.items():
+        rows.append({"runs": str(len(ids)), **dict(zip(ENV_HEADERS.values(), key)),
+                     "run ids": "all" if len(groups) == 1 else ", ".join(ids)})  # fmt: skip
+    return pd.DataFrame(rows, columns=["runs", *ENV_HEADERS.values(), "run ids"])
+
+
+def environment_differences(summaries: pd.DataFrame) -> dict[str, dict[str, int]]:
+    """``{env column: {value: runs}}`` for each :data:`ENV_DIFFERENCES` column in which the runs
+    hold at least two recorded values (``-``: runs that recorded none), values in sorted order."""
+    out = {}
+    for col in ENV_DIFFERENCES:
+        if col not in summaries:
+            continue
+        values = summaries[col].map(_env_cell)
+        known = sorted(v for v in values.unique() if v != UNKNOWN)
+        if len(known) > 1:
+            counts = values.value_counts()
+            out[col] = {v: int(counts[v]) for v in [*known, *([UNKNOWN] if UNKNOWN in counts else [])]}
+    return out
+
+
+def environment_note(summaries: pd.DataFrame) -> str:
+    """One line on what produced the runs of ``summaries``. When they differ in torch version,
+    commit or CPU capability it names the groups: ``**The runs differ in their environment:** 2
+    torch versions: 2.4.1 (12 runs), 2.5.0 (3 runs).``; else the shared values (or that no run
+    recorded its environment)."""
+    n = len(summaries)
+    if not has_environment(summaries):
+        return f"Environment: not recorded (no environment.json in the {_runs(n)}: made before lsgd wrote it)."
+    diffs = environment_differences(summaries)
+    recorded = int(summaries[[c for c in ENV_COLUMNS if c in summaries]].notna().any(axis=1).sum())
+    missing = f"; {_runs(n - recorded)} without environment.json" if recorded < n else ""
+    if diffs:
+        parts = []
+        for col, counts in diffs.items():
+            one, many = ENV_DIFFERENCES[col]
+            k = len([v for v in counts if v != UNKNOWN])
+            parts.append(f"{k} {many if k != 1 else one}: " + ", ".join(f"{v} ({_runs(c)})" for v, c in counts.items()))
+        return f"**The runs differ in their environment:** {'; '.join(parts)}{missing}."
+    shared = []
+    for col in ENV_DIFFERENCES:
+        values = [v for v in summaries[col].map(_env_cell).unique() if v != UNKNOWN] if col in summaries else []
+        shared.append(f"{ENV_DIFFERENCES[col][0].replace(' version', '')} {values[0] if values else UNKNOWN}")
+    who = ("the run" if n == 1 else f"all {n} runs") if not missing else f"{recorded} of {_runs(n)}{missing}"
+    return f"Environment: {', '.join(shared)} ({who})."
 
 
 # -- markdown, LaTeX, CSV -------------------------------------------------------------------------
@@ -907,13 +1010,17 @@ def write_report(
 ) -> Path:
     """Write ``out_dir/report.md`` comparing the runs in ``paths``, with figures in ``out_dir/figures``.
 
-    The report states its definitions once (:func:`definitions_text`: arms and seeds, the
-    interval, T, speedup, bytes, wall and modeled time, the figures' bands), then per experiment:
+    The report says once what produced its runs (:func:`environment_note`: the shared torch,
+    commit and CPU capability, or the groups where runs differ), states its definitions once
+    (:func:`definitions_text`: arms and seeds, the interval, T, speedup, bytes, wall and modeled
+    time, the figures' bands), then per experiment:
     the number of runs and arms and the config keys that differ (seeds included); the threshold T;
     the main table (:func:`format_main_table`: one row per arm, ``mean ± half-width`` and n);
     links to its LaTeX version and the CSV files; the detailed table (:func:`format_table`);
     notes on runs that did not complete; the "accuracy vs effective batch" table when the runs
-    differ in effective batch (:func:`batch_scaling_table`); and the figures of
+    differ in effective batch (:func:`batch_scaling_table`); the environment table
+    (:func:`environment_table`, when some run has ``environment.json``), after a line naming
+    the groups when the runs differ in torch, commit or CPU capability; and the figures of
     :func:`lsgd.analysis.plots.plot_runs` (PNG embedded, SVG linked, relative links).
 
     Files next to report.md, per experiment ``<name>`` (:func:`lsgd.analysis.plots.safe_name`):
@@ -951,6 +1058,8 @@ def write_report(
             f"Runs from {', '.join(f'`{p}`' for p in given)}: {len(summaries)} run{'s' if len(summaries) != 1 else ''} "
             f"in {len(tables)} experiment{'s' if len(tables) != 1 else ''}."
         ),
+        "",
+        environment_note(summaries),
         "",
         *definitions_text(baseline),
     ]
@@ -1009,6 +1118,17 @@ def write_report(
                 ),
                 "",
                 markdown_table(format_batch_scaling(t.batch_scaling, exp_summ, ci=ci, n=n)),
+            ]
+        exp_summ = summaries[summaries["experiment_name"] == name]
+        if has_environment(exp_summ):
+            lines += ["", "### Environment", ""]
+            if environment_differences(exp_summ):
+                lines += [environment_note(exp_summ), ""]
+            lines += [
+                ("What produced the runs (environment.json): commit (`+dirty`: the tree had changes), "
+                 "versions, torch's CPU capability, CPU, GPU (of CUDA runs); `-`: not recorded."),
+                "",
+                markdown_table(environment_table(exp_summ)),
             ]
         if figures.get(name):
             lines += ["", "### Figures", ""]

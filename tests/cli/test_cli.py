@@ -9,7 +9,12 @@ import sys
 import time
 from pathlib import Path
 
+import platform
+import socket
+
+import numpy as np
 import pytest
+import torch
 import yaml
 from runner import (
     TINY,
@@ -21,6 +26,9 @@ from runner import (
     start_tasks,
     summary,
 )
+
+import lsgd as lsgd_pkg
+from lsgd import provenance
 
 
 def _ok(res):
@@ -50,6 +58,20 @@ def test_tiny_run_two_workers_writes_one_run_folder(tmp_path):
     log = (run / "train.log").read_text()
     assert "[rank 0]" in log and "[rank 1]" in log
     assert (run / "checkpoints" / "last.json").exists()
+    # what produced it: the values of this process (the same interpreter and checkout)
+    env = json.loads((run / "environment.json").read_text())
+    assert env["session"] == "start" and "resumed" not in env
+    assert env["torch"]["version"] == torch.__version__
+    assert env["torch"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert env["python"]["version"] == platform.python_version() and env["hostname"] == socket.gethostname()
+    pkg = Path(lsgd_pkg.__file__).resolve().parent
+    assert env["lsgd"]["version"] == lsgd_pkg.__version__ and env["lsgd"]["path"] == str(pkg)
+    assert env["cpu"]["model"] == provenance.cpu_model() and env["cpu"]["count"] == os.cpu_count()
+    assert env["packages"]["numpy"] == np.__version__
+    assert env["distributed"] == {"device": "cpu", "backend": "gloo", "world_size": 2, "launch": "local", "nodes": 1}
+    assert env["threads"] >= 1  # rank 0's
+    git = provenance.git_info(pkg)  # (the commit only: the tree may change while the test runs)
+    assert env["lsgd"].get("commit") == (git or {}).get("commit") and isinstance(env["lsgd"].get("dirty", False), bool)
 
 
 def test_swarm_run_records_its_topology_and_the_nodes_own_accuracy(tmp_path):
@@ -81,6 +103,10 @@ def test_sweep_of_two_jobs_and_report(tmp_path):
     _ok(rep)
     report = tmp_path / "rep" / "report.md"
     assert report.stat().st_size > 0 and "local_sgd" in report.read_text()
+    # both runs' environment, one row (same torch, commit and machine)
+    text = report.read_text()
+    assert f"Environment: torch {torch.__version__}, " in text and "(all 2 runs)." in text
+    assert "### Environment" in text and "differ in their environment" not in text
     pngs = list((tmp_path / "rep").rglob("*.png"))
     svgs = list((tmp_path / "rep").rglob("*.svg"))
     assert pngs and svgs and all(p.stat().st_size > 0 for p in pngs + svgs)
@@ -97,11 +123,17 @@ def test_resume_after_crash_matches_uninterrupted_run(tmp_path):
     (run_b,) = run_dirs(tmp_path / "b")
     assert summary(run_b)["status"] == "failed"
     assert max(r["step"] for r in metrics(run_b)) >= 13
+    first = json.loads((run_b / "environment.json").read_text())
     _ok(lsgd(["train", *common, f"results_dir={tmp_path}/b", "resume=true"], tmp_path))
     assert run_dirs(tmp_path / "b") == [run_b]
     (run_a,) = run_dirs(tmp_path / "a")
     assert summary(run_b)["status"] == "completed"
     assert metrics(run_b) == metrics(run_a)
+    # the first session's record is kept; the resuming session's is appended
+    env = json.loads((run_b / "environment.json").read_text())
+    (resumed,) = env.pop("resumed")
+    assert env == first and resumed["session"] == "resume" and resumed["torch"] == first["torch"]
+    assert resumed["started_at"] >= first["started_at"] and resumed["threads"] >= 1
 
 
 def test_same_seed_twice_gives_identical_metrics(tmp_path):
@@ -193,6 +225,10 @@ def test_srun_style_tasks_join_one_group_and_one_folder(tmp_path):
     (run,) = run_dirs(tmp_path / "r")
     assert run.name == "slurm-4242"
     assert summary(run)["world_size"] == 2 and summary(run)["status"] == "completed"
+    env = json.loads((run / "environment.json").read_text())  # rank 0 of a joined launch writes it
+    assert env["distributed"] == {"device": "cpu", "backend": "gloo", "world_size": 2, "launch": "slurm", "nodes": 1,
+                                  "slurm_job_id": "4242"}  # fmt: skip
+    assert env["torch"]["version"] == torch.__version__ and env["threads"] >= 1 and "nodes" not in env
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
 
 

@@ -1037,3 +1037,80 @@ def test_readable_labels():
         "a": "compressed, CF=10", "b": "compressed, CF=100", "c": "GraVAC", "d": "SwarmSGD, blocking",
         "e": "SwarmSGD, non-blocking", "f": "DDP",
     }  # fmt: skip
+
+
+# -- environment.json: what produced the runs ------------------------------------------------------
+def environment(torch="2.14.1", commit="a" * 40, dirty=False, cap="AVX512", gpus=(), device="cpu", **extra):
+    """One session of environment.json as lsgd.provenance writes it (the keys the report reads)."""
+    return {
+        "session": "start", "started_at": "2026-01-01T00:00:00+00:00",
+        "lsgd": {"version": "0.1.0", "path": "/src/lsgd", "commit": commit, "commit_short": commit[:7], "dirty": dirty},
+        "python": {"version": "3.11.7", "implementation": "CPython"}, "hostname": "node1",
+        "torch": {"version": torch, "cpu_capability": cap}, "cpu": {"model": "Intel Xeon", "count": 8},
+        "gpus": [{"name": g} for g in gpus], "distributed": {"device": device, "backend": "gloo", "world_size": 4},
+        **extra,
+    }  # fmt: skip
+
+
+def test_report_lists_the_environment_and_names_the_groups_that_differ(results, tmp_path, no_figures):
+    # run_ddp and a second seed of H=8 on torch 2.14.1 at commit aaaaaaa; run_h8 on torch 2.15.0 at a
+    # dirty bbbbbbb on two GPUs; run_h16 made before environment.json
+    write_run(results, "run_h8s1", *H8[1:], seed=1)
+    envs = {"run_ddp": environment(), "run_h8s1": environment(),
+            "run_h8": environment("2.15.0", "b" * 40, dirty=True, gpus=["NVIDIA H100"] * 2, device="cuda")}  # fmt: skip
+    for run, env in envs.items():
+        (results / EXP / run / "environment.json").write_text(json.dumps(env))
+    summ = load_summaries(results).set_index("run_id")
+    assert summ.loc["run_h8", "env.commit"] == "bbbbbbb+dirty" and summ.loc["run_ddp", "env.commit"] == "aaaaaaa"
+    assert summ.loc["run_h8", "env.gpu"] == "2 x NVIDIA H100" and summ.loc["run_ddp", "env.gpu"] == "none"
+    assert summ.loc["run_h8", "env.torch"] == "2.15.0" and summ.loc["run_ddp", "env.cpu_capability"] == "AVX512"
+    assert summ.loc["run_h16", ["env.commit", "env.torch", "env.cpu"]].isna().all()  # no file: not an error
+    assert not any(k.startswith("env.") for k in summ.attrs["config_keys"])
+
+    text = write_report(results, tmp_path / "r").read_text()
+    line = ("**The runs differ in their environment:** 2 torch versions: 2.14.1 (2 runs), 2.15.0 (1 run), - (1 run); "
+            "2 commits: aaaaaaa (2 runs), bbbbbbb+dirty (1 run), - (1 run); 1 run without environment.json.")  # fmt: skip
+    assert text.splitlines()[4] == line  # at the top, under the line that counts the runs
+    assert text.count(line) == 2  # and in the experiment's environment section
+    tables = parse_markdown_tables(text)
+    details, env_table = tables[1], tables[2]
+    # the environment does not split arms: H=8's two seeds stay one arm
+    assert [(r["method"], r["n"]) for r in details] == [("DDP", "1"), ("local SGD, H=8", "2"), ("local SGD, H=16", "1")]
+    assert env_table == [
+        {"runs": "2", "commit": "aaaaaaa", "lsgd": "0.1.0", "torch": "2.14.1", "CPU capability": "AVX512",
+         "CPU": "Intel Xeon", "GPU": "none", "python": "3.11.7", "run ids": "run_ddp, run_h8s1"},
+        {"runs": "1", "commit": "-", "lsgd": "-", "torch": "-", "CPU capability": "-", "CPU": "-", "GPU": "-",
+         "python": "-", "run ids": "run_h16"},
+        {"runs": "1", "commit": "bbbbbbb+dirty", "lsgd": "0.1.0", "torch": "2.15.0", "CPU capability": "AVX512",
+         "CPU": "Intel Xeon", "GPU": "2 x NVIDIA H100", "python": "3.11.7", "run ids": "run_h8"},
+    ]  # fmt: skip
+    runs_csv = pd.read_csv(tmp_path / "r" / f"{EXP}_runs.csv").set_index("run_id")
+    assert runs_csv.loc["run_h8", "env.torch"] == "2.15.0" and pd.isna(runs_csv.loc["run_h16", "env.commit"])
+
+    # one environment for all: one line with the shared values, one row for all runs
+    for run in ("run_h8", "run_h16"):
+        (results / EXP / run / "environment.json").write_text(json.dumps(environment()))
+    text = write_report(results, tmp_path / "same").read_text()
+    assert "Environment: torch 2.14.1, commit aaaaaaa, CPU capability AVX512 (all 4 runs)." in text
+    assert "differ in their environment" not in text
+    assert parse_markdown_tables(text)[2][0]["run ids"] == "all"
+    # no run with environment.json: one line, no table
+    for run in ("run_ddp", "run_h8", "run_h8s1", "run_h16"):
+        (results / EXP / run / "environment.json").unlink()
+    text = write_report(results, tmp_path / "none").read_text()
+    assert "Environment: not recorded (no environment.json in the 4 runs" in text and "### Environment" not in text
+
+
+def test_a_run_resumed_under_another_torch_and_commit_shows_both(tmp_path):
+    run = write_run(tmp_path, "run_resumed", *DDP[1:])
+    env = environment(resumed=[{**environment("2.15.0", "c" * 40), "session": "resume"},
+                               {**environment("2.15.0", "c" * 40, cap="AVX2"), "session": "resume"}])  # fmt: skip
+    (run / "environment.json").write_text(json.dumps(env))
+    (row,) = load_summaries(run).to_dict("records")
+    assert row["env.torch"] == "2.14.1 → 2.15.0" and row["env.commit"] == "aaaaaaa → ccccccc"
+    assert row["env.cpu_capability"] == "AVX512 → AVX2" and row["env.lsgd"] == "0.1.0"
+    # an unreadable file is reported and read as none
+    (run / "environment.json").write_text("{not json")
+    with pytest.warns(UserWarning, match="environment.json: unreadable"):
+        (row,) = load_summaries(run).to_dict("records")
+    assert row["env.torch"] is None
