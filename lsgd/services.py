@@ -238,7 +238,8 @@ class Recorder:
         ``model_alpha_terms`` and ``model_beta_bytes`` are means over ranks, with ``<name>_max``
         beside the first four; ``modeled_time_s`` is the maximum of the ranks' clocks (the run's
         time on the configured cluster) with ``modeled_time_s_mean`` beside it, and
-        ``modeled_time_<bw>gbps_s`` the maximum at each what-if bandwidth (``network.report_gbps``).
+        ``modeled_time_<bw>gbps_s`` the maximum at each what-if bandwidth (``network.report_gbps``; the
+        network preset's link of that bandwidth, latency included: :func:`lsgd.comm.what_if_latency_us`).
         ``gather=False``: this rank's own values (a failing run cannot gather).
         """
         comm, clock = trainer.comm, trainer.clock

@@ -42,11 +42,13 @@ Communication, per run:
   baseline; among several, the one that matches the run on the most differing non-``algo.*``
   config keys, then a completed one, then the first). n/a when the experiment has no dense run.
 - modeled time at 1 and 10 Gbps = the cluster clock's what-if entries ``modeled_time_1gbps_s``,
-  ``modeled_time_10gbps_s`` (the same run's events priced with that inter-node bandwidth, overlap
-  and waiting included; :mod:`lsgd.comm`), from summary.json, else from the last metrics record.
-  Runs recorded before the cluster clock fall back to ``compute_time_s`` + ``NetworkModel(
-  bandwidth_gbps, network.latency_us or 10).cost(model_alpha_terms, model_beta_bytes)`` (no
-  overlap); blank for runs that lack those keys.
+  ``modeled_time_10gbps_s`` (the same run's events priced on the inter-node link of the network
+  preset of that bandwidth, ``network=1gbps`` / ``network=10gbps``: its bandwidth and its latency,
+  50 / 10 us; overlap and waiting included; :mod:`lsgd.comm`), from summary.json, else from the
+  last metrics record. Runs recorded before the cluster clock fall back to ``compute_time_s`` +
+  ``NetworkModel(bandwidth_gbps, latency).cost(model_alpha_terms, model_beta_bytes)`` (no overlap)
+  with the same latency (:func:`lsgd.comm.what_if_latency_us`; a bandwidth without a preset: the
+  run's ``network.latency_us``, else 10 us); blank for runs that lack those keys.
 
 Batch scaling (:func:`batch_scaling_table`): when an experiment's runs differ in effective batch
 (``batch_size`` x world size), final test accuracy (perplexity) per method and effective batch.
@@ -238,7 +240,11 @@ def _clock_time_at(s: pd.Series, last: pd.Series | None, bw: float, compute: flo
     for src in (s, last):
         if src is not None and math.isfinite(_num(src.get(key))):
             return _num(src.get(key))
-    return modeled_time_at(compute, alpha_terms, beta_bytes, bw, latency)
+    if not all(math.isfinite(_num(v)) for v in (compute, alpha_terms, beta_bytes)):
+        return math.nan
+    from lsgd.comm import what_if_latency_us  # imports torch: only when needed
+
+    return modeled_time_at(compute, alpha_terms, beta_bytes, bw, what_if_latency_us(bw, latency))
 
 
 def _dense_baselines(summaries: pd.DataFrame, keys: list[str]) -> dict[str, str | None]:
@@ -877,7 +883,8 @@ def definitions_text(baseline: str, confidence: float = CONFIDENCE) -> list[str]
             "cluster clock (`lsgd/comm.py`): the slowest worker's virtual time on the configured "
             "cluster, compute from `cluster.*` (a FLOP profile of the target device, or `step_time_s`) "
             "and communication at its alpha-beta cost, overlapped where the algorithm overlaps it; "
-            "modeled @1 / @10 Gbps is the same clock with the inter-node link at 1 / 10 Gbps. (Runs "
+            "modeled @1 / @10 Gbps is the same clock with the inter-node link of the `network=1gbps` / "
+            "`network=10gbps` preset (1 Gbps at 50 us latency, 10 Gbps at 10 us). (Runs "
             "recorded before the clock show measured compute plus the cost of every collective.)"
         ),
         (

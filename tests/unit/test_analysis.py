@@ -673,11 +673,13 @@ def test_modeled_time_at_1_and_10_gbps(results, tmp_path, no_figures):
               network={"name": "custom", "bandwidth_gbps": 10.0})  # no latency_us: 10 us  # fmt: skip
     write_run(results, "run_ab_running", {"name": "ddp", "bucket_cap_mb": 100}, 0.009, 1.0, 2.0, alpha_beta=True, with_summary=False)
     t = experiment_tables(results)[EXP].table
-    for run, lat_us in (("run_ab", 50), ("run_ab_default", 10), ("run_ab_running", 50)):  # running: from its last record
-        assert by_run(t, "modeled_1gbps_s")[run] == pytest.approx(compute + a * lat_us * 1e-6 + b * 8 / 1e9)
-        assert by_run(t, "modeled_10gbps_s")[run] == pytest.approx(compute + a * lat_us * 1e-6 + b * 8 / 10e9)
-    assert by_run(t, "modeled_1gbps_s")["run_ab"] == pytest.approx(84.83)
-    assert by_run(t, "modeled_10gbps_s")["run_ab"] == pytest.approx(80.51)
+    # each column is the network preset of its bandwidth, latency included (conf/network/1gbps.yaml:
+    # 50 us, 10gbps.yaml: 10 us), whatever the run's own latency (50 us, or none given)
+    for run in ("run_ab", "run_ab_default", "run_ab_running"):  # running: from its last record
+        assert by_run(t, "modeled_1gbps_s")[run] == pytest.approx(compute + a * 50e-6 + b * 8 / 1e9)
+        assert by_run(t, "modeled_10gbps_s")[run] == pytest.approx(compute + a * 10e-6 + b * 8 / 10e9)
+    assert by_run(t, "modeled_1gbps_s")["run_ab"] == pytest.approx(80 + 0.03 + 4.8)
+    assert by_run(t, "modeled_10gbps_s")["run_ab"] == pytest.approx(80 + 0.006 + 0.48)  # not 80.51 (50 us)
     assert math.isnan(by_run(t, "modeled_1gbps_s")["run_h8"])  # older run: no alpha-beta terms
     rows = {r["method"]: r for r in parse_markdown_tables(write_report(results, tmp_path / "r").read_text())[1]}
     assert rows["DDP, bucket cap mb=25"]["modeled @1 Gbps (s)"] == "84.8"
