@@ -806,10 +806,15 @@ class Communicator:
                     flat.floor_divide_(p)
                 copy_back(flat, group)
 
-            handles.append(self._collective(
+            # issued without waiting (one all-reduce per dtype in flight together), but a
+            # synchronous average_ is communication time, not time in flight during compute
+            handle = self._collective(
                 "all_reduce", tensor_bytes(flat),
                 lambda flat=flat: dist.all_reduce(flat, group=self.group, async_op=True), True, count, finish,
-            ))
+            )
+            if handle.overlapped is not None:
+                handle.overlapped = bool(async_op)
+            handles.append(handle)
         if not async_op:
             for h in handles:
                 h.wait()
