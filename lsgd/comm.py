@@ -32,9 +32,13 @@ and the communicator by communication, with these rules (``cost`` = alpha-beta c
   and the send completes at ``sender start + cost``.
 
 The clock is a vector: entry 0 is the configured network; entries 1.. are *what-if* networks (the
-inter-node bandwidth replaced by each of ``network.report_gbps``), advanced by the same events, so
+inter-node link replaced by each of ``network.report_gbps``), advanced by the same events, so
 the report's modeled times at other bandwidths stay right for overlapped and asynchronous runs.
-(Methods whose event order depends on virtual time follow the order of entry 0.)
+(Methods whose event order depends on virtual time follow the order of entry 0.) The what-if link
+at X Gbps is the shipped network preset of that bandwidth (``conf/network/*.yaml``: 1 Gbps 50 us,
+10 Gbps 10 us, 100 Gbps 2 us): its bandwidth *and* its latency, so a 10 Gbps run's 1 Gbps entry is
+the ``network=1gbps`` preset's time (:func:`what_if_latency_us`). A bandwidth without a preset keeps
+the configured inter-node latency (``network.latency_us``). The intra-node link stays as configured.
 
 Alpha-beta cost model
 ---------------------
@@ -72,6 +76,7 @@ hooks complete on gloo's threads). Clock buffers live on the communicator's ``de
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 import time
@@ -89,6 +94,32 @@ BCAST_SHORT_MSG_BYTES = 12288
 BCAST_MIN_PROCS = 8
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "p2p")
+
+
+@functools.lru_cache(maxsize=1)
+def preset_latencies_us() -> dict[float, float]:
+    """``{bandwidth_gbps: latency_us}`` of the inter-node links of the shipped network presets
+    (``conf/network/*.yaml`` of the installed config package)."""
+    import importlib.resources
+
+    import yaml
+
+    out: dict[float, float] = {}
+    for entry in sorted((importlib.resources.files("lsgd.conf") / "network").iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".yaml"):
+            preset = yaml.safe_load(entry.read_text()) or {}
+            bw = float(preset["bandwidth_gbps"])
+            if bw in out and out[bw] != float(preset["latency_us"]):
+                raise ValueError(f"network presets disagree on the latency at {bw:g} Gbps")
+            out[bw] = float(preset["latency_us"])
+    return out
+
+
+def what_if_latency_us(bandwidth_gbps: float, configured_latency_us: float) -> float:
+    """Latency (us) of the clock's what-if inter-node link at ``bandwidth_gbps``: the network preset
+    of that bandwidth (:func:`preset_latencies_us`: 1 Gbps 50 us, 10 Gbps 10 us, 100 Gbps 2 us) where
+    one exists, else ``configured_latency_us`` (the run's ``network.latency_us``)."""
+    return preset_latencies_us().get(float(bandwidth_gbps), float(configured_latency_us))
 
 
 @dataclass
@@ -224,7 +255,9 @@ class Network:
     bandwidths of the clock's extra entries (``report_gbps``).
 
     ``models(link)`` gives the K link models of the clock entries: the configured link first, then
-    (inter-node only) the same link at each what-if bandwidth.
+    (inter-node only) the what-if link at each bandwidth, with the latency of that bandwidth's
+    network preset (:func:`what_if_latency_us`; the configured latency where no preset has that
+    bandwidth).
     """
 
     inter: NetworkModel = field(default_factory=NetworkModel)
@@ -261,7 +294,7 @@ class Network:
     def models(self, link: str) -> list[NetworkModel]:
         if link == "intra":
             return [self.intra] * self.k
-        return [self.inter] + [NetworkModel(b, self.inter.latency_us) for b in self.report_gbps]
+        return [self.inter] + [NetworkModel(b, what_if_latency_us(b, self.inter.latency_us)) for b in self.report_gbps]
 
 
 # --------------------------------------------------------------------------------------------
@@ -773,10 +806,15 @@ class Communicator:
                     flat.floor_divide_(p)
                 copy_back(flat, group)
 
-            handles.append(self._collective(
+            # issued without waiting (one all-reduce per dtype in flight together), but a
+            # synchronous average_ is communication time, not time in flight during compute
+            handle = self._collective(
                 "all_reduce", tensor_bytes(flat),
                 lambda flat=flat: dist.all_reduce(flat, group=self.group, async_op=True), True, count, finish,
-            ))
+            )
+            if handle.overlapped is not None:
+                handle.overlapped = bool(async_op)
+            handles.append(handle)
         if not async_op:
             for h in handles:
                 h.wait()

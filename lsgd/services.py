@@ -238,14 +238,20 @@ class Recorder:
         ``model_alpha_terms`` and ``model_beta_bytes`` are means over ranks, with ``<name>_max``
         beside the first four; ``modeled_time_s`` is the maximum of the ranks' clocks (the run's
         time on the configured cluster) with ``modeled_time_s_mean`` beside it, and
-        ``modeled_time_<bw>gbps_s`` the maximum at each what-if bandwidth (``network.report_gbps``).
+        ``modeled_time_<bw>gbps_s`` the maximum at each what-if bandwidth (``network.report_gbps``; the
+        network preset's link of that bandwidth, latency included: :func:`lsgd.comm.what_if_latency_us`).
+        In a run with server ranks (``num_workers`` < world size) ``comm_bytes_workers`` and
+        ``wire_bytes_workers`` are the means over the worker ranks alone (what one worker sends;
+        absent where no worker's values are at hand: ``gather=False`` on a server).
         ``gather=False``: this rank's own values (a failing run cannot gather).
         """
         comm, clock = trainer.comm, trainer.clock
         s = comm.stats
         values = [s.comm_bytes, s.wire_bytes, trainer.compute_time_s, clock.compute_s,
-                  s.model_alpha_terms, s.model_beta_bytes, *clock.now.tolist()]
+                  s.model_alpha_terms, s.model_beta_bytes, *clock.now.tolist(), float(trainer.role == "worker")]
         table = comm.gather_values(values) if gather else np.asarray([values], dtype=np.float64)
+        is_worker = table[:, -1] > 0
+        table = table[:, :-1]
         mean, top = table.mean(axis=0), table.max(axis=0)
         out = {
             "comm_bytes": _maybe_int(mean[0]), "comm_bytes_max": _maybe_int(top[0]),
@@ -257,6 +263,10 @@ class Recorder:
         }
         for i, bw in enumerate(comm.network_config.report_gbps, start=7):
             out[modeled_time_key(bw)] = float(top[i])
+        if trainer.num_workers < trainer.world_size and is_worker.any():
+            workers = table[is_worker].mean(axis=0)
+            out["comm_bytes_workers"] = _maybe_int(workers[0])
+            out["wire_bytes_workers"] = float(workers[1])
         return out
 
     def note_eval(self, out: dict, step: int) -> None:

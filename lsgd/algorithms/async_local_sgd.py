@@ -27,7 +27,9 @@ momentum beta = ``algo.outer_momentum``):
   otherwise theta <- theta - eps (c beta m + g_t / N). With c = 0 each arrival is plain SGD at
   eps / N and the momentum acts once per N arrivals; N = 1 is Nesterov per arrival.
 
-Staleness (server arrivals between a worker's pull and its push) baselines: ``algo.staleness_exponent``
+Staleness (server versions, i.e. outer steps taken, between a worker's pull and its push: a dropped
+arrival and, under FedBuff, an arrival that only fills the buffer are no version; without either
+it is the arrivals in between) baselines: ``algo.staleness_exponent``
 a > 0 scales g by ``((1 + s_avg) / (1 + s))^a`` (polynomial discount, normalised to 1 at staleness
 ``algo.staleness_avg`` = s_avg, default 0, as FLSim's ``PolynomialStalenessWeight`` with its
 ``avg_staleness``); ``algo.max_staleness`` drops arrivals staler than it (the worker still pulls
@@ -37,8 +39,8 @@ FedBuff (``algo.fedbuff`` = K; Nguyen et al. 2022, "Federated Learning with Buff
 Aggregation", AISTATS, Algorithm 1; FLSim's asynchronous trainer): the server adds each arrival's
 weighted pseudo-gradient to a buffer and takes the outer step on buffer / K every K arrivals (the
 model the workers pull changes only then). Its staleness is counted in server steps, as FLSim counts
-model versions: an arrival with index q (0-based) whose worker pulled after arrival p = q - s has
-``q // K - p // K`` server steps of staleness.
+model versions (and as every staleness here is): without drops, an arrival with index q (0-based)
+whose worker pulled after arrival p - 1 has ``q // K - p // K`` server steps of staleness.
 
 Timing (``algo.timing``): ``real`` applies updates in arrival order and emulates each worker's
 speed by stretching its local steps in wall time (``algo.time_scale``; records on the server alone,
@@ -273,7 +275,8 @@ class AsyncLocalSGD(ServerAlgorithm):
                         "follows the plan built from rank 0's")
         step_s, cost = [float(v) for v in table[0][:n_workers]], [float(v) for v in table[0][n_workers:]]
         hs = async_plan.dylu_steps(self.local_steps, step_s, self.dylu)
-        return async_plan.plan(step_s, hs, cost, cost, total, self.grace_s, self.shard_policy)
+        return async_plan.plan(step_s, hs, cost, cost, total, self.grace_s, self.shard_policy, fedbuff=self.fedbuff,
+                               max_staleness=None if self.max_staleness is None else int(self.max_staleness))
 
     def _outer_optimizer(self):
         kind = self.cfg.get("outer_optimizer", "delayed_nesterov")
@@ -369,14 +372,14 @@ class AsyncLocalSGD(ServerAlgorithm):
     @torch.no_grad()
     def apply(self, g: torch.Tensor, staleness: int, index: int = 0) -> None:
         """The outer step on the flat pseudo-gradient ``g`` of arrival ``index`` (0-based, in the
-        server's order), ``staleness`` arrivals stale; with FedBuff, the buffer (module docstring)."""
+        server's order), ``staleness`` server versions (outer steps) stale; with FedBuff, the buffer
+        (module docstring)."""
         if self.max_staleness is not None and staleness > int(self.max_staleness):
             self.dropped += 1
             return
         if self.fedbuff is not None:
             k = self.fedbuff
-            steps_stale = index // k - (index - staleness) // k
-            weighted = g * self.staleness_weight(steps_stale)
+            weighted = g * self.staleness_weight(staleness)
             self.buffer = weighted.clone() if self.buffer is None else self.buffer.add_(weighted)
             self.buffered += 1
             if self.buffered % k:

@@ -23,8 +23,11 @@ The rules (times in modeled seconds; workers indexed 0..W-1 among the workers):
    at ``r_i + pull_s[w]``: it starts its next task then, from the server's model after arrival
    ``i``. These are exactly the cluster clock's point-to-point rules (:mod:`lsgd.comm`), so the
    processes' clocks follow the plan.
-3. Staleness of arrival ``i`` = arrivals the server received between the worker's pull and this
-   one (the server's version now minus the version the worker started from).
+3. Staleness of arrival ``i`` = the server's version now minus the version the worker started
+   from: the outer steps the server took between the worker's pull and this push. Without FedBuff
+   or dropping every arrival is one step, so it is the arrivals received in between; with
+   ``max_staleness`` a dropped arrival (staleness above it) takes no step, and with FedBuff
+   (``fedbuff`` = K) the server steps once per K kept arrivals, so neither counts as a version.
 4. Progress (what records, evaluation, checkpoints and stopping count) after arrival ``i`` is
    ``min(T, floor(sum of H over arrivals 0..i / W))``: the local steps of the applied tasks, per
    worker, so a run of ``T`` progress steps spends the compute of ``W`` workers x ``T`` local
@@ -157,7 +160,9 @@ class Arrival:
         worker: the sending worker's index (0-based among the workers).
         task: the worker's task number (0-based).
         steps: local steps of the task (H_w).
-        staleness: server arrivals between the worker's pull and this one (updates).
+        staleness: server versions (outer steps taken) between the worker's pull and this push
+            (rule 3 of the module docstring).
+        dropped: staler than ``max_staleness``: the server takes no step on it.
         finish_s: the task's last local step ends (s).
         arrive_s: the push reaches the server, ``finish_s + push_s`` (s).
         apply_s: the server receives and applies it, ``>= arrive_s`` (s).
@@ -180,6 +185,7 @@ class Arrival:
     group_start: int
     group_end: int
     restart_s: float
+    dropped: bool = False
 
 
 @dataclass
@@ -243,7 +249,8 @@ def dylu_steps(h: int, step_s: Sequence[float], dylu: bool) -> list[int]:
 
 def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[float], pull_s: Sequence[float],
          total_steps: int, grace_s: float = 0.0, shard_policy: str = "worker",
-         task_s: Callable[[int, int], float] | None = None) -> Plan:
+         task_s: Callable[[int, int], float] | None = None, fedbuff: int | None = None,
+         max_staleness: int | None = None) -> Plan:
     """The asynchronous Local-SGD schedule (module docstring).
 
     Args:
@@ -261,6 +268,10 @@ def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[f
             :mod:`lsgd.algorithms.adsaga`), called for every task in increasing ``k`` per worker,
             and its ``H_w`` local step boundaries divide it evenly. The rules and the
             deadlock-freedom argument of the module docstring hold for any durations.
+        fedbuff: K (the server steps once per K kept arrivals) or None (once per kept arrival);
+            with ``max_staleness`` (None: keep all; an arrival staler than it is dropped) it
+            decides the server versions that staleness counts (rule 3); the order and times of
+            the arrivals do not depend on either.
 
     Raises:
         ValueError: lengths differ, a step time <= 0, a step count < 1, a cost < 0, T < 1, a
@@ -299,6 +310,8 @@ def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[f
 
     tasks: list[list[list]] = [[task(w, 0.0)] for w in range(n)]
     pulled = [0] * n  # server version each worker started its current task from
+    version = 0  # outer steps the server has taken (rule 3)
+    kept = 0  # arrivals not dropped (FedBuff: one step per fedbuff of them)
     heap = []
     durations: list[list[float]] = [[] for _ in range(n)]  # durations[w][k]: task k of worker w (s)
 
@@ -333,15 +346,21 @@ def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[f
             r = max(arrive, r)  # pushes received back to back
             applied_steps += hs[w]
             progress = min(total_steps, applied_steps // n) if i == last else before_group
-            received.append((w, finish, arrive, r, i - pulled[w], progress))
+            staleness = version - pulled[w]
+            dropped = max_staleness is not None and staleness > max_staleness
+            if not dropped:
+                kept += 1
+                if fedbuff is None or kept % fedbuff == 0:
+                    version += 1
+            received.append((w, finish, arrive, r, staleness, progress, dropped))
         send = r  # the model after the whole group goes to each member in turn
-        for i, (w, finish, arrive, apply, staleness, progress) in enumerate(received, start=first):
+        for i, (w, finish, arrive, apply, staleness, progress, dropped) in enumerate(received, start=first):
             send += float(pull_s[w])
             arrivals.append(Arrival(w, len(tasks[w]) - 1, hs[w], staleness, finish, arrive, apply, progress,
-                                    first, last, send))
+                                    first, last, send, dropped))
             tasks[w][-1][1] = i
             tasks[w].append(task(w, send))  # the next task (never pushed if the run ends now)
-            pulled[w] = last + 1
+            pulled[w] = version
         server_free = send
         if arrivals[-1].progress >= total_steps:
             break

@@ -42,7 +42,9 @@ the messages in flight nor the arrival order anyway); under ``auto`` a preemptio
 turned into a checkpoint (the server's bookkeeping has no collective to agree on it).
 
 The server writes one row per handled arrival to metrics.jsonl (``"kind": "async_arrival"``: index,
-worker, the version it pulled, staleness, local steps, dropped, the progress after it and wall
+worker, the version it pulled (the server's arrival count then), staleness (outer steps the
+server took since: ``index - pulled`` less the dropped arrivals and, under FedBuff, the arrivals
+that did not complete a step), local steps, dropped, the progress after it and wall
 seconds since the server's first receive); records carry ``staleness``, ``staleness_max``,
 ``updates_worker<w>`` (and ``dropped``) as in virtual mode, with the measured ``wall_time_s``.
 
@@ -120,7 +122,8 @@ class RealTiming:
         self.time_scale = float(algo.cfg.get("time_scale", 1.0))
         self.stopped = False
         # server
-        self.versions: list[int] = []       # the model version the server last handed each worker
+        self.versions: list[int] = []       # the model version the server last handed each worker (its arrival count)
+        self.pulled_updates: list[int] = []  # the server's outer steps (server_updates) when it did
         self.staleness: list[int] = []      # of every handled arrival, in order
         self.updates: list[int] = []        # handled arrivals per worker
         self.applied_steps = 0
@@ -160,6 +163,7 @@ class RealTiming:
         if a.is_server:
             a.outer = a._outer_optimizer()
             self.versions = [0] * self.n_workers
+            self.pulled_updates = [0] * self.n_workers
             self.updates = [0] * self.n_workers
         else:
             step_s = a.ctx.worker_step_s
@@ -289,6 +293,7 @@ class RealTiming:
             return
         pair.sendrecv(_flat(a.params + a.buffers), None, 1)
         self.versions[w] = a.served
+        self.pulled_updates[w] = a.server_updates()
         self._post(w)
 
     @torch.no_grad()
@@ -302,7 +307,7 @@ class RealTiming:
             raise RuntimeError(f"async_local_sgd (real timing): worker {w} pushed a task from version {int(pulled)}, "
                                f"the server handed it version {self.versions[w]}")
         i = a.served
-        staleness = i - self.versions[w]
+        staleness = a.server_updates() - self.pulled_updates[w]  # outer steps since its pull
         n_params = sum(p.numel() for p in a.params)
         dropped = a.dropped
         a.apply(payload[:n_params], staleness, index=i)

@@ -40,9 +40,10 @@ Compressor (``algo.compressor``): ``none`` (``q = y - h`` exactly) or ``quantize
 ``b``-bit quantizer (``algo.bits``): ``C(v) = ||v||_inf 2^-(b-1) sign(v) floor(2^(b-1) |v| / ||v||_inf + u)``
 with ``u ~ U[0, 1)`` (one draw per element from ``(algo.seed, worker, step)``), applied to each
 parameter tensor with its own norm (one norm for the whole model lets the largest layer's scale
-swamp the others: 2-bit LEAD then diverged on the CNN). Its levels ``-2^(b-1) .. 2^(b-1)`` are sent
-packed in the narrowest of 2, 4, 8 or 16 bits that holds them (b + 1 bits), plus a float32 norm per
-tensor: ``ceil(n (b + 1 rounded up) / 8) + 4 T`` bytes per step and neighbour (T tensors). A node
+swamp the others: 2-bit LEAD then diverged on the CNN). Its ``2^b + 1`` levels ``-2^(b-1) .. 2^(b-1)``
+need ``ceil(log2(2^b + 1)) = b + 1`` bits each and are sent packed at exactly b + 1 bits
+(:mod:`lsgd.compression.bitpack`), plus a float32 norm per tensor: ``ceil(n (b + 1) / 8) + 4 T``
+bytes per step and neighbour (n values, T tensors). A node
 decodes its own message as its neighbours do, so ``q`` is the same value everywhere. One round per
 step (from step 1). Parameters only: BatchNorm buffers stay local.
 """
@@ -52,7 +53,7 @@ from __future__ import annotations
 import torch
 
 from lsgd.algorithms.gossip import Gossip, flat_of, write_flat
-from lsgd.compression.lattice import pack, unpack
+from lsgd.compression.bitpack import pack_bits, unpack_bits
 from lsgd.config import choice, in_interval, positive
 from lsgd.errors import ConfigError
 from lsgd.seeding import derive_seed
@@ -62,11 +63,11 @@ COMPRESSORS = ("none", "quantize")
 
 
 def packed_bits(bits: int) -> int:
-    """The packing width (2, 4, 8 or 16) that holds the ``2^bits + 1`` levels of the b-bit quantizer."""
-    for width in (2, 4, 8, 16):
-        if bits + 1 <= width:
-            return width
-    raise ValueError(f"algo.bits must be at most 15, got {bits}")
+    """Bits per value on the wire: the ``2^bits + 1`` levels of the b-bit quantizer need
+    ``ceil(log2(2^bits + 1)) = bits + 1`` (1 <= bits <= 15, so at most 16)."""
+    if not 1 <= bits <= 15:
+        raise ValueError(f"algo.bits must be from 1 to 15, got {bits}")
+    return bits + 1
 
 
 def quantize(v: torch.Tensor, bits: int, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,17 +157,15 @@ class LEAD(Gossip):
         levels = torch.cat([lv for lv, _ in pieces])
         norms = torch.cat([nm for _, nm in pieces])
         width, offset = packed_bits(self.bits), 2 ** (self.bits - 1)
-        payload = pack(levels + offset, width)
-        message = torch.cat([payload.view(torch.uint8), norms.view(torch.uint8)])
+        payload = pack_bits(levels + offset, width)  # ceil(n (b + 1) / 8) bytes
+        message = torch.cat([payload, norms.view(torch.uint8)])
         mix = self.post(message, self.step, async_op=False)
         own = self._dequantize(levels, norms, sizes)
-        nbytes = payload.numel() * payload.element_size()
+        nbytes = payload.numel()
         theirs = {}
         for j, raw in mix.recvs.items():
-            body = raw[:nbytes].clone()
-            body = body.view(torch.int16) if width == 16 else body
-            theirs[j] = self._dequantize(unpack(body, width, v.numel()) - offset, raw[nbytes:].clone().view(torch.float32),
-                                         sizes)
+            theirs[j] = self._dequantize(unpack_bits(raw[:nbytes], width, v.numel()) - offset,
+                                         raw[nbytes:].clone().view(torch.float32), sizes)
         return own, self._weighted(own, theirs)
 
     def _dequantize(self, levels: torch.Tensor, norms: torch.Tensor, sizes: list[int]) -> torch.Tensor:

@@ -37,16 +37,26 @@ three batch sizes).
 
 Communication, per run:
 
-- bytes vs dense = the run's ``comm_bytes`` / ``comm_bytes`` of the experiment's dense baseline
+- GB on the wire / worker = the bytes one worker puts on the wire (``wire_bytes``: what travels under the
+  standard algorithm of each collective, e.g. ``(p-1) n`` for an all-gather of n-byte inputs and
+  ``2 (p-1)/p n`` for a ring all-reduce, n for a message), / 1e9, the mean over the worker ranks: a
+  run with server ranks (``num_workers`` < ``world_size``: parameter server, asynchronous local SGD,
+  ADSAGA) uses ``wire_bytes_workers``, the mean without the servers (n/a for such a run recorded
+  before that key existed, whose ``wire_bytes`` averages the servers in). ``floats_sent`` is the
+  payload (``comm_bytes``, what papers count as floats x 4) / 4 over the same worker ranks.
+- bytes vs dense = the run's payload per worker (``comm_bytes``, over its worker ranks as above) /
+  that of the experiment's dense baseline
   (a run with ``algo.name == "ddp"`` or ``algo.compressor == "none"``; a dense run is its own
   baseline; among several, the one that matches the run on the most differing non-``algo.*``
   config keys, then a completed one, then the first). n/a when the experiment has no dense run.
 - modeled time at 1 and 10 Gbps = the cluster clock's what-if entries ``modeled_time_1gbps_s``,
-  ``modeled_time_10gbps_s`` (the same run's events priced with that inter-node bandwidth, overlap
-  and waiting included; :mod:`lsgd.comm`), from summary.json, else from the last metrics record.
-  Runs recorded before the cluster clock fall back to ``compute_time_s`` + ``NetworkModel(
-  bandwidth_gbps, network.latency_us or 10).cost(model_alpha_terms, model_beta_bytes)`` (no
-  overlap); blank for runs that lack those keys.
+  ``modeled_time_10gbps_s`` (the same run's events priced on the inter-node link of the network
+  preset of that bandwidth, ``network=1gbps`` / ``network=10gbps``: its bandwidth and its latency,
+  50 / 10 us; overlap and waiting included; :mod:`lsgd.comm`), from summary.json, else from the
+  last metrics record. Runs recorded before the cluster clock fall back to ``compute_time_s`` +
+  ``NetworkModel(bandwidth_gbps, latency).cost(model_alpha_terms, model_beta_bytes)`` (no overlap)
+  with the same latency (:func:`lsgd.comm.what_if_latency_us`; a bandwidth without a preset: the
+  run's ``network.latency_us``, else 10 us); blank for runs that lack those keys.
 
 Environment (:func:`environment_table`, :func:`environment_note`): what produced the runs, from
 their ``environment.json`` (:mod:`lsgd.provenance`): commit (``+dirty``: the tree had changes),
@@ -103,6 +113,9 @@ BASELINE_ALGO = "ddp"
 
 REPORT_FILE = "report.md"
 FIGURES_DIR = "figures"
+
+#: Header of the tables' bytes column (``gb_sent_per_worker``: wire bytes per worker, workers only).
+GB_SENT = "GB on the wire / worker"
 
 #: Bandwidths (Gbps) of the report's modeled-time columns (``modeled_1gbps_s``, ``modeled_10gbps_s``).
 REPORT_BANDWIDTHS_GBPS = (1.0, 10.0)
@@ -185,12 +198,13 @@ class ExperimentTable:
             ``seed``, ``algo``, the differing keys other than ``algo.name``, ``status``,
             ``final_<metric>``, ``best_<metric>``, ``final_test_loss`` (the last evaluation's),
             ``final_train_loss`` (the last record's: mean training loss of the workers' minibatches
-            since the record before), ``gb_sent_per_worker`` (comm_bytes / 1e9), ``comm_rounds``,
+            since the record before), ``gb_sent_per_worker`` (wire bytes per worker / 1e9, worker
+            ranks only: module docstring), ``comm_rounds``,
             ``samples`` (training samples of all workers), ``wall_time_s``, ``modeled_time_s`` (s), ``time_to_T_wall_s``,
             ``time_to_T_modeled_s`` (s), ``speedup_wall``, ``speedup_modeled``, and, when a run
             has a target, ``target_acc``, ``time_to_target_s``, ``modeled_time_to_target_s`` (s).
-            Also ``bytes_vs_dense`` (comm_bytes / the dense baseline's, see the module docstring),
-            ``dense_run`` (that baseline's run_id), ``floats_sent`` (comm_bytes / 4, per worker)
+            Also ``bytes_vs_dense`` (payload per worker / the dense baseline's, see the module
+            docstring), ``dense_run`` (that baseline's run_id), ``floats_sent`` (payload / 4, per worker)
             after ``gb_sent_per_worker``, and ``modeled_1gbps_s``, ``modeled_10gbps_s`` (s) after
             ``modeled_time_s``. Last, the run's ``env.*`` columns (``env.commit``, ``env.torch``,
             ``env.cpu_capability``, ...; :func:`lsgd.analysis.load.environment_fields`).
@@ -247,7 +261,26 @@ def _clock_time_at(s: pd.Series, last: pd.Series | None, bw: float, compute: flo
     for src in (s, last):
         if src is not None and math.isfinite(_num(src.get(key))):
             return _num(src.get(key))
-    return modeled_time_at(compute, alpha_terms, beta_bytes, bw, latency)
+    if not all(math.isfinite(_num(v)) for v in (compute, alpha_terms, beta_bytes)):
+        return math.nan
+    from lsgd.comm import what_if_latency_us  # imports torch: only when needed
+
+    return modeled_time_at(compute, alpha_terms, beta_bytes, bw, what_if_latency_us(bw, latency))
+
+
+def worker_bytes(s, last, key: str) -> float:
+    """Mean of ``key`` (``comm_bytes`` or ``wire_bytes``) over a run's worker ranks: its
+    ``<key>_workers`` (recorded by runs with server ranks; summary, else last record), else ``key``
+    when every rank is a worker, else NaN (a server run recorded before ``<key>_workers``: its
+    ``key`` averages the servers in)."""
+    for src in (s, last):
+        if src is not None and math.isfinite(_num(src.get(f"{key}_workers"))):
+            return _num(src.get(f"{key}_workers"))
+    workers = _num(s.get("num_workers"))
+    world = _num(s.get("summary.world_size", s.get("world_size")))
+    if math.isfinite(workers) and math.isfinite(world) and workers < world:
+        return math.nan
+    return _num(s.get(key))
 
 
 def _dense_baselines(summaries: pd.DataFrame, keys: list[str]) -> dict[str, str | None]:
@@ -320,10 +353,15 @@ def experiment_table(
         first = float(evals.iloc[0]) if len(evals) > 1 else math.nan
         collapsed[s["run_id"]] = bool(final < first if higher_better else final > first)
         row.update({k: s[k] for k in keys if k != "algo.name"})
-        comm_bytes = _num(s.get("comm_bytes"))
-        dense = dense_of[s["run_dir"]]
-        dense_bytes = _num(by_dir.loc[dense].get("comm_bytes")) if dense is not None else math.nan
         last = r.iloc[-1] if len(r) else None
+        comm_bytes = worker_bytes(s, last, "comm_bytes")
+        dense = dense_of[s["run_dir"]]
+        if dense is not None:
+            dense_records = run_records[dense]
+            dense_bytes = worker_bytes(by_dir.loc[dense], dense_records.iloc[-1] if len(dense_records) else None,
+                                       "comm_bytes")
+        else:
+            dense_bytes = math.nan
         compute, alpha_terms, beta_bytes = _network_terms(s, last)
         latency = _num(s.get("network.latency_us"))
         latency = latency if math.isfinite(latency) else DEFAULT_LATENCY_US
@@ -336,7 +374,7 @@ def experiment_table(
             **{f"final_{metric}": final, f"best_{metric}": best},
             final_test_loss=test_loss,
             final_train_loss=float(train_losses.iloc[-1]) if len(train_losses) else math.nan,
-            gb_sent_per_worker=comm_bytes / 1e9,
+            gb_sent_per_worker=worker_bytes(s, last, "wire_bytes") / 1e9,
             floats_sent=comm_bytes / 4,
             bytes_vs_dense=comm_bytes / dense_bytes if dense_bytes > 0 else math.nan,
             dense_run=str(by_dir.loc[dense, "run_id"]) if dense is not None else None,
@@ -733,7 +771,7 @@ def format_main_table(t: ExperimentTable) -> pd.DataFrame:
     """The report's main table: one row per arm, cells ``mean ± half-width`` (strings).
 
     Columns: ``method`` (the arm's label, :func:`arm_names`), ``n`` (runs = seeds), final and best
-    test accuracy (or perplexity), ``GB sent / worker``, ``bytes vs dense``, ``modeled time (s)``,
+    test accuracy (or perplexity), ``GB on the wire / worker``, ``bytes vs dense``, ``modeled time (s)``,
     ``time to T, modeled (s)``, ``speedup vs <baseline>, modeled`` and ``Δ final <metric> vs
     <baseline>, paired`` (the mean difference from the baseline over the seeds both have, with the
     paired t interval; :func:`_with_paired_differences`), see the module docstring.
@@ -743,7 +781,7 @@ def format_main_table(t: ExperimentTable) -> pd.DataFrame:
     out = pd.DataFrame({"method": arm_names(a), "n": a["n"].map(lambda n: str(int(n)))})
     out[f"final {m}"] = _stat_cells(a, f"final_{t.metric}", acc_digits)
     out[f"best {m}"] = _stat_cells(a, f"best_{t.metric}", acc_digits)
-    out["GB sent / worker"] = _stat_cells(a, "gb_sent_per_worker", ".4g")
+    out[GB_SENT] = _stat_cells(a, "gb_sent_per_worker", ".4g")
     out["bytes vs dense"] = _stat_cells(a, "bytes_vs_dense", ".3g")
     out["modeled time (s)"] = _stat_cells(a, "modeled_time_s", ".3g")
     out["time to T, modeled (s)"] = _stat_cells(a, "time_to_T_modeled_s", ".3g")
@@ -757,8 +795,8 @@ def format_table(t: ExperimentTable) -> pd.DataFrame:
     readable headers, ``n/a`` for missing.
 
     Columns: ``method``, ``algo`` and the other differing config keys as written in the configs,
-    ``status``, ``n``, ``seeds``, final and best metric, final test and train loss, GB sent per
-    worker, bytes vs dense, comm rounds, samples, wall and modeled time (s), modeled time at 1 and
+    ``status``, ``n``, ``seeds``, final and best metric, final test and train loss, GB on the
+    wire per worker, bytes vs dense, comm rounds, samples, wall and modeled time (s), modeled time at 1 and
     10 Gbps (when runs log the alpha-beta terms), time to T and speedup on wall and modeled time,
     the paired-by-seed difference of the final metric from the baseline and the baseline arm it is
     paired with, and the target columns when runs have ``target_acc``.
@@ -776,7 +814,7 @@ def format_table(t: ExperimentTable) -> pd.DataFrame:
     out[f"best {m}"] = _stat_cells(a, f"best_{t.metric}", acc_digits)
     out["final test loss"] = _stat_cells(a, "final_test_loss", ".4f")
     out["final train loss"] = _stat_cells(a, "final_train_loss", ".4f")
-    out["GB sent / worker"] = _stat_cells(a, "gb_sent_per_worker", ".4g")
+    out[GB_SENT] = _stat_cells(a, "gb_sent_per_worker", ".4g")
     out["bytes vs dense"] = _stat_cells(a, "bytes_vs_dense", ".3g")
     out["comm rounds"] = _stat_cells(a, "comm_rounds", ".0f")
     out["samples"] = _stat_cells(a, "samples", ".0f")
@@ -971,16 +1009,21 @@ def definitions_text(baseline: str, confidence: float = CONFIDENCE) -> list[str]
             "arm's speedup is the mean over its runs."
         ),
         (
-            "- **GB sent / worker** = `comm_bytes` / 1e9 (payload bytes a worker handed to collectives "
-            "and sends, mean over workers); **bytes vs dense** = `comm_bytes` / that of the "
-            "experiment's dense run (`ddp` or `algo.compressor=none`, the same seed where there is one)."
+            f"- **{GB_SENT}** = `wire_bytes` / 1e9: the bytes a worker puts on the wire (what travels "
+            "under the standard algorithm of each collective: a ring all-reduce of n bytes sends "
+            "2(p-1)/p n, an all-gather of n-byte inputs (p-1) n, a message n), the mean over the "
+            "worker ranks (servers excluded: `wire_bytes_workers` where a run has server ranks); "
+            "**bytes vs dense** = the payload a worker handed to collectives and sends (`comm_bytes`, "
+            "over the same ranks) / that of the experiment's dense run (`ddp` or "
+            "`algo.compressor=none`, the same seed where there is one)."
         ),
         (
             "- **Wall time** is measured on the machine that ran the job. **Modeled time** is the "
             "cluster clock (`lsgd/comm.py`): the slowest worker's virtual time on the configured "
             "cluster, compute from `cluster.*` (a FLOP profile of the target device, or `step_time_s`) "
             "and communication at its alpha-beta cost, overlapped where the algorithm overlaps it; "
-            "modeled @1 / @10 Gbps is the same clock with the inter-node link at 1 / 10 Gbps. (Runs "
+            "modeled @1 / @10 Gbps is the same clock with the inter-node link of the `network=1gbps` / "
+            "`network=10gbps` preset (1 Gbps at 50 us latency, 10 Gbps at 10 us). (Runs "
             "recorded before the clock show measured compute plus the cost of every collective.)"
         ),
         (

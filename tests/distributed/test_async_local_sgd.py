@@ -134,10 +134,12 @@ def test_dropped_stale_updates_and_the_workers_own_models_through_the_trainer(tm
             "cluster.step_time_s=0.01", "max_steps=8", "eval_every=4", "eval_workers=true"]
     recs = [r for r in records(run(tmp_path, over, world=3)) if "kind" not in r]
     cost = 10e-6 + 4 * (CNN_PARAMS + CNN_FLOAT_BUFFERS) * 8 / 10e9
-    p = plan([0.01, 0.03], [2, 2], [cost] * 2, [cost] * 2, 8)
+    p = plan([0.01, 0.03], [2, 2], [cost] * 2, [cost] * 2, 8, max_staleness=0)
     stale = sum(a.staleness > 0 for a in p.arrivals)
-    assert 0 < stale < len(p.arrivals)
+    assert 0 < stale < len(p.arrivals) and [a.dropped for a in p.arrivals] == [a.staleness > 0 for a in p.arrivals]
     assert recs[-1]["dropped"] == stale and recs[-1]["comm_rounds"] == len(p.arrivals)
+    assert recs[-1]["server_updates"] == len(p.arrivals) - stale
+    assert recs[-1]["staleness_max"] == max(a.staleness for a in p.arrivals)
     evals = [r for r in recs if "test_acc" in r]
     assert [r["step"] for r in evals] == [4, 8]
     assert all("test_acc_workers_min" in r and "test_acc_workers_mean" in r for r in evals)

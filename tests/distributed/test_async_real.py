@@ -96,6 +96,34 @@ def test_heterogeneous_real_timing_releases_every_worker_and_faster_workers_appl
     assert walls == sorted(walls)
 
 
+def test_real_timing_staleness_counts_server_steps_under_fedbuff_and_drops(tmp_path):
+    """issue 22 item 6, real timing: FedBuff K = 2 and max_staleness = 1 (server + 3 workers of
+    speeds spread 6). Whatever order the pushes arrive in, the server's log fixes the versions: a
+    version is an outer step, one per K kept (not dropped) arrivals, so an arrival's staleness is
+    (kept arrivals before it) // K - (kept arrivals before its worker's pull) // K, and it is
+    dropped exactly when that exceeds 1; server_updates = kept // K."""
+    k, max_staleness = 2, 1
+    over = ["algo=async_local_sgd", "algo.timing=real", "algo.time_scale=1.0", "algo.local_steps=2",
+            "algo.outer_optimizer=sgd", "algo.outer_lr=0.5", f"algo.fedbuff={k}", f"algo.max_staleness={max_staleness}",
+            "cluster.compute=profile", "cluster.speeds=very", "cluster.step_time_s=0.04", "epochs=3",
+            f"max_steps={TOTAL}", "eval_unit=step", "eval_every=6", "log_every=1"]
+    lines = records(run(tmp_path, over, world=4, name="fedbuff"))
+    rows = [r for r in lines if r.get("kind") == ARRIVAL_KIND]
+    last = [r for r in lines if "kind" not in r][-1]
+    kept_before = [0]  # kept_before[i]: arrivals 0..i-1 not dropped
+    for r in rows:
+        kept_before.append(kept_before[-1] + (not r["dropped"]))
+    for i, r in enumerate(rows):
+        assert r["index"] == i
+        assert r["staleness"] == kept_before[i] // k - kept_before[r["pulled"]] // k, r
+        assert r["dropped"] == (r["staleness"] > max_staleness), r
+    assert last["server_updates"] == kept_before[-1] // k
+    assert last["dropped"] == sum(r["dropped"] for r in rows)
+    assert last["staleness_max"] == max(r["staleness"] for r in rows)
+    # the arrival counts would say more: the slowest worker's pushes saw several arrivals
+    assert max(r["index"] - r["pulled"] for r in rows) > last["staleness_max"]
+
+
 def test_real_timing_config_errors():
     from trainer_runs import compose_cfg
 

@@ -9,11 +9,14 @@ asynchronous all-reduce overlapping local steps.
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from gloo import run_gloo
-from trainer_runs import train
+from trainer_runs import TINY, compose_cfg, records, train
 
 from lsgd.comm import Clock, Communicator, Network, NetworkModel
 
@@ -90,11 +93,12 @@ def test_local_sgd_rounds_wait_for_the_straggler(tmp_path):
         # fast worker: k steps of S since the round; slow: k steps of 2S
         assert r["modeled_time_s_mean"] == pytest.approx(base + k * 1.5 * S, rel=1e-9)
         assert r["modeled_compute_s_max"] == pytest.approx(r["step"] * 2 * S, rel=1e-9)
-    # what-if entries: the same events at 1 Gbps
-    beta1 = 8 / 1e9
+    # what-if entries: the same events on the network=1gbps preset's link (1 Gbps, 50 us: the
+    # configured latency 0 is not carried over): 2 (p - 1) = 2 latencies per averaging all-reduce
+    beta1, alpha1 = 8 / 1e9, 50e-6
     last = recs[-1]
     assert last["modeled_time_1gbps_s"] == pytest.approx(
-        (last["step"] // H) * (H * 2 * S + (CNN_PARAMS + CNN_FLOAT_BUFFERS) * 4 * beta1), rel=1e-9)
+        (last["step"] // H) * (H * 2 * S + 2 * alpha1 + (CNN_PARAMS + CNN_FLOAT_BUFFERS) * 4 * beta1), rel=1e-9)
     # step 6 lies between syncs (4, 8, 12): replicas differ
     evals = {r["step"]: r for r in recs if "test_loss" in r}
     assert evals[6]["consensus_distance"] > 0
@@ -160,3 +164,81 @@ def test_async_all_reduce_overlaps_local_steps(tmp_path, steps):
     want = [max(r * 1e-3 + steps * 1e-3, end) for r in range(2)]
     assert [g["t"] for g in got] == pytest.approx(want, rel=1e-12)
     assert got[0]["sum"] == 3.0
+
+
+# -- synchronous averaging is communication (issue 22 item 6) -----------------------------------------
+DELAY = 0.3  # s: rank 1 enters each averaging this late, so rank 0 waits that long inside it
+
+
+def _average_timing(rank, world, out):
+    """A synchronous average_ (rank 1 DELAY late), then an asynchronous one waited on at once."""
+    comm = Communicator(Network(LINK), clock=Clock(1))
+    x = torch.full((250_000,), float(rank))
+    if rank == 1:
+        time.sleep(DELAY)
+    comm.average_([x])
+    sync = {"step": comm.pop_step_time(), "comm": comm.stats.comm_time_s, "clock": comm.clock.time_s,
+            "compute": comm.clock.compute_s, "x": x[0].item()}
+    if rank == 1:
+        time.sleep(DELAY)
+    comm.average_([x], async_op=True).wait()
+    torch.save({"sync": sync, "async_step": comm.pop_step_time(), "comm": comm.stats.comm_time_s}, out / f"{rank}.pt")
+
+
+def test_synchronous_average_is_communication_time(tmp_path):
+    """A synchronous average_ is communication: its measured seconds are step communication time
+    (taken out of the step's measured compute: pop_step_time), and the clock moves by the
+    all-reduce's cost 2 alpha + n beta (2 workers, 1 MB) with no compute. An asynchronous one is
+    time in flight during compute: counted in comm_time_s, not taken out of the step."""
+    run_gloo(_average_timing, 2, tmp_path)
+    got = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
+    for g in got:
+        sync = g["sync"]
+        assert sync["x"] == 0.5
+        assert sync["step"] == sync["comm"] > 0  # every second of it: not overlapped
+        assert sync["clock"] == pytest.approx(2 * ALPHA + 1_000_000 * BETA, rel=1e-12) and sync["compute"] == 0.0
+        assert g["async_step"] == 0.0 and g["comm"] > sync["comm"]
+    assert got[0]["sync"]["comm"] >= DELAY * 0.9  # rank 0 waited for rank 1 inside the all-reduce
+
+
+def _train_slow_average(rank, world, cfg, run_dir):
+    """The trainer, with rank 1 entering every model-sized all-reduce DELAY late."""
+    import torch.distributed as dist
+
+    from lsgd.trainer import Trainer
+
+    real = dist.all_reduce
+
+    def late(tensor, *args, **kwargs):
+        if rank == 1 and tensor.numel() >= CNN_PARAMS:
+            time.sleep(DELAY)
+        return real(tensor, *args, **kwargs)
+
+    dist.all_reduce = late
+    try:
+        Trainer(cfg, Path(run_dir), "cpu").fit()
+    finally:
+        dist.all_reduce = real
+
+
+def test_local_sgd_averaging_time_is_communication_not_compute(tmp_path):
+    """local SGD, H = 2, 4 steps: 2 averaging rounds, each waiting DELAY for rank 1. The measured
+    waiting lands in comm_time_s, not in compute_time_s (the synchronous average_ was flagged as
+    overlapped, so it stayed in the step's compute); the clock charges each round its modeled
+    cost, 2 alpha + n beta on 2 workers (latency 0 here), whatever the waiting."""
+    H, steps, beta = 2, 4, 8 / 10e9
+    cfg = compose_cfg([*TINY, "launcher.nproc_per_node=2", f"results_dir={tmp_path}", f"max_steps={steps}",
+                       "network.latency_us=0", f"cluster.step_time_s={S}", "algo=local_sgd", f"algo.local_steps={H}"])
+    cfg["run_id"], cfg["resume"] = "slow", False
+    run_dir = tmp_path / "slow"
+    run_dir.mkdir()
+    run_gloo(_train_slow_average, 2, cfg, str(run_dir))
+    recs = [r for r in records(run_dir) if "kind" not in r]
+    last = recs[-1]
+    rounds = steps // H
+    assert last["comm_rounds"] == rounds
+    assert last["comm_time_s"] >= rounds * DELAY * 0.9  # rank 0 waited in both averagings
+    assert last["compute_time_s_max"] < DELAY  # and none of it counts as compute
+    comm = (CNN_PARAMS + CNN_FLOAT_BUFFERS) * 4 * beta
+    assert last["modeled_time_s"] == pytest.approx(rounds * (H * S + comm), rel=1e-9)
+    assert last["modeled_compute_s"] == pytest.approx(steps * S, rel=1e-9)

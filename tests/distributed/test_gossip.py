@@ -475,11 +475,11 @@ def test_lead_quantizer_is_unbiased_and_its_payload_is_packed(tmp_path):
     assert levels.abs().max() <= 2 and float(norm) == 1.0
     # one level step is norm / 2: standard error <= 0.5 / (2 sqrt(draws)); 5 sigma
     assert (mean - v.double()).abs().max() < 5 * 0.25 / draws ** 0.5
-    assert [packed_bits(b) for b in (1, 2, 3, 4, 7, 8)] == [2, 4, 4, 8, 8, 16]
+    assert [packed_bits(b) for b in (1, 2, 3, 4, 7, 8)] == [2, 3, 4, 5, 8, 9]  # 2^b + 1 levels: b + 1 bits
     steps = 3
     got = train(tmp_path, "leadq", N, cfg("lead", alpha=0.5, gamma=1.0, compressor="quantize", bits=2), SGD, steps,
                 schedule=WARMUP_COSINE)
     n, tensors = sum(t.numel() for t in got[0]["params"]), len(got[0]["params"])
-    # 2 ring neighbours x (steps - 1) rounds x (n levels at 4 bits + a float32 norm per tensor)
-    assert got[0]["stats"]["comm_bytes"] == 2 * (steps - 1) * ((n * 4 + 7) // 8 + 4 * tensors)
+    # 2 ring neighbours x (steps - 1) rounds x (n levels at b + 1 = 3 bits + a float32 norm per tensor)
+    assert got[0]["stats"]["comm_bytes"] == 2 * (steps - 1) * ((n * 3 + 7) // 8 + 4 * tensors)
     assert all(torch.isfinite(t).all() for g_ in got for t in g_["params"])

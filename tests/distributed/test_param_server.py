@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainer_runs import train
+from trainer_runs import TINY, compose_cfg, train
 
 CNN_PARAMS = 215_418
 CNN_FLOAT_BUFFERS = 2 * (16 + 32)
@@ -37,4 +37,16 @@ def test_param_server_equals_ddp_and_moves_the_ps_bytes(tmp_path):
     last = ps_recs[-1]
     assert last["comm_bytes_max"] == steps * max(per_rank)
     assert last["comm_bytes"] == pytest.approx(steps * sum(per_rank) / 3)
+    # the workers alone (issue 22 item 6): what one worker sends, payload and wire (messages: equal)
+    assert last["comm_bytes_workers"] == pytest.approx(steps * (2 * n + b) / 2)
+    assert last["wire_bytes_workers"] == pytest.approx(steps * (2 * n + b) / 2)
+    assert "comm_bytes_workers" not in ddp_recs[-1]  # every rank a worker: comm_bytes is that mean
+    import yaml
+
+    from lsgd.analysis import experiment_tables
+
+    cfg = compose_cfg([*TINY, f"launcher.nproc_per_node={workers + 1}", "algo=param_server", *common])
+    (tmp_path / "ps" / "config.yaml").write_text(yaml.safe_dump({**cfg, "world_size": workers + 1, "run_id": "ps"}))
+    (table,) = (t.table for t in experiment_tables(tmp_path / "ps").values())
+    assert table["gb_sent_per_worker"].tolist() == pytest.approx([steps * (2 * n + b) / 2 / 1e9])
     assert last["comm_rounds"] == steps

@@ -346,8 +346,10 @@ def test_time_to_threshold_and_speedup_match_hand_computation(results):
     for run, (wall, modeled) in HAND_SPEEDUP.items():
         assert by_run(tab, "speedup_wall")[run] == pytest.approx(wall)
         assert by_run(tab, "speedup_modeled")[run] == pytest.approx(modeled)
-    # GB per worker = comm_bytes / 1e9: 100, 12 and 6 rounds of 4 MB
-    assert by_run(tab, "gb_sent_per_worker") == pytest.approx({"run_ddp": 0.4, "run_h8": 0.048, "run_h16": 0.024})
+    # GB per worker = wire_bytes / 1e9: 100, 12 and 6 ring all-reduces of 4 MB on 4 workers (each
+    # sends 2 x 3/4 of the payload); floats sent: the payload / 4
+    assert by_run(tab, "gb_sent_per_worker") == pytest.approx({"run_ddp": 0.6, "run_h8": 0.072, "run_h16": 0.036})
+    assert by_run(tab, "floats_sent") == pytest.approx({"run_ddp": 1e8, "run_h8": 1.2e7, "run_h16": 6e6})
     assert by_run(tab, "best_test_acc") == pytest.approx({"run_ddp": 0.9, "run_h8": 0.8, "run_h16": 0.85})
     # target 0.7: ddp first reaches it at step 80 (0.72)
     assert by_run(tab, "time_to_target_s")["run_ddp"] == pytest.approx(80.0)
@@ -507,7 +509,7 @@ def test_plot_runs_one_set_per_experiment(results, tmp_path):
 
 #: The arm labels of the main set (one seed each).
 LABELS = {"run_ddp": "DDP", "run_h8": "local SGD, H=8", "run_h16": "local SGD, H=16"}
-MAIN_COLUMNS = ["method", "n", "final test acc", "best test acc", "GB sent / worker", "bytes vs dense",
+MAIN_COLUMNS = ["method", "n", "final test acc", "best test acc", "GB on the wire / worker", "bytes vs dense",
                 "modeled time (s)", "time to T, modeled (s)", "speedup vs ddp, modeled",
                 "Δ final test acc vs ddp, paired"]  # fmt: skip
 
@@ -533,7 +535,8 @@ def test_write_report_tables_and_figures(results, tmp_path):
         assert rows[LABELS[run]]["speedup vs ddp, modeled"] == f"{modeled:.2f}"
     assert rows["local SGD, H=4 (running)"]["speedup vs ddp, wall"] == "n/a"
     assert rows["DDP"]["final test acc"] == "0.9000" and rows["local SGD, H=16"]["best test acc"] == "0.8500"
-    assert rows["DDP"]["GB sent / worker"] == "0.4" and rows["local SGD, H=8"]["comm rounds"] == "12"
+    # wire bytes: 100 ring all-reduces of 4 MB on 4 workers, 2 x 3/4 x 4 MB each
+    assert rows["DDP"]["GB on the wire / worker"] == "0.6" and rows["local SGD, H=8"]["comm rounds"] == "12"
     # 100 steps x batch 32 x 4 workers; train_loss(100) = 2 / (1 + 0.05 * 100); test_loss(100) = 1 - rate * 100
     assert rows["local SGD, H=8"]["samples"] == "12800" and rows["local SGD, H=8"]["final train loss"] == "0.3333"
     assert rows["DDP"]["final test loss"] == "0.1000" and rows["local SGD, H=4 (running)"]["final test loss"] == "0.6500"
@@ -664,6 +667,39 @@ def test_bytes_vs_dense(results, tmp_path, no_figures):
     assert rows[0]["method"] == "local SGD" and rows[0]["bytes vs dense"] == "n/a"
 
 
+def test_gb_sent_per_worker_counts_the_wire_of_workers_only(tmp_path, no_figures):
+    """issue 22 item 6: the bytes column is what one worker puts on the wire, over the worker ranks.
+
+    Parameter server, 1 server + 3 workers, 10 steps of an n = 4 MB model: each worker sends n per
+    step (its gradient), the server 3 n (the model to each worker); the mean over the 4 ranks is
+    (3 x 10 n + 3 x 10 n) / 4 = 15 n = 60 MB, but a worker sends 10 n = 40 MB (wire = payload for
+    messages). An all-gather algorithm on 4 workers, 10 steps of a 1 MB input: the payload handed
+    to the collective is 10 MB, the wire (p - 1) x 1 MB x 10 = 30 MB. A server run recorded before
+    the workers-only keys: n/a (its mean counts the server)."""
+    n, steps = 4_000_000, 10
+    root = tmp_path / "res"
+    exp = "bytes_study"
+
+    def patch(run_dir, **summary):
+        path = run_dir / "summary.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **summary}))
+
+    ps = write_run(root, "ps", {"name": "param_server"}, 0.009, 1.0, 1.0, experiment=exp, steps=steps)
+    patch(ps, num_workers=3, comm_bytes=15 * n, wire_bytes=15 * n, comm_bytes_workers=10 * n, wire_bytes_workers=10 * n)
+    old = write_run(root, "ps_old", {"name": "param_server"}, 0.009, 1.0, 1.0, experiment=exp, steps=steps)
+    patch(old, num_workers=3, comm_bytes=15 * n, wire_bytes=15 * n)
+    ag = write_run(root, "allgather", {"name": "compressed", "compressor": "topk"}, 0.009, 1.0, 1.0, experiment=exp,
+                   steps=steps)
+    patch(ag, num_workers=4, comm_bytes=steps * 1_000_000, wire_bytes=steps * 3 * 1_000_000)
+    t = experiment_tables(root)[exp].table
+    gb = by_run(t, "gb_sent_per_worker")
+    assert gb["ps"] == pytest.approx(0.04) and gb["allgather"] == pytest.approx(0.03)
+    assert math.isnan(gb["ps_old"])
+    assert by_run(t, "floats_sent")["ps"] == pytest.approx(10 * n / 4)
+    text = write_report(root, tmp_path / "r").read_text()
+    assert "GB on the wire / worker" in text and "GB sent / worker" not in text
+
+
 def test_modeled_time_at_1_and_10_gbps(results, tmp_path, no_figures):
     # 100 rounds of a ring all-reduce over 4 workers: a = 2 * 3 * 100 = 600 latencies,
     # b = 2 * 3/4 * 4 MB * 100 = 6e8 bytes; compute = 0.8 * wall * 100 = 80 s (wall 1 s/step).
@@ -673,11 +709,13 @@ def test_modeled_time_at_1_and_10_gbps(results, tmp_path, no_figures):
               network={"name": "custom", "bandwidth_gbps": 10.0})  # no latency_us: 10 us  # fmt: skip
     write_run(results, "run_ab_running", {"name": "ddp", "bucket_cap_mb": 100}, 0.009, 1.0, 2.0, alpha_beta=True, with_summary=False)
     t = experiment_tables(results)[EXP].table
-    for run, lat_us in (("run_ab", 50), ("run_ab_default", 10), ("run_ab_running", 50)):  # running: from its last record
-        assert by_run(t, "modeled_1gbps_s")[run] == pytest.approx(compute + a * lat_us * 1e-6 + b * 8 / 1e9)
-        assert by_run(t, "modeled_10gbps_s")[run] == pytest.approx(compute + a * lat_us * 1e-6 + b * 8 / 10e9)
-    assert by_run(t, "modeled_1gbps_s")["run_ab"] == pytest.approx(84.83)
-    assert by_run(t, "modeled_10gbps_s")["run_ab"] == pytest.approx(80.51)
+    # each column is the network preset of its bandwidth, latency included (conf/network/1gbps.yaml:
+    # 50 us, 10gbps.yaml: 10 us), whatever the run's own latency (50 us, or none given)
+    for run in ("run_ab", "run_ab_default", "run_ab_running"):  # running: from its last record
+        assert by_run(t, "modeled_1gbps_s")[run] == pytest.approx(compute + a * 50e-6 + b * 8 / 1e9)
+        assert by_run(t, "modeled_10gbps_s")[run] == pytest.approx(compute + a * 10e-6 + b * 8 / 10e9)
+    assert by_run(t, "modeled_1gbps_s")["run_ab"] == pytest.approx(80 + 0.03 + 4.8)
+    assert by_run(t, "modeled_10gbps_s")["run_ab"] == pytest.approx(80 + 0.006 + 0.48)  # not 80.51 (50 us)
     assert math.isnan(by_run(t, "modeled_1gbps_s")["run_h8"])  # older run: no alpha-beta terms
     rows = {r["method"]: r for r in parse_markdown_tables(write_report(results, tmp_path / "r").read_text())[1]}
     assert rows["DDP, bucket cap mb=25"]["modeled @1 Gbps (s)"] == "84.8"
@@ -913,7 +951,7 @@ def test_report_over_three_seeds_and_one_seed(tmp_path):
     assert rows["DDP"]["Δ final test acc vs ddp, paired"] == "baseline"
     assert list(t.arms["paired_with"]) == ["baseline", "DDP", "DDP"]
     assert list(t.arms["paired_diff_final_test_acc_n"]) == [3, 3, 1]
-    assert rows["local SGD, H=8"]["GB sent / worker"] == "0.048 ± 0"  # the same bytes in every seed
+    assert rows["local SGD, H=8"]["GB on the wire / worker"] == "0.072 ± 0"  # the same bytes in every seed
     # one seed: n=1, the value and no interval
     assert rows["local SGD, H=16"]["n"] == "1"
     assert rows["local SGD, H=16"]["final test acc"] == "0.8500" and rows["local SGD, H=16"]["speedup vs ddp, modeled"] == "4.50"

@@ -384,6 +384,64 @@ def test_config_needs_two_processes_and_the_profile_clock():
         AsyncLocalSGD.validate_run({"algo": _algo(), "cluster": {"compute": "measured"}}, 3)
 
 
+def _one_step_plan(**kw):
+    """Step times 1 s and 3 s, H = 1, free messages, T = 4 (8 arrivals). In (finish, worker) order:
+    worker 0 at 1, 2, 3, worker 1 at 3, worker 0 at 4, 5, 6, worker 1 at 6."""
+    p = plan([1.0, 3.0], [1, 1], [0.0, 0.0], [0.0, 0.0], 4, **kw)
+    assert [(a.worker, a.apply_s) for a in p.arrivals] == [(0, 1.0), (0, 2.0), (0, 3.0), (1, 3.0), (0, 4.0), (0, 5.0),
+                                                           (0, 6.0), (1, 6.0)]
+    return p
+
+
+def test_staleness_counts_server_versions_not_arrivals():
+    """issue 22 item 6, by hand on _one_step_plan's schedule (v: the server's version = outer steps).
+
+    Every arrival a step: worker 1 pulled v0 and 3 steps came before its arrival at 3 (staleness
+    3), then pulled v4; its arrival at 6 finds v7: 3. Worker 0's arrival at 4 pulled v3 and finds
+    v4 (worker 1's step in between): 1.
+
+    FedBuff K = 2 (a step per 2 arrivals: v = kept // 2 before each): worker 1 at 3 pulled v0, finds
+    3 // 2 = v1: 1 (it was 3 arrivals); pulled v2, at 6 finds 7 // 2 = v3: 1 (3 arrivals). Worker 0 at
+    4 pulled 3 // 2 = v1 and finds 4 // 2 = v2: 1.
+
+    max_staleness = 0 (arrivals staler than 0 dropped, no step): worker 1 at 3 finds v3: staleness 3,
+    dropped; worker 0 at 4 pulled v3 and finds v3 (the drop took no step): 0, kept (counting arrivals
+    it would be 1, dropped); worker 1 pulled v3 at 3, at 6 finds v6: 3, dropped. 6 steps in all."""
+    plain = _one_step_plan()
+    assert [a.staleness for a in plain.arrivals] == [0, 0, 0, 3, 1, 0, 0, 3]
+    assert not any(a.dropped for a in plain.arrivals)
+    fedbuff = _one_step_plan(fedbuff=2)
+    assert [a.staleness for a in fedbuff.arrivals] == [0, 0, 0, 1, 1, 0, 0, 1]
+    # the same as FLSim's count from arrival indices without drops: q // K - p // K
+    assert [a.staleness for a in fedbuff.arrivals] == [q // 2 - (q - s) // 2
+                                                       for q, s in enumerate(a.staleness for a in plain.arrivals)]
+    drop = _one_step_plan(max_staleness=0)
+    assert [a.staleness for a in drop.arrivals] == [0, 0, 0, 3, 0, 0, 0, 3]
+    assert [a.dropped for a in drop.arrivals] == [False, False, False, True, False, False, False, True]
+    # FedBuff and dropping together, K = 2, max_staleness = 0: worker 1 at 3 finds v1 (3 arrivals kept):
+    # 1, dropped; worker 0 at 4 pulled v1 (3 kept), finds v1: 0, kept (4 kept: v2); at 5 pulled v2:
+    # 0 (5 kept); at 6 pulled v2: 0 (6 kept: v3); worker 1 pulled v1 at 3, at 6 finds v3: 2, dropped.
+    both = _one_step_plan(fedbuff=2, max_staleness=0)
+    assert [a.staleness for a in both.arrivals] == [0, 0, 0, 1, 0, 0, 0, 2]
+    assert [a.dropped for a in both.arrivals] == [False, False, False, True, False, False, False, True]
+    # the schedule itself does not depend on either
+    for p in (fedbuff, drop, both):
+        assert [(a.worker, a.apply_s, a.progress, a.restart_s) for a in p.arrivals] == [
+            (a.worker, a.apply_s, a.progress, a.restart_s) for a in plain.arrivals]
+
+
+def test_the_server_drops_and_steps_as_planned():
+    """The server's apply on the plan's staleness drops exactly the planned arrivals and takes the
+    planned number of steps (max_staleness = 0 on _one_step_plan: 6 steps, arrivals 3 and 7 dropped)."""
+    p = _one_step_plan(max_staleness=0)
+    algo = _server(max_staleness=0)
+    for i, a in enumerate(p.arrivals):
+        algo.apply(torch.tensor([1.0, 1.0, 1.0]), a.staleness, index=i)
+        algo.served = i + 1
+    assert algo.dropped == 2 and algo.server_updates() == 6
+    assert [t.tolist() for t in algo.params] == [[-5.0, -4.0], [-3.0]]  # 6 SGD steps of 1 at lr 1
+
+
 # -- the server's outer step with the staleness baselines ---------------------------------------------
 def _server(**kw):
     algo = AsyncLocalSGD(_algo(outer_optimizer="sgd", outer_lr=1.0, **kw), comm=None)
@@ -430,14 +488,15 @@ def test_fedbuff_steps_on_the_mean_of_every_k_arrivals():
 
 
 def test_fedbuff_staleness_counts_server_steps():
-    """K = 2, a = 1. Arrival 4, 3 arrivals stale: its worker pulled when 1 arrival had been applied
-    (server version 1 // 2 = 0); now the version is 4 // 2 = 2: 2 server steps stale, weight 1 / 3.
-    Arrival 5, 1 arrival stale: versions 4 // 2 = 2 and 5 // 2 = 2, 0 steps, weight 1. The step is on
-    (g4 / 3 + g5) / 2 = (1 + 1) / 2 = 1 per coordinate."""
+    """K = 2, a = 1. The staleness passed is in server steps (the plan's): arrival 4 whose worker
+    pulled when 1 arrival had been applied (server version 1 // 2 = 0) finds version 4 // 2 = 2: 2
+    steps stale, weight 1 / 3. Arrival 5 whose worker pulled after arrival 3 (version 4 // 2 = 2)
+    finds 5 // 2 = 2: 0 steps, weight 1. The step is on (g4 / 3 + g5) / 2 = (1 + 1) / 2 = 1 per
+    coordinate."""
     algo = _server(fedbuff=2, staleness_exponent=1.0)
     algo.buffered = 4  # arrivals 0..3 already applied
-    algo.apply(torch.tensor([3.0, 3.0, 3.0]), 3, index=4)
-    algo.apply(torch.tensor([1.0, 1.0, 1.0]), 1, index=5)
+    algo.apply(torch.tensor([3.0, 3.0, 3.0]), 2, index=4)
+    algo.apply(torch.tensor([1.0, 1.0, 1.0]), 0, index=5)
     assert [p.tolist() for p in algo.params] == [[0.0, 1.0], [2.0]]
 
 

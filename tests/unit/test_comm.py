@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import math
 
 import numpy as np
@@ -73,12 +74,41 @@ def test_record_accumulates_and_overlapped_time_is_not_step_time():
 
 
 def test_network_links_and_what_if_entries():
-    net = Network(NetworkModel(10, 10), NetworkModel(1000, 1), gpus_per_node=4, report_gbps=(1, 100))
-    assert net.k == 3
+    net = Network(NetworkModel(10, 10), NetworkModel(1000, 1), gpus_per_node=4, report_gbps=(1, 100, 3))
+    assert net.k == 4
     assert net.link([0, 1, 2, 3]) == "intra" and net.link([3, 4]) == "inter"
-    assert [m.bandwidth_gbps for m in net.models("inter")] == [10, 1, 100]
-    assert [m.latency_us for m in net.models("inter")] == [10, 10, 10]
-    assert [m.bandwidth_gbps for m in net.models("intra")] == [1000, 1000, 1000]  # what-ifs are inter-node
+    assert [m.bandwidth_gbps for m in net.models("inter")] == [10, 1, 100, 3]
+    # a what-if bandwidth with a network preset takes its latency too (conf/network/1gbps.yaml 50 us,
+    # 100gbps.yaml 2 us); 3 Gbps has no preset: the configured latency
+    assert [m.latency_us for m in net.models("inter")] == [10, 50, 2, 10]
+    assert [m.bandwidth_gbps for m in net.models("intra")] == [1000] * 4  # what-ifs are inter-node
+    assert [m.latency_us for m in net.models("intra")] == [1] * 4
+
+
+def test_what_if_entries_are_the_network_presets():
+    """issue 22 item 6: a 10 Gbps run's 1 Gbps column is the network=1gbps preset. The presets'
+    links as the config files give them, and a two-worker all-reduce of 1 MB priced by hand:
+    2 (p - 1) alpha + 2 (p - 1) / p n beta = 2 alpha + n beta on each what-if entry."""
+    from omegaconf import OmegaConf
+
+    from lsgd.comm import preset_latencies_us, what_if_latency_us
+
+    conf = {}
+    for name in ("1gbps", "10gbps", "100gbps"):
+        preset = OmegaConf.to_container(OmegaConf.load(importlib.resources.files("lsgd.conf") / "network" / f"{name}.yaml"))
+        conf[float(preset["bandwidth_gbps"])] = float(preset["latency_us"])
+    assert conf == {1.0: 50.0, 10.0: 10.0, 100.0: 2.0} == preset_latencies_us()
+    assert what_if_latency_us(1, 10.0) == 50.0 and what_if_latency_us(2.5, 7.0) == 7.0
+    net = Network.from_config({"bandwidth_gbps": 10, "latency_us": 10, "report_gbps": [1, 10, 100, 0.5]})
+    n = 1_000_000
+    costs = [m.all_reduce(n, 2) for m in net.models("inter")]
+    assert costs == pytest.approx([2 * 10e-6 + n * 8 / 10e9,    # the configured 10 Gbps link
+                                   2 * 50e-6 + n * 8 / 1e9,     # network=1gbps: 8.1 ms, not 8.02 ms
+                                   2 * 10e-6 + n * 8 / 10e9,    # network=10gbps
+                                   2 * 2e-6 + n * 8 / 100e9,    # network=100gbps
+                                   2 * 10e-6 + n * 8 / 0.5e9],  # no preset: the configured 10 us
+                                  rel=1e-12)
+    assert costs[1] == pytest.approx(0.0081, rel=1e-12)
 
 
 def test_clock_backward_window_and_state():

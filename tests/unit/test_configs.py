@@ -296,6 +296,22 @@ def test_async_bundles_compose_and_validate_every_arm(experiment, cells):
         assert cfg["experiment_name"] == "async_c4_150m_w16_very"
 
 
+@pytest.mark.parametrize("experiment", ["async_text", "async_c4"])
+def test_async_bundles_take_the_least_visited_shard(experiment):
+    """issue 22 item 6: the paper's data protocol (papers.md section 4, Liu et al. 2024: each new task
+    takes the least-visited shard) in both async studies: every asynchronous arm composes with
+    algo.shard_policy=least_visited at every level; the synchronous DiLoCo arm (its own algorithm,
+    every worker the same steps) carries no such key."""
+    for level in ("none", "very"):
+        for arm in ASYNC_ARMS:
+            cfg = load([f"experiment={experiment}", f"variant={arm}", f"study.heterogeneity={level}"])
+            validate(cfg)
+            if arm == "async_sync_diloco":
+                assert cfg["algo"]["name"] == "diloco" and "shard_policy" not in cfg["algo"]
+            else:
+                assert cfg["algo"]["shard_policy"] == "least_visited", (arm, level)
+
+
 def test_lsgd_add_and_speeds_resolvers():
     from lsgd.cluster import resolve_speeds
     from lsgd.resolvers import add, speeds
