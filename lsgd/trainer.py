@@ -196,6 +196,7 @@ class Trainer:
             lr=lambda: self.optimizer.param_groups[0]["lr"], seed=seed,
             lr_decay_steps=lr_decay_steps(cfg["schedule"], self.steps_per_epoch),
             step_compute_s=lambda: self.step_compute_s, compute_seconds=self.compute_model.seconds,
+            grad_ready_fraction=self.compute_model.grad_ready_fraction,
             worker_step_s=self._worker_step_s(cluster, workers, seed),
             take_losses=lambda: self.recorder.take_losses(),
             add_losses=lambda *losses: self.recorder.add_losses(*losses),
@@ -366,12 +367,18 @@ class Trainer:
         return time.perf_counter()
 
     def _calibrate(self) -> None:
-        """Profile mode: count one step's FLOPs on the first batch (RNG states untouched)."""
-        if self.compute_model.calibrated:
+        """Count one step's FLOPs on the first batch (RNG states untouched): the profile (profile
+        mode from FLOPs) and, in every mode, when each parameter's gradient is final in backward
+        (:attr:`ComputeModel.grad_ready_fraction`, DDP's bucket timing)."""
+        if self.compute_model.calibrated and self.compute_model.grad_ready_fraction is not None:
             return
         states = (torch.get_rng_state(), random.getstate(), np.random.get_state())
         x, y = next(iter(self.loader.batches(0, 0)))
-        self.compute_model.calibrate(self.model, x.to(self.device), y.to(self.device), self.loss_fn)
+        args = (self.model, x.to(self.device), y.to(self.device), self.loss_fn)
+        if not self.compute_model.calibrated:
+            self.compute_model.calibrate(*args)
+        if self.compute_model.grad_ready_fraction is None:
+            self.compute_model.count_grad_ready(*args)
         torch.set_rng_state(states[0])
         random.setstate(states[1])
         np.random.set_state(states[2])

@@ -33,7 +33,7 @@ config keys in :meth:`Algorithm.validate_config`: adding an algorithm is one mod
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +85,10 @@ class RunContext:
             with :attr:`Algorithm.bookkeeping` ``server`` ships its workers' losses to the server).
         add_losses: callable adding ``(sum, count, non-finite count)`` to this rank's accumulators
             (the server, with the losses its workers shipped).
+        grad_ready_fraction: ``{parameter name: fraction of the backward pass's FLOPs done when its
+            gradient is final}`` (:meth:`lsgd.cluster.ComputeModel.count_grad_ready`), for
+            algorithms that overlap communication with backward (DDP's buckets); None: not known
+            (then by parameter share).
     """
 
     rank: int = 0
@@ -107,6 +111,7 @@ class RunContext:
     worker_step_s: tuple[float, ...] | None = None
     take_losses: Callable[[], tuple[float, int, int]] | None = None
     add_losses: Callable[[float, int, int], None] | None = None
+    grad_ready_fraction: Mapping[str, float] | None = None
 
 
 def float_buffers(model: nn.Module) -> list[torch.Tensor]:

@@ -320,3 +320,31 @@ def test_extra_compute_seconds():
     model = ComputeModel({"compute": "profile", "device": "a100", "mfu": 0.5, "step_time_s": 1.0}, speed=0.5)
     assert model.seconds(312e12) == pytest.approx(312e12 / (312e12 * 0.5) / 0.5)
     assert ComputeModel({"compute": "measured"}).seconds(1e15) == 0.0
+
+
+# ---------------------------------------------------------------- when gradients are final (DDP buckets)
+def test_grad_ready_fractions_follow_backward_flops_in_reverse_layer_order():
+    """Closed form for an MLP: backward runs layer 2 first (its weight-grad and input-grad matmuls,
+    2 x 2 B HID OUT), then layer 1 (weight grad only, 2 B IN HID: x needs no gradient). Layer 2's
+    parameters are final after layer 2's share of the backward FLOPs; layer 1's at the end."""
+    model = nn.Sequential(nn.Linear(IN, HID), nn.ReLU(), nn.Linear(HID, OUT))
+    x, y = torch.randn(B, IN), torch.randint(0, OUT, (B,))
+    cm = ComputeModel({"compute": "measured"})  # any mode counts them
+    ready = cm.count_grad_ready(model, x, y, ce)
+    layer2, layer1 = 2 * (2 * B * HID * OUT), 2 * B * IN * HID
+    total = layer2 + layer1
+    assert ready == {"0.weight": 1.0, "0.bias": 1.0, "2.weight": layer2 / total, "2.bias": layer2 / total}
+    # by parameter share layer 2 would be ready after (HID * OUT + OUT) / all parameters
+    assert cm.forward_flops is None  # the profile is untouched outside flops mode
+
+
+def test_ddp_bucket_fractions_by_flops_and_the_parameter_share_fallback():
+    from lsgd.algorithms.ddp import ready_fractions
+
+    model = nn.Sequential(nn.Linear(IN, HID), nn.ReLU(), nn.Linear(HID, OUT))
+    ids = {n: id(p) for n, p in model.named_parameters()}
+    by_flops = ready_fractions(model, {"0.weight": 1.0, "0.bias": 1.0, "2.weight": 0.25, "2.bias": 0.25})
+    assert by_flops[ids["2.weight"]] == 0.25 and by_flops[ids["0.bias"]] == 1.0
+    share = ready_fractions(model, None)
+    n = [p.numel() for p in model.parameters()]
+    assert share[ids["2.bias"]] == n[3] / sum(n) and share[ids["0.weight"]] == 1.0
