@@ -8,9 +8,9 @@ rank's per-tensor sums and norms within ``cases.RTOL`` (1e-9 relative) on any x8
 kernel family, byte and round counts and the modeled time exactly. No case skips: a machine whose
 numbers differ is a failure to look at, not an environment to excuse.
 
-Bit for bit where it means something: every case runs twice more on this machine in float32 (as
-users run it) and the two runs must agree exactly (losses, counters, sha256 of every rank's final
-state); nothing is stored for that.
+Bit for bit where it means something: every case runs a second time on this machine and the two
+runs must agree exactly (losses, counters, sha256 of every rank's final state); nothing is stored
+for that.
 
 A failure names the case, the first differing step and both values. If the change is meant to move
 the numerics, regenerate with ``python scripts/make_golden.py [--only CASE ...]`` and say why in the
@@ -38,9 +38,9 @@ def results(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def float32_runs(tmp_path_factory):
-    """Every case twice in float32 (two groups per world size, one after the other)."""
-    return [cases.run_cases(None, tmp_path_factory.mktemp(f"golden-f32-{i}"), dtype="float32") for i in (1, 2)]
+def second_run(tmp_path_factory):
+    """Every case once more, as :func:`results` (new process groups, new run folders)."""
+    return cases.run_cases(None, tmp_path_factory.mktemp("golden-again"))
 
 
 def test_every_case_has_one_golden_file():
@@ -61,11 +61,9 @@ def test_golden(name, results):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_two_runs_on_one_machine_are_bit_identical(name, float32_runs):
-    first, second = (runs[name] for runs in float32_runs)
-    assert "dtype=float32" in first["overrides"]
-    diffs = cases.differences(first, second, rtol=0)
-    assert not diffs, "two float32 runs of one config on one machine differ:\n" + "\n".join(diffs)
+def test_two_runs_on_one_machine_are_bit_identical(name, results, second_run):
+    diffs = cases.differences(results[name], second_run[name], rtol=0)
+    assert not diffs, "two runs of one config on one machine differ:\n" + "\n".join(diffs)
 
 
 def test_tolerance_catches_a_change_in_the_last_float32_bit():

@@ -48,8 +48,9 @@ message and regenerate them:
     python scripts/make_golden.py --check         # compare only, write nothing
 
 Bit for bit, where it means something: two runs of one case on one machine give identical bits
-(``test_golden.py`` runs every case twice more, in float32 as users run it, and compares the exact
-losses and counters and each rank's sha256 of its final state; nothing is stored for that). That needs one OpenMP
+(``test_golden.py`` runs every case a second time and compares the exact losses and counters and
+each rank's sha256 of its final state; nothing is stored for that; ``run_cases(dtype="float32")``
+does the same for the float32 runs users make). That needs one OpenMP
 thread on every thread of a rank (:data:`THREAD_ENV`, as ``lsgd train`` runs two workers on two
 cores).
 
