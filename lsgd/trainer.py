@@ -485,8 +485,9 @@ class Trainer:
     def save_checkpoint(self, at: int | None = None) -> None:
         """Every rank writes its shard (atomically) named by the progress count ``at`` (default:
         the current one); see :class:`lsgd.services.Checkpointer`."""
-        # the algorithm's state first: it may complete an exchange in flight (swarm_sgd), which
-        # changes the model and advances the clock
+        # the algorithm's state first: it completes the transfer of an exchange in flight to save
+        # what was received (changing neither the model nor the clock, which moves where the
+        # algorithm waits), then the communicator's counters and clock
         algorithm = self.algorithm.state_dict()
         self.checkpointer.save(self.progress if at is None else at, {
             "local_step": self.step,
