@@ -451,10 +451,13 @@ class Trainer:
         ce = int(cfg["checkpoint_every"])
         local = self.algorithm.bookkeeping == "server"  # the server alone, no collective (no checkpoints)
         is_eval = crossed(unit * int(cfg["eval_every"])) or last
-        is_ckpt = crossed(unit * ce) and not local
-        if not (is_eval or crossed(int(cfg["log_every"]))):
+        is_ckpt = crossed(unit * ce) and not local and not last
+        if not (is_eval or crossed(int(cfg["log_every"]))):  # no record here; a checkpoint may fall here
             self.recorder.tick(step)
-            return False, False
+            if is_ckpt:
+                self.comm.quiesce()
+                self.save_checkpoint(step)
+            return False, is_ckpt
         rec = self.recorder.make_record(self, step, local=local)
         if rec is None:  # diverged: every rank saw the same reduced flag
             self.diverged = True
@@ -468,7 +471,7 @@ class Trainer:
             self.recorder.note_eval(out, step)
             rec.update(out)
         self.recorder.emit(rec, step, self.total_steps)
-        if is_ckpt and not last:
+        if is_ckpt:
             self.comm.quiesce()
             self.save_checkpoint(step)
             return False, True
@@ -499,6 +502,7 @@ class Trainer:
             "compute_time_s": self.compute_time_s,
             "wall_time_s": time.perf_counter() - self.start_time,
             "recorder": self.recorder.state_dict(),
+            "step_rows": list(self.algorithm.step_rows),  # a checkpoint between two records holds some
         }, self.comm)
 
     def load_checkpoint(self) -> None:
@@ -510,6 +514,7 @@ class Trainer:
         self.algorithm.load_state_dict(state["algorithm"])
         self.comm.load_state_dict(state["comm"])
         self.recorder.load_state_dict(state["recorder"])
+        self.algorithm.step_rows = list(state.get("step_rows", []))
         self.step = state.get("local_step", state["step"])  # older checkpoints: progress = local steps
         self.bookkept = state["step"]  # the checkpoint's record (a rank not in lockstep may be past it)
         self.compute_time_s = state["compute_time_s"]

@@ -7,7 +7,8 @@ groups through the trainer's loop with a learning-rate schedule running,
 
 each give the metrics records of the plain run (train_loss, bytes, rounds, ``modeled_time_s`` and
 the what-if column included; every record of (b) and (c), the non-evaluation keys of every record
-of (a)) and the same final models, bit for bit (one machine). The cluster is set so that the
+of (a)) and the same final models, bit for bit (one machine); one variant records every 4 steps,
+so its checkpoints fall between records. The cluster is set so that the
 methods' operations in flight across steps (Overlap-Local-SGD's anchor all-reduce, non-blocking
 SwarmSGD's exchange, Overlap SGP's shares, D-PSGD's awc exchange) cost less than the compute they
 overlap: settling one early (for an evaluation or a checkpoint) would move the clock, completing one
@@ -82,6 +83,9 @@ CONFIGS: dict[str, tuple[tuple[str, ...], int]] = {
     "param_server": (("algo=param_server",), 3),
     "adsaga": (("algo=adsaga", "model=logreg", "algo.num_samples=96"), 3),
     "async_local_sgd": (("algo=async_local_sgd", "algo.local_steps=2", "cluster.speeds=[1,1,0.5]"), 3),
+    # records every 4 steps: the checkpoints at 5 and 10 fall between records (with per-step rows)
+    "gravac_sparse_records": (("algo=gravac", "algo.compressor=topk", "algo.window=3", "algo.omega=0",
+                               "algo.epsilon=0.5", "log_every=4"), 2),
     "swarm_sgd_virtual_time": (("algo=swarm_sgd", "algo.pairing=virtual_time", "algo.blocking=false",
                                 "algo.local_steps=2", "cluster.speeds=[1,0.5,0.7,1]"), 4),
 }
