@@ -25,14 +25,14 @@ and the communicator by communication, with these rules (``cost`` = alpha-beta c
   ``max(participants' issue times, end of the previous operation)``;
 * an asynchronous operation (``async_op=True``) starts at its issue time and runs alongside the
   compute done before its :meth:`Handle.wait`, which moves the clock to ``max(now, end)``;
+  DDP's buckets are asynchronous operations issued during backward (at the point of backward where
+  the bucket is ready, :meth:`Clock.backward_point`), so only their exposed part adds to the step;
 * *settling* an operation computes its end and moves no clock: only a wait (:meth:`Handle.wait`,
   or :meth:`Communicator.settle`, the wait of every collective issued so far) moves this worker's
   clock to the end. :meth:`Communicator.quiesce` (before evaluation, checkpoints and exit) settles
   and waits for nothing, so measurement never moves modeled time; a checkpoint saves an operation
   in flight with its end (:meth:`Handle.state_dict`) and the resumed run waits for it
   (:meth:`Communicator.resumed`) where the uninterrupted run does;
-  DDP's buckets are asynchronous operations issued during backward (at the point of backward where
-  the bucket is ready, :meth:`Clock.backward_point`), so only their exposed part adds to the step;
 * a message (point to point) is received at ``max(receiver ready, sender start + cost)``; the
   sender's start time travels with the message (an uncounted float64 message after the payload),
   and the send completes at ``sender start + cost``.
