@@ -27,6 +27,12 @@ and the communicator by communication, with these rules (``cost`` = alpha-beta c
   compute done before its :meth:`Handle.wait`, which moves the clock to ``max(now, end)``;
   DDP's buckets are asynchronous operations issued during backward (at the point of backward where
   the bucket is ready, :meth:`Clock.backward_point`), so only their exposed part adds to the step;
+* *settling* an operation computes its end and moves no clock: only a wait (:meth:`Handle.wait`,
+  or :meth:`Communicator.settle`, the wait of every collective issued so far) moves this worker's
+  clock to the end. :meth:`Communicator.quiesce` (before evaluation, checkpoints and exit) settles
+  and waits for nothing, so measurement never moves modeled time; a checkpoint saves an operation
+  in flight with its end (:meth:`Handle.state_dict`) and the resumed run waits for it
+  (:meth:`Communicator.resumed`) where the uninterrupted run does;
 * a message (point to point) is received at ``max(receiver ready, sender start + cost)``; the
   sender's start time travels with the message (an uncounted float64 message after the payload),
   and the send completes at ``sender start + cost``.
@@ -421,6 +427,11 @@ class Handle:
 
     Every participant must wait on (or :meth:`Communicator.quiesce`) every counted asynchronous
     collective, in issue order: settling the clock is itself an (uncounted) collective.
+
+    :meth:`complete_data` finishes the transfer (and the result) without the accounting, so a
+    checkpoint can save what was received while the clock waits where the algorithm waits;
+    :meth:`state_dict` is the operation's end on this worker's clock, which a resumed run's
+    :meth:`Communicator.resumed` handle waits for.
     """
 
     def __init__(self, comm: Communicator, works=(), finish: Callable[[], object] | None = None, t0: float | None = None):
@@ -437,6 +448,10 @@ class Handle:
         self.overlapped: bool | None = False  # None: neither timed nor clocked (count=False)
         self.deferred = False                 # clocked at the next settle(), not at wait()
         self.works_done = False
+        self.data_done = False                # transfer and result complete (complete_data)
+        self.t_done: float | None = None      # perf_counter when the transfer was complete
+        self.end: np.ndarray | None = None    # collective: its end on the stream, once settled
+        self.restored: np.ndarray | None = None  # a resumed handle: the end to wait for (Communicator.resumed)
 
     def wait_works(self) -> None:
         """Block until the transfer itself is done, without the accounting (clock, measured time):
@@ -448,15 +463,53 @@ class Handle:
                 w.wait()
             self.works_done = True
 
+    def complete_data(self):
+        """Finish the transfer and compute the result (``finish``), without the accounting: the
+        clock and the measured time wait for :meth:`wait`. Returns the result."""
+        if not self.data_done:
+            self.wait_works()
+            self.t_done = time.perf_counter()
+            if self.finish is not None:
+                self.result = self.finish()
+            self.data_done = True
+        return self.result
+
     def wait(self):
         if self.done:
             return self.result
-        self.wait_works()
+        self.complete_data()
         self.comm._complete(self)
         self.done = True
-        if self.finish is not None:
-            self.result = self.finish()
         return self.result
+
+    def end_time(self) -> np.ndarray | None:
+        """When this operation ends on this worker's clock (shape ``[k]``), without moving the
+        clock; None when it moves no clock (uncounted, no clock, world of one). Completes the
+        transfer (a message's end needs its sender's start, which travels with it) and settles a
+        collective not yet settled (an uncounted collective: every participant calls it at the
+        same point, as for :meth:`Communicator.quiesce`)."""
+        if self.restored is not None:
+            return self.restored.copy()
+        clock = self.comm.clock
+        if clock is None or self.overlapped is None:
+            return None
+        self.complete_data()
+        ends = []
+        if self.cost is not None:
+            self.comm._settle_ends_through(self)
+            clock.resolve()
+            if self.end is not None:
+                ends.append(self.end)
+        for direction, cost, buf in self.messages:
+            ends.append(self.issue + cost if direction == "send" else buf.cpu().numpy() + cost)
+        return np.maximum.reduce(ends) if ends else None
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs of this operation in flight: its end on this worker's clock
+        (:meth:`end_time`); the data it moved is the algorithm's to save (after
+        :meth:`complete_data`). Restore with :meth:`Communicator.resumed`."""
+        end = None if self.done else self.end_time()
+        return {"end": None if end is None else end.tolist()}
 
     def is_completed(self) -> bool:
         return self.done
@@ -684,14 +737,23 @@ class Communicator:
         return handle
 
     def settle(self) -> None:
-        """Settle the clock of every collective issued so far (one uncounted MAX all-reduce of their
-        issue times over the group). Every rank of the group must call it at the same point."""
+        """Wait for every collective issued so far on the clock: settle them (one uncounted MAX
+        all-reduce of their issue times over the group) and move the clock to the end of the last
+        (the group's stream). Every rank of the group must call it at the same point."""
+        self._settle_ends()
+        clock = self._s.clock
+        if clock is not None:
+            clock.defer(lambda: clock._advance_to(self._stream_free))
+
+    def _settle_ends(self) -> None:
+        """Compute the end of every collective issued so far, moving no clock."""
         with self._s.lock:
             last = self._pending[-1] if self._pending else None
         if last is not None:
-            self._settle_through(last)
+            self._settle_ends_through(last)
 
-    def _settle_through(self, handle: Handle) -> None:
+    def _settle_ends_through(self, handle: Handle) -> None:
+        """Compute the ends of the collectives issued up to ``handle`` (FIFO), moving no clock."""
         with self._s.lock:
             if handle not in self._pending:
                 return
@@ -712,12 +774,11 @@ class Communicator:
         clock.defer(apply)
 
     def _apply_settled(self, batch: list[Handle], issues: np.ndarray) -> None:
-        """Run the settled operations through this group's stream and advance the clock."""
-        clock = self._s.clock
+        """Run the settled operations through this group's stream: their ends (no clock moves)."""
         for h, issue in zip(batch, issues):
             start = np.maximum(issue, self._stream_free)
             self._stream_free = start + h.cost
-            clock._advance_to(self._stream_free)
+            h.end = self._stream_free.copy()
 
     @contextlib.contextmanager
     def overlap(self, issue_at: np.ndarray | Callable[[], np.ndarray] | None) -> Iterator[None]:
@@ -734,14 +795,20 @@ class Communicator:
             local.issue_at = previous
 
     def _complete(self, handle: Handle) -> None:
-        """Clock and measured time of a finished handle."""
+        """Clock and measured time of a finished handle: the wait moves the clock to its end."""
         if handle.overlapped is not None:
-            self.add_time(time.perf_counter() - handle.t0, overlapped=handle.overlapped)
+            done = handle.t_done if handle.t_done is not None else time.perf_counter()
+            self.add_time(done - handle.t0, overlapped=handle.overlapped)
         clock = self._s.clock
         if clock is None:
             return
+        if handle.restored is not None:
+            clock.wait_until(handle.restored)
+            return
         if handle.cost is not None and not handle.deferred:
-            self._settle_through(handle)
+            self._settle_ends_through(handle)
+            # in order after the settlement that computes the end (Clock.defer)
+            clock.defer(lambda: handle.end is not None and clock._advance_to(handle.end))
         for direction, cost, buf in handle.messages:
             if direction == "send":
                 clock.wait_until(handle.issue + cost)
@@ -976,11 +1043,27 @@ class Communicator:
         return self._p2p_link_cost(peer, nbytes)
 
     def quiesce(self) -> None:
-        """Settle the clock of every operation issued on this communicator and its subgroups, in
-        their creation order (a global order, so ranks in several subgroups cannot deadlock);
-        before evaluation, checkpoint and exit. Every rank calls it at the same point."""
+        """Settle every collective issued on this communicator and its subgroups, in their
+        creation order (a global order, so ranks in several subgroups cannot deadlock): compute
+        their ends, moving no clock (measurement never moves modeled time; the algorithm's own
+        waits do). Before evaluation, checkpoint and exit; every rank calls it at the same point."""
         for comm in self._s.comms:
-            comm.settle()
+            comm._settle_ends()
+
+    def resumed(self, state: dict | None) -> Handle:
+        """A handle for an operation that was in flight at a checkpoint (its
+        :meth:`Handle.state_dict`): its data is the algorithm's (restored with the checkpoint), and
+        its :meth:`Handle.wait` moves the clock to the saved end, as the uninterrupted run's wait
+        does. Nothing is counted again (the counters were saved)."""
+        handle = Handle(self)
+        handle.overlapped = None  # no measured time
+        handle.data_done = handle.works_done = True
+        end = None if state is None else state.get("end")
+        if end is not None:
+            handle.restored = np.asarray(end, dtype=np.float64)
+        else:
+            handle.done = True
+        return handle
 
     # -- checkpointing -------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -1006,7 +1089,16 @@ class _Many(Handle):
         super().__init__(comm)
         self.handles = handles
 
+    def complete_data(self):
+        for h in self.handles:
+            h.complete_data()
+        self.data_done = True
+
     def wait(self):
         for h in self.handles:
             h.wait()
         self.done = True
+
+    def end_time(self) -> np.ndarray | None:
+        ends = [e for e in (h.end_time() for h in self.handles) if e is not None]
+        return np.maximum.reduce(ends) if ends else None

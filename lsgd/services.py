@@ -365,10 +365,16 @@ class Recorder:
             self.progress.close()
 
     def truncate_to(self, step: int) -> None:
-        """Rank 0 on resume: keep the metrics.jsonl lines up to ``step`` (drops a torn last line)."""
+        """Rank 0 on resume: keep the metrics.jsonl lines up to ``step`` (drops a torn last line).
+
+        Per-step rows (``kind``) are written just before the record they precede; rows after the
+        last kept record belong to a later record (a checkpoint between two records holds them in
+        the algorithm's ``step_rows``, which the resumed run writes again), so they are dropped."""
         self.resumed_step = step
         if self.is_main and self.metrics_path.exists():
             kept = [line for line in self.metrics_path.read_text().splitlines() if record_step(line) <= step]
+            while kept and "kind" in json.loads(kept[-1]):
+                kept.pop()
             write_atomic(self.metrics_path, "".join(line + "\n" for line in kept))
 
     def state_dict(self) -> dict:

@@ -460,10 +460,13 @@ class Trainer:
         ce = int(cfg["checkpoint_every"])
         local = self.algorithm.bookkeeping == "server"  # the server alone, no collective (no checkpoints)
         is_eval = crossed(unit * int(cfg["eval_every"])) or last
-        is_ckpt = crossed(unit * ce) and not local
-        if not (is_eval or crossed(int(cfg["log_every"]))):
+        is_ckpt = crossed(unit * ce) and not local and not last
+        if not (is_eval or crossed(int(cfg["log_every"]))):  # no record here; a checkpoint may fall here
             self.recorder.tick(step)
-            return False, False
+            if is_ckpt:
+                self.comm.quiesce()
+                self.save_checkpoint(step)
+            return False, is_ckpt
         rec = self.recorder.make_record(self, step, local=local)
         if rec is None:  # diverged: every rank saw the same reduced flag
             self.diverged = True
@@ -477,7 +480,7 @@ class Trainer:
             self.recorder.note_eval(out, step)
             rec.update(out)
         self.recorder.emit(rec, step, self.total_steps)
-        if is_ckpt and not last:
+        if is_ckpt:
             self.comm.quiesce()
             self.save_checkpoint(step)
             return False, True
@@ -494,8 +497,9 @@ class Trainer:
     def save_checkpoint(self, at: int | None = None) -> None:
         """Every rank writes its shard (atomically) named by the progress count ``at`` (default:
         the current one); see :class:`lsgd.services.Checkpointer`."""
-        # the algorithm's state first: it may complete an exchange in flight (swarm_sgd), which
-        # changes the model and advances the clock
+        # the algorithm's state first: it completes the transfer of an exchange in flight to save
+        # what was received (changing neither the model nor the clock, which moves where the
+        # algorithm waits), then the communicator's counters and clock
         algorithm = self.algorithm.state_dict()
         self.checkpointer.save(self.progress if at is None else at, {
             "local_step": self.step,
@@ -507,6 +511,7 @@ class Trainer:
             "compute_time_s": self.compute_time_s,
             "wall_time_s": time.perf_counter() - self.start_time,
             "recorder": self.recorder.state_dict(),
+            "step_rows": list(self.algorithm.step_rows),  # a checkpoint between two records holds some
         }, self.comm)
 
     def load_checkpoint(self) -> None:
@@ -518,6 +523,7 @@ class Trainer:
         self.algorithm.load_state_dict(state["algorithm"])
         self.comm.load_state_dict(state["comm"])
         self.recorder.load_state_dict(state["recorder"])
+        self.algorithm.step_rows = list(state.get("step_rows", []))
         self.step = state.get("local_step", state["step"])  # older checkpoints: progress = local steps
         self.bookkept = state["step"]  # the checkpoint's record (a rank not in lockstep may be past it)
         self.compute_time_s = state["compute_time_s"]

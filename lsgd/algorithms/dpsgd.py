@@ -15,15 +15,16 @@ stochastic for the undirected graphs) and takes its local optimizer step. Two or
   blocking exchange of the result.
 
 Every step is one communication round (each node sends its model to each out-neighbour). A
-checkpoint waits for the exchange in flight and saves the mixed model (``awc``), at the same step in
-an uninterrupted and a resumed run.
+checkpoint saves the exchange in flight (``awc``) as it stands: the snapshot sent, what was received
+(the transfer is completed, :meth:`lsgd.comm.Handle.complete_data`) and the exchange's end on the
+cluster clock, moving no clock; the next optimizer step waits for it as in an uninterrupted run.
 """
 
 from __future__ import annotations
 
 import torch
 
-from lsgd.algorithms.gossip import Gossip, Mix, flat_of, write_flat
+from lsgd.algorithms.gossip import Gossip, Mix, flat_of, load_mix, save_mix, write_flat
 from lsgd.config import choice
 
 VARIANTS = ("awc", "atc")
@@ -44,7 +45,7 @@ class DPSGD(Gossip):
         super().__init__(cfg, comm)
         self.variant = cfg.get("variant", "awc")
         self.pending: Mix | None = None        # awc: the exchange of x(t) in flight
-        self.mixed: torch.Tensor | None = None  # awc: its correction, when a checkpoint already waited for it
+        self.mixed: torch.Tensor | None = None  # awc: its correction, from an older checkpoint that waited for it
         self.step = 0
 
     def optimizer_step(self) -> None:
@@ -75,9 +76,8 @@ class DPSGD(Gossip):
             self.pending = self.post(flat_of(self.mixed_tensors()), step)
 
     def state_dict(self) -> dict:
-        if self.pending is not None:  # the exchange in flight completes here (module docstring)
-            self.mixed, self.pending = self.combine(self.pending) - self.pending.own, None
-        return {"step": self.step, "rounds": self.rounds, "mixed": self.mixed}
+        return {"step": self.step, "rounds": self.rounds, "mixed": self.mixed, "pending": save_mix(self.pending)}
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.rounds, self.mixed = state["step"], state["rounds"], state["mixed"]
+        self.pending = load_mix(state.get("pending"), self.comm)

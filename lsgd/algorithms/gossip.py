@@ -45,6 +45,27 @@ class Mix:
         self.round, self.own, self.recvs, self.handle = round, own, recvs, handle
 
 
+def save_mix(mix: Mix | None) -> dict | None:
+    """A checkpoint's copy of an exchange in flight, moving no clock: its round, the message sent,
+    what was received (the transfer is completed) and its end on the cluster clock
+    (:meth:`lsgd.comm.Handle.state_dict`). None for None."""
+    if mix is None:
+        return None
+    if mix.handle is not None:
+        mix.handle.complete_data()
+    return {"round": mix.round, "own": mix.own.clone(), "recvs": {j: x.clone() for j, x in mix.recvs.items()},
+            "handle": None if mix.handle is None else mix.handle.state_dict()}
+
+
+def load_mix(state: dict | None, comm) -> Mix | None:
+    """The exchange :func:`save_mix` saved, with a handle whose wait moves the clock to its end
+    (:meth:`lsgd.comm.Communicator.resumed`)."""
+    if state is None:
+        return None
+    handle = None if state["handle"] is None else comm.resumed(state["handle"])
+    return Mix(state["round"], state["own"], dict(state["recvs"]), handle)
+
+
 class Gossip(Algorithm):
     """Base of the gossip methods (not registered: it has no ``name``).
 

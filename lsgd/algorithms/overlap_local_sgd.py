@@ -16,8 +16,10 @@ Workers take local (momentum) SGD steps. Besides its model ``x`` each keeps an *
 schedule steps, as SlowMo's gamma); a round at ``lr = 0`` leaves ``v`` and ``z`` as they are. The
 sync at the run's last step starts no all-reduce (nothing would use it). One round per sync. The
 clock shows the overlap: an all-reduce costing less than tau steps of compute is hidden entirely.
-A checkpoint waits for the all-reduce in flight and saves its result (the same in an uninterrupted
-and a resumed run). BatchNorm buffers are not pulled (each worker keeps its own).
+A checkpoint saves the all-reduce in flight without waiting for it on the clock: its result (the
+transfer is completed, :meth:`lsgd.comm.Handle.complete_data`) and its end on the cluster clock;
+the resumed run waits for it at the next sync, as the uninterrupted run does, so both take the same
+steps at the same modeled times. BatchNorm buffers are not pulled (each worker keeps its own).
 """
 
 from __future__ import annotations
@@ -99,8 +101,13 @@ class OverlapLocalSGD(Algorithm):
         return False
 
     def state_dict(self) -> dict:
-        self._wait()  # the all-reduce in flight completes here (module docstring)
-        return {"anchor": self.anchor, "velocity": self.velocity, "rounds": self.rounds}
+        in_flight = None
+        if self.handle is not None:  # the all-reduce in flight: its result and its end (module docstring)
+            self.handle.complete_data()  # the anchor holds the mean; the clock waits at the next sync
+            in_flight = self.handle.state_dict()
+        return {"anchor": self.anchor.clone(), "velocity": self.velocity, "rounds": self.rounds, "in_flight": in_flight}
 
     def load_state_dict(self, state: dict) -> None:
         self.anchor, self.velocity, self.rounds = state["anchor"], state["velocity"], state["rounds"]
+        in_flight = state.get("in_flight")  # absent in checkpoints that waited for it
+        self.handle = self.comm.resumed(in_flight) if in_flight is not None else None

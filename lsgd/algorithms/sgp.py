@@ -40,16 +40,18 @@ buffers, with ``algo.average_buffers``, are push-summed with the parameters.
   most one iteration old and conserve the mass. The paper's own text (its Algorithm 2) was not
   available where this was written: the order of its lines is not checked here.
 
-Checkpoints (``overlap``): :meth:`SGP.state_dict` waits for the exchange in flight and saves the sum of
-the received shares, which the next step adds as it would have; an uninterrupted and a resumed run
-take the same steps with the same numbers.
+Checkpoints (``overlap``): :meth:`SGP.state_dict` saves the exchange in flight as it stands: the
+shares received (the transfer is completed, :meth:`lsgd.comm.Handle.complete_data`) and the
+exchange's end on the cluster clock, moving no clock; the next step waits for it and adds the shares
+as it would have, so an uninterrupted run, one with checkpoints and a resumed one take the same
+steps with the same numbers at the same modeled times.
 """
 
 from __future__ import annotations
 
 import torch
 
-from lsgd.algorithms.gossip import Gossip, Mix, flat_of, write_flat
+from lsgd.algorithms.gossip import Gossip, Mix, flat_of, load_mix, save_mix, write_flat
 from lsgd.config import choice
 
 
@@ -70,7 +72,7 @@ class SGP(Gossip):
         self.weight = 1.0   # w_i, the push-sum weight
         self.step = 0
         self.pending: Mix | None = None                       # overlap: the shares sent last step, in flight
-        self.arrived: tuple[torch.Tensor, float] | None = None  # overlap: their sum, when a checkpoint waited
+        self.arrived: tuple[torch.Tensor, float] | None = None  # overlap: their sum, from an older checkpoint
 
     def optimizer_step(self) -> None:
         tensors = self.mixed_tensors()
@@ -121,14 +123,12 @@ class SGP(Gossip):
         return {"push_sum_weight": self.weight}
 
     def state_dict(self) -> dict:
-        if self.pending is not None:  # the exchange in flight completes here (module docstring)
-            mix, self.pending = self.pending, None
-            received = self._received(mix)
-            self.arrived = (received[:-1], float(received[-1]))
         arrived = None if self.arrived is None else {"numerators": self.arrived[0], "weight": self.arrived[1]}
-        return {"step": self.step, "rounds": self.rounds, "weight": self.weight, "arrived": arrived}
+        return {"step": self.step, "rounds": self.rounds, "weight": self.weight, "arrived": arrived,
+                "pending": save_mix(self.pending)}
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.rounds, self.weight = state["step"], state["rounds"], state["weight"]
         arrived = state.get("arrived")  # absent in checkpoints written before algo.overlap
         self.arrived = None if arrived is None else (arrived["numerators"], float(arrived["weight"]))
+        self.pending = load_mix(state.get("pending"), self.comm)

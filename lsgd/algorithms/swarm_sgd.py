@@ -37,8 +37,11 @@ false keeps them local (each node's running statistics describe its own shard).
 Progress (what logging, evaluation, checkpoints and stopping count): with fixed H the local step
 count, the same on every node; with geometric H, ``H x`` completed rounds (the expected local steps),
 so every node reaches each record at a round boundary and no exchange straddles a collective.
-A checkpoint completes an exchange in flight (non-blocking), at the same step in an uninterrupted
-and a resumed run, so resuming is exact.
+A checkpoint saves an exchange in flight (non-blocking) as it stands: the partner, the snapshot
+sent (and its lattice points), what was received (the transfer is completed,
+:meth:`lsgd.comm.Handle.complete_data`) and the exchange's end on the cluster clock; it applies
+nothing. The resumed run applies it where the uninterrupted run does, at the end of the next round,
+so checkpoints change neither the trajectory nor the modeled time.
 
 Pairing (``algo.pairing``):
 
@@ -343,15 +346,24 @@ class SwarmSGD(Gossip):
         return {"lattice_resent": self.resent} if self.quantizer is not None else {}
 
     def state_dict(self) -> dict:
-        if self.pending is not None:  # a checkpoint completes the exchange in flight (module docstring)
-            self._complete(self.pending)
-        return {"round": self.round, "steps_in_round": self.steps_in_round, "resent": self.resent}
+        pending = None
+        if self.pending is not None:  # the exchange in flight, saved as it stands (module docstring)
+            ex = self.pending
+            ex.handle.complete_data()  # what the partner sent is in ex.recv; the clock waits where the run does
+            pending = {"partner": ex.partner, "reference": [t.clone() for t in ex.reference],
+                       "own": None if ex.own is None else [t.clone() for t in ex.own], "recv": ex.recv.clone(),
+                       "handle": ex.handle.state_dict()}
+        return {"round": self.round, "steps_in_round": self.steps_in_round, "resent": self.resent, "pending": pending}
 
     def load_state_dict(self, state: dict) -> None:
         self.round = state["round"]
         self.steps_in_round = state["steps_in_round"]
         self.resent = state["resent"]
         self.round_steps = round_length(self.local_steps, self.dist, self.seed, self.node, self.round)
+        pending = state.get("pending")  # absent in checkpoints that completed it
+        self.pending = None if pending is None else _Exchange(
+            pending["partner"], list(pending["reference"]), self.comm.resumed(pending["handle"]),
+            None if pending["own"] is None else list(pending["own"]), pending["recv"])
 
 
 def _split(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -323,8 +323,9 @@ def test_the_clock_hides_the_osgp_exchange_behind_the_next_step(tmp_path, overla
 
 
 def test_osgp_resumes_with_the_shares_in_flight_to_identical_metrics(tmp_path):
-    """A checkpoint at step 8 waits for the shares sent at step 8 and saves their sum; the resumed
-    run adds them at step 9 as the uninterrupted run does."""
+    """A checkpoint at step 8 saves the shares sent at step 8 as they stand (what was received and
+    the exchange's end on the clock) without waiting for them; the resumed run waits for them and
+    adds them at step 9 as the uninterrupted run does."""
     from trainer_runs import records, run
 
     over = ["algo=sgp", "algo.overlap=true", "epochs=2", "eval_unit=step", "eval_every=8", "log_every=4",
@@ -337,9 +338,10 @@ def test_osgp_resumes_with_the_shares_in_flight_to_identical_metrics(tmp_path):
         run(tmp_path, [*over, "inject_failure.step=11", "inject_failure.rank=2"], world=4, name="crash")
     ckpt = tmp_path / "crash" / "checkpoints"
     assert json.loads((ckpt / "last.json").read_text())["step"] == 8
-    for r in range(4):  # every node had shares in flight at the checkpoint: their sum was saved
-        arrived = torch.load(ckpt / "step_00000008" / f"rank{r}.pt", weights_only=False)["algorithm"]["arrived"]
-        assert arrived is not None and arrived["weight"] > 0
+    for r in range(4):  # every node had shares in flight at the checkpoint: saved with their end
+        pending = torch.load(ckpt / "step_00000008" / f"rank{r}.pt", weights_only=False)["algorithm"]["pending"]
+        assert pending["round"] == 7 and pending["handle"]["end"] is not None  # the 8th step's (0-based)
+        assert all(x[-1] > 0 for x in pending["recvs"].values())  # the weight share received
     resumed = records(run(tmp_path, over, world=4, name="crash", resume=True))
     measured = {"wall_time_s", "comm_time_s", "compute_time_s", "compute_time_s_max", "samples_per_s"}
     assert [{k: v for k, v in r.items() if k not in measured} for r in resumed] == \
