@@ -249,6 +249,15 @@ def virtual_plan(topology: Topology, seed: int, step_s: Sequence[float], cost_s:
                     level[s[j]] = level[s[j - 1]]
                     changed = True
 
+    # a worker's last step without the averagings that do not run (requested at or after t_end)
+    ran: list[dict[int, list[tuple[float, int]]]] = [{} for _ in range(n)]  # worker -> step -> [(x, peer)]
+    for x, a, ka, p, kp in run:
+        ran[a].setdefault(ka, []).append((x, p))
+        ran[p].setdefault(kp, []).append((x, a))
+    for i in range(n):
+        k = last[i]
+        done = (times[i][k - 2] if k > 1 else 0.0) + float(step_s[i])  # the gradient is done
+        times[i][k - 1] = max([done] + [x + float(cost_s(*((i, j) if side[i] == 0 else (j, i)))) for x, j in ran[i].get(k, [])])
     plans = [VirtualNode(times=times[i][: last[i]]) for i in range(n)]
     constrained: list[dict[int, int]] = [{} for _ in range(n)]  # boundary k (before step k + 1) -> level
     for e, (x, a, ka, p, kp) in enumerate(run):

@@ -141,3 +141,17 @@ def test_bad_input_is_refused():
         virtual_plan(Topology("complete", 2), 0, [0.01, 0.0], lambda a, p: 0.0, 3)
     with pytest.raises(ValueError, match="topology"):
         virtual_plan(Topology("complete", 4), 0, [0.01, 0.01], lambda a, p: 0.0, 3)
+
+
+def test_the_option_is_checked_before_any_worker_starts():
+    from lsgd.algorithms.ad_psgd import ADPSGD
+    from lsgd.errors import ConfigError
+
+    algo = {"name": "ad_psgd", "topology": "ring", "weights": "uniform", "average_buffers": True, "seed": 0}
+    ADPSGD.validate_config({**algo, "pairing": "virtual_time"}, 4)
+    ADPSGD.validate_config(algo, 4)  # lockstep when absent
+    with pytest.raises(ConfigError, match="algo.pairing"):
+        ADPSGD.validate_config({**algo, "pairing": "rounds"}, 4)
+    with pytest.raises(ConfigError, match="cluster.compute=profile"):
+        ADPSGD.validate_run({"algo": {**algo, "pairing": "virtual_time"}, "cluster": {"compute": "measured"}}, 4)
+    ADPSGD.validate_run({"algo": algo, "cluster": {"compute": "measured"}}, 4)
