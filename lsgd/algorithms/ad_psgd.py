@@ -42,7 +42,8 @@ Pairing (``algo.pairing``):
      stamped ``x`` on the cluster clock, and it applies its own gradient, taken at the model it
      read before the averagings, once its compute is done and the averagings that reached it during
      the step are complete: at ``max(its compute end, x + c)``. A passive worker may average any
-     number of times in one step (each with the model the previous one left), or none.
+     number of times in one step (each with the model the previous one left), or none; a request
+     that reaches it after its compute, while an averaging is still completing, joins that step.
   4. In the processes, every averaging of a worker's step runs in that step's
      :meth:`ADPSGD.optimizer_step`, after its backward pass and before its gradient is applied
      (the same code as lock-step), in virtual-time order (ties by the active worker's id).
@@ -155,7 +156,11 @@ class VirtualNode:
 
 def virtual_plan(topology: Topology, seed: int, step_s: Sequence[float], cost_s: Callable[[int, int], float],
                  total_steps: int) -> list[VirtualNode]:
-    """The asynchronous AD-PSGD schedule of every worker (module docstring, "Asynchronous execution").
+    """The asynchronous AD-PSGD schedule of every worker (module docstring, ``pairing=virtual_time``):
+    an event simulation in virtual-time order (ties: active workers' requests before passive
+    workers' step ends, then by worker id), then the record levels (a fixpoint of min-propagation).
+    Hand-written like :func:`lsgd.algorithms.virtual_pairing.plan`: the schedule is the algorithm
+    being studied; the event queue is Python's ``heapq``.
 
     Args:
         topology: the workers' static graph (its active/passive split: :func:`sides`).
@@ -232,7 +237,11 @@ def virtual_plan(topology: Topology, seed: int, step_s: Sequence[float], cost_s:
     for e, (_, a, _, p, _) in enumerate(run):
         seq[a].append(e)
         seq[p].append(e)
-    step_of = lambda i, e: run[e][2] if run[e][1] == i else run[e][4]  # noqa: E731
+
+    def step_of(i: int, e: int) -> int:
+        """The local step of worker ``i`` in which averaging ``e`` runs."""
+        return run[e][2] if run[e][1] == i else run[e][4]
+
     # levels: non-decreasing along every worker's sequence, equal within a step; the largest such
     # levels below the caps (a fixpoint of min-propagation)
     changed = True
