@@ -4,6 +4,8 @@
     lsgd plot RUN_OR_SWEEP_DIRS... [--out DIR]
     lsgd report RUN_OR_SWEEP_DIRS... [--out DIR] [--baseline ALGO|LABEL|KEY=VALUE,...] [--threshold T]
     lsgd data DATASET [HYDRA_OVERRIDES...]  fetch a dataset (e.g. fashion_mnist) into dataset.root
+    lsgd list [GROUP]                       the options of a config group with their one-line descriptions
+    lsgd --version                          lsgd's version (and git commit of a checkout)
 
 ``lsgd train`` is a Hydra application (config groups under the packaged conf/, ``--help`` lists
 them, ``--cfg job`` prints the composed config).
@@ -14,7 +16,9 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -34,9 +38,19 @@ commands:
   report   Markdown report with tables (mean and 95% interval over seeds), LaTeX, CSV and figures:
              lsgd report results/fmnist_demo [--baseline ddp]
   data     fetch a dataset before training: lsgd data fashion_mnist [dataset.root=DIR]
+  list     the options of the config groups with their descriptions:
+             lsgd list [algorithms|experiments|variants|models|datasets|optimizers|schedules|networks|...]
 
-`lsgd train --help` shows the config groups and their options.
+`lsgd train --help` shows the config groups and their options; `lsgd --version` the version.
+Shell completion of `lsgd train` overrides (Hydra's): eval "$(lsgd train -sc install=bash)".
 """
+
+#: ``lsgd list`` names (plural, as users say them) of the config groups under conf/
+GROUPS = {
+    "algorithms": "algo", "experiments": "experiment", "variants": "variant", "models": "model",
+    "datasets": "dataset", "optimizers": "optim", "schedules": "schedule", "networks": "network",
+    "launchers": "launcher", "loggers": "logger", "debug": "debug",
+}  # fmt: skip
 
 
 def _config_path() -> str:
@@ -83,7 +97,9 @@ def train(argv: list[str]) -> int:
             sys.exit(2)
 
     saved = sys.argv
-    sys.argv = ["lsgd train"] + list(argv)
+    # Hydra names the program in its shell-completion script (`complete ... lsgd`) after argv[0]
+    completion = any(a in ("-sc", "--shell-completion") for a in argv)
+    sys.argv = ["lsgd" if completion else "lsgd train"] + list(argv)
     try:
         _train()
     finally:
@@ -118,7 +134,19 @@ def _analysis(cmd: str, argv: list[str]) -> int:
         parser.error(f"--threshold must be a finite number (test accuracy in [0, 1], or test perplexity), got {args.threshold}")
     from pathlib import Path
 
+    missing = [p for p in args.paths if not Path(p).exists()]
+    if missing:
+        print(f"lsgd {cmd}: no such folder: {', '.join(missing)}", file=sys.stderr)
+        return 2
     out = Path(args.out) if args.out else Path(args.paths[0]) / ("report" if cmd == "report" else "plots")
+    try:
+        return _write_analysis(cmd, args, out)
+    except (FileNotFoundError, ValueError) as exc:  # no run folder, unreadable runs: the user's input
+        print(f"lsgd {cmd}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _write_analysis(cmd: str, args, out) -> int:
     if cmd == "plot":
         from lsgd.analysis.plots import plot_runs
 
@@ -140,15 +168,90 @@ def data(argv: list[str]) -> int:
 
     from lsgd.data import prepare
 
+    from lsgd.errors import ConfigError
+
     if not argv:
         print("usage: lsgd data DATASET [dataset.KEY=VALUE ...]", file=sys.stderr)
         return 2
     _register_resolvers()
+    options = _group_options("dataset")
+    if argv[0] not in options:
+        print(f"lsgd data: unknown dataset {argv[0]!r}; allowed: {', '.join(options)}", file=sys.stderr)
+        return 2
     with initialize_config_module(config_module="lsgd.conf", version_base="1.3"):
         cfg = compose("config", overrides=[f"dataset={argv[0]}"] + argv[1:])
-    prepare(OmegaConf.to_container(cfg.dataset, resolve=True))
+    try:
+        prepare(OmegaConf.to_container(cfg.dataset, resolve=True))
+    except (ConfigError, OSError, RuntimeError) as exc:  # no network, no space, a bad file: one line
+        print(f"lsgd data: {argv[0]} could not be prepared: {exc}", file=sys.stderr)
+        return 1
     print(f"dataset {argv[0]} ready")
     return 0
+
+
+def _conf_dir():
+    import importlib.resources
+
+    return importlib.resources.files("lsgd.conf")
+
+
+def _group_options(group: str) -> list[str]:
+    """The options of config group ``group`` (its YAML files under conf/), sorted."""
+    return sorted(f.name[:-5] for f in (_conf_dir() / group).iterdir() if f.name.endswith(".yaml"))
+
+
+#: words whose full stop ends no sentence ("Lian et al. 2018")
+ABBREVIATIONS = ("et al", "e.g", "i.e", "vs", "cf", "sec", "eq", "alg", "fig", "no")
+
+
+def describe_option(text: str) -> str:
+    """The one-line description of a config file: the first sentence of its leading comment
+    (after ``# @package``), wrapped lines joined; empty when it has none."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        body = line[1:].strip()
+        if body.startswith("@package"):
+            continue
+        if not body:
+            if lines:
+                break
+            continue
+        lines.append(body)
+    words = " ".join(lines)
+    for m in re.finditer(r"\.\s", words):  # the first full stop that ends no abbreviation
+        if not words[: m.start()].lower().endswith(ABBREVIATIONS):
+            return words[: m.start() + 1]
+    return words
+
+
+def list_options(argv: list[str]) -> int:
+    """``lsgd list [GROUP ...]``: every option of the named groups (all when none) with its
+    description, one per line."""
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `lsgd list | head` ends quietly
+    wanted = argv or list(GROUPS)
+    unknown = [g for g in wanted if g not in GROUPS and g not in GROUPS.values()]
+    if unknown:
+        print(f"lsgd list: unknown group {unknown[0]!r}; allowed: {', '.join(GROUPS)}", file=sys.stderr)
+        return 2
+    for name in wanted:
+        group = GROUPS.get(name, name)
+        options = _group_options(group)
+        print(f"{name} ({group}=...):")
+        width = max(map(len, options), default=0)
+        for option in options:
+            print(f"  {option:{width}s}  {describe_option((_conf_dir() / group / f'{option}.yaml').read_text())}")
+    return 0
+
+
+def version() -> str:
+    """``lsgd <version>`` plus ``(commit <short>[+dirty])`` in a git checkout."""
+    from lsgd.provenance import lsgd_info
+
+    info = lsgd_info()
+    commit = info.get("commit_short")
+    return f"lsgd {info.get('version')}" + (f" (commit {commit}{'+dirty' if info.get('dirty') else ''})" if commit else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,13 +260,26 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
+    if cmd == "--version":
+        print(version())
+        return 0
+    if cmd in ("-sc", "--shell-completion"):
+        # Hydra's completion script calls the program itself (`lsgd -sc query=bash`) with the line
+        # typed so far in COMP_LINE: complete it as `lsgd train`'s overrides
+        line = os.environ.get("COMP_LINE", "").split(" ", 2)
+        if len(line) >= 2 and line[1] == "train":
+            os.environ["COMP_LINE"] = " ".join([line[0]] + line[2:])
+        return train(argv)
     if cmd == "train":
         return train(rest)
     if cmd in ("plot", "report"):
         return _analysis(cmd, rest)
     if cmd == "data":
         return data(rest)
-    print(f"lsgd: unknown command {cmd!r}; allowed: train, plot, report, data\n\n{USAGE}", file=sys.stderr)
+    if cmd == "list":
+        return list_options(rest)
+    print(f"lsgd: unknown command {cmd!r}; allowed: train, plot, report, data, list, --version\n\n{USAGE}",
+          file=sys.stderr)
     return 2
 
 

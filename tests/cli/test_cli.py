@@ -431,3 +431,62 @@ def test_a_signal_to_one_rank_stops_every_rank_at_one_checkpoint_and_resume_is_e
     (ref,) = run_dirs(tmp_path / "a")
     assert summary(run)["status"] == "completed"
     assert stable(metrics(run)) == stable(metrics(ref))
+
+
+# ---------------------------------------------------------------- finding your way (issue 24)
+def test_version_names_the_package_version_and_the_checkout_commit(tmp_path):
+    res = lsgd(["--version"], tmp_path)
+    _ok(res)
+    head = subprocess.run(["git", "-C", str(Path(lsgd_pkg.__file__).parent), "rev-parse", "--short=7", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert res.stdout.startswith("lsgd 0.1.0 (commit ") and head in res.stdout, res.stdout
+
+
+def test_list_prints_every_option_with_its_one_line_description(tmp_path):
+    res = lsgd(["list", "algorithms", "models"], tmp_path)
+    _ok(res)
+    lines = [ln.split() for ln in res.stdout.splitlines() if ln.startswith("  ")]
+    names = {words[0] for words in lines}
+    conf = Path(lsgd_pkg.__file__).parents[1] / "conf"
+    assert names == {p.stem for d in ("algo", "model") for p in (conf / d).glob("*.yaml")}
+    text = {words[0]: " ".join(words[1:]) for words in lines}
+    assert text["local_sgd"] == "Local SGD: H local steps, then exact parameter averaging."  # conf/algo/local_sgd.yaml
+    assert text["ad_psgd"].startswith("AD-PSGD (Lian et al. 2018, papers.md section 3): ")  # "al." ends no sentence
+    assert text["resnet20"] == "CIFAR ResNet-20 (He et al. 2016, sec. 4.2)."
+    bad = lsgd(["list", "algos"], tmp_path)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "allowed: algorithms" in bad.stderr
+
+
+def test_shell_completion_of_train_overrides(tmp_path):
+    """Hydra's bash completion script (`lsgd train -sc install=bash`) registers for `lsgd` and calls
+    `lsgd -sc query=bash` with the typed line: `lsgd train algo=lo<TAB>` completes to local_sgd."""
+    script = lsgd(["train", "-sc", "install=bash"], tmp_path)
+    _ok(script)
+    assert script.stdout.rstrip().endswith("hydra_bash_completion lsgd")
+    (tmp_path / "complete.sh").write_text(script.stdout)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    probe = ('source complete.sh; COMP_LINE="lsgd train algo=lo"; COMP_POINT=${#COMP_LINE}; '
+             'COMP_CWORD=2; hydra_bash_completion; printf "%s\\n" "${COMPREPLY[@]}"')
+    res = subprocess.run(["bash", "-c", probe], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    assert "algo=local_sgd" in res.stdout.split(), (res.stdout, res.stderr)
+
+
+def test_user_mistakes_get_one_line_errors(tmp_path, monkeypatch, capsys):
+    res = lsgd(["report", str(tmp_path / "nonexistent")], tmp_path)
+    assert res.returncode == 2 and res.stderr.strip() == f"lsgd report: no such folder: {tmp_path / 'nonexistent'}"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = lsgd(["report", str(empty)], tmp_path)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+    from lsgd import cli
+
+    assert cli.main(["data", "cifar11"]) == 2
+    assert "unknown dataset 'cifar11'; allowed: c4, cifar10" in capsys.readouterr().err
+
+    def offline(cfg):
+        raise OSError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr("lsgd.data.prepare", offline)
+    assert cli.main(["data", "cifar10"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "lsgd data: cifar10 could not be prepared: [Errno -3] Temporary failure in name resolution"
