@@ -63,7 +63,16 @@ def train(argv: list[str]) -> int:
 
     from lsgd.launch import detect_launch_env
 
+    from lsgd.config import check_override_keys
+    from lsgd.errors import ConfigError
+
     _register_resolvers()
+    if not any(a in ("-sc", "--shell-completion", "-h", "--help", "--hydra-help") for a in argv):
+        try:  # a typo in a key (with or without +) is an error with a suggestion, before anything runs
+            check_override_keys(argv)
+        except ConfigError as exc:
+            print(f"lsgd: invalid configuration: {exc}", file=sys.stderr)
+            return 2
     env = detect_launch_env(os.environ)
     scratch = None
     if env is not None and env.rank != 0 and env.world_size > 1:

@@ -222,3 +222,113 @@ def threads_per_worker(nproc: int) -> int:
     except AttributeError:  # pragma: no cover - not Linux
         cores = os.cpu_count() or 1
     return max(1, cores // max(1, nproc))
+
+
+# --------------------------------------------------------------------------------------------
+# override keys
+# --------------------------------------------------------------------------------------------
+def _conf_root():
+    import importlib.resources
+
+    return importlib.resources.files("lsgd.conf")
+
+
+def _is_group(key: str) -> bool:
+    """Whether ``key`` (``algo``, ``hydra/launcher``) names a config group: a folder under conf/."""
+    path = _conf_root()
+    for part in key.replace("/", ".").split("."):
+        path = path / part
+    return path.is_dir()
+
+
+def _key_exists(cfg, key: str) -> bool:
+    from omegaconf import OmegaConf
+
+    node, *rest = key.split(".", 1)
+    if not OmegaConf.is_dict(cfg) or node not in cfg:
+        return False
+    return not rest or _key_exists(cfg._get_node(node), rest[0])
+
+
+def unknown_key_message(cfg, key: str) -> str:
+    """``unknown config key KEY`` with the closest existing key under the same parent (difflib) and
+    the parent's keys."""
+    import difflib
+
+    from omegaconf import OmegaConf
+
+    parts = key.split(".")
+    parent, depth = cfg, 0
+    while depth < len(parts) - 1 and OmegaConf.is_dict(parent) and parts[depth] in parent:
+        parent = parent._get_node(parts[depth])
+        depth += 1
+    prefix = ".".join(parts[:depth])
+    siblings = sorted(str(k) for k in parent.keys()) if OmegaConf.is_dict(parent) else []
+    close = difflib.get_close_matches(parts[depth], siblings, n=1, cutoff=0.6)
+    where = f" under {prefix}" if prefix else ""
+    hint = f"; did you mean {(prefix + '.' if prefix else '') + close[0]}?" if close else ""
+    shown = ", ".join(siblings[:40]) + (", ..." if len(siblings) > 40 else "")
+    return f"unknown config key {key!r}{hint} (keys{where}: {shown})"
+
+
+def check_override_keys(overrides: list[str]) -> None:
+    """Reject command-line overrides of keys no config defines, with or without Hydra's ``+`` /
+    ``++`` (a typo such as ``+algo.local_step=4`` would otherwise run with the default H).
+
+    The config is composed from the overrides that select groups (``algo=local_sgd``,
+    ``experiment=...``; a group sweep's values one at a time); a key set by an override is unknown
+    when no such composition has it. ``hydra.*`` keys, group selections (``algo=``,
+    ``+experiment=``) and deletions (``~key``) are not checked.
+
+    Raises:
+        ConfigError: the first unknown key, with the closest existing key and its siblings.
+    """
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+
+    args = [a for a in overrides if "=" in a and not a.startswith("-")]
+    if not args:
+        return
+    parsed = OverridesParser.create().parse_overrides(args)
+    keys = [(o, a) for o, a in zip(parsed, args)
+            if o.type != OverrideType.DEL and not o.key_or_group.startswith("hydra") and not _is_group(o.key_or_group)]
+    if not keys:
+        return
+
+    def plain(o, a: str, value: str | None = None) -> str:
+        if value is None:
+            return a
+        prefix = {OverrideType.ADD: "+", OverrideType.FORCE_ADD: "++"}.get(o.type, "")
+        return f"{prefix}{o.key_or_group}{'@' + o.package if o.package else ''}={value}"
+
+    def first(o, a: str) -> str:
+        return plain(o, a, next(iter(o.sweep_string_iterator()))) if o.is_sweep_override() else a
+
+    base = [first(o, a) for o, a in zip(parsed, args)
+            if _is_group(o.key_or_group) and o.type != OverrideType.DEL]
+    variants = [base]
+    for i, (o, a) in enumerate(zip(parsed, args)):
+        if o.is_sweep_override() and _is_group(o.key_or_group):
+            pos = base.index(first(o, a))
+            variants += [base[:pos] + [plain(o, a, v)] + base[pos + 1:] for v in list(o.sweep_string_iterator())[1:]]
+    composed = []
+    fresh = not GlobalHydra.instance().is_initialized()
+    ctx = initialize_config_module(config_module="lsgd.conf", version_base="1.3") if fresh else None
+    try:
+        if ctx is not None:
+            ctx.__enter__()
+        for ov in variants:
+            try:
+                composed.append(compose("config", overrides=ov))
+            except Exception:  # a group option Hydra itself rejects: its own message follows
+                continue
+    finally:
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+    if not composed:
+        return
+    for o, _ in keys:
+        if not any(_key_exists(c, o.key_or_group) for c in composed):
+            raise ConfigError(unknown_key_message(composed[0], o.key_or_group))

@@ -183,6 +183,11 @@ def test_diverged_run_ends_cleanly(tmp_path):
         (["algo=nonexistent"], "ddp"),  # Hydra lists the available options
         (["algo=slowmo", "algo.buffer_policy=keep"], "maintain"),
         (["dataset=cifar10", "dataset.root=/nonexistent/lsgd", "dataset.download=false"], "dataset.root"),
+        # unknown keys, with or without Hydra's +: a did-you-mean, not a silent default (issue 24)
+        (["algo=local_sgd", "+algo.local_step=4"], "unknown config key 'algo.local_step'; did you mean algo.local_steps?"),
+        (["algo=local_sgd", "algo.local_step=4"], "unknown config key 'algo.local_step'; did you mean algo.local_steps?"),
+        (["+foo=1"], "unknown config key 'foo'"),
+        (["-m", "algo=ddp,local_sgd", "optim.lrr=0.1"], "unknown config key 'optim.lrr'; did you mean optim.lr?"),
     ],
 )
 def test_bad_config_fails_before_any_worker(tmp_path, override, expected):
