@@ -242,8 +242,12 @@ def _is_group(key: str) -> bool:
 
 
 def _key_exists(cfg, key: str) -> bool:
+    """Whether ``key`` (dotted) is in ``cfg``; keys below a null or empty mapping (free-form
+    values such as ``dataset.data_files``) count as present."""
     from omegaconf import OmegaConf
 
+    if cfg is None or cfg._is_none() or (OmegaConf.is_dict(cfg) and len(cfg) == 0):
+        return True
     node, *rest = key.split(".", 1)
     if not OmegaConf.is_dict(cfg) or node not in cfg:
         return False

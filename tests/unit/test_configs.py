@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.resources
+import re
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -12,6 +14,8 @@ from lsgd.cli import _register_resolvers
 from lsgd.config import validate
 from lsgd.errors import ConfigError
 
+REPO = Path(__file__).resolve().parents[2]
+CONF = REPO / "conf" / "config.yaml"
 GROUPS = ("algo", "model", "dataset", "optim", "schedule", "launcher", "logger", "network", "experiment", "variant", "debug")
 
 
@@ -380,3 +384,52 @@ def test_imagenet_bundles_warm_up_as_goyal_et_al(experiment):
     sched = cfg["schedule"]
     assert sched["name"] == "step" and sched["warmup_epochs"] == 5 and sched["milestones"] == [30, 60, 80]
     assert cfg["optim"]["lr"] * sched["warmup_start_factor"] == pytest.approx(0.1, rel=1e-12)
+
+
+# ------------------------------------------------------------------ documented commands
+def _train_commands(text: str, comments: bool) -> list[str]:
+    """The ``lsgd train ...`` commands of a README's code blocks (``comments``: of a YAML file's
+    comment lines), continuation lines joined, trailing comments and prose backticks dropped."""
+    lines, out, cur, fenced = text.splitlines(), [], "", False
+    for raw in lines:
+        if comments:
+            line = raw.lstrip("#").strip() if raw.startswith("#") else ""
+        else:
+            if raw.strip().startswith("```"):
+                fenced = not fenced
+                continue
+            line = raw.strip() if fenced else ""
+        if cur:
+            cur += " " + line.rstrip("\\").strip()
+        elif "lsgd train " in line:
+            cur = line[line.index("lsgd train "):].rstrip("\\").strip()
+        else:
+            continue
+        if not line.endswith("\\"):
+            out.append(re.split(r"\s#\s|\s{2,}#", cur)[0].replace("`", ""))
+            cur = ""
+    return out
+
+
+def test_documented_train_commands_name_only_existing_keys():
+    """Every `lsgd train` command in README.md and in the comments of conf/ composes with keys that
+    exist (lsgd.config.check_override_keys), so the docs never teach a typo that would now be
+    rejected (or, before, silently ignored)."""
+    import shlex
+
+    from lsgd.config import check_override_keys
+
+    _register_resolvers()
+    sources = [(REPO / "README.md", False)] + [(p, True) for p in sorted(CONF.parent.rglob("*.yaml"))]
+    checked, bad = 0, []
+    for path, comments in sources:
+        for command in _train_commands(path.read_text(), comments):
+            if " -sc " in command:  # the shell-completion line: no overrides
+                continue
+            args = [a for a in shlex.split(command)[2:] if not re.search(r"[$<]|\.\.\.", a)]
+            try:
+                check_override_keys(args)
+            except ConfigError as exc:
+                bad.append(f"{path.name}: {command}\n    {exc}")
+            checked += 1
+    assert checked >= 100 and not bad, "\n".join(bad)
