@@ -113,8 +113,9 @@ class Progress:
     def update(self, step: int, rec: dict | None) -> None:
         if rec is not None:
             acc = f" acc {rec['test_acc']:.3f}" if "test_acc" in rec else ""
+            loss = f"{rec['train_loss']:.3f}" if "train_loss" in rec else "-"  # no step finished in the window
             self.info = (
-                f"epoch {rec['epoch']:.2f} loss {rec['train_loss']:.3f}{acc} "
+                f"epoch {rec['epoch']:.2f} loss {loss}{acc} "
                 f"{rec['samples_per_s']:.0f} samples/s {rec['comm_bytes'] / 1e6:.1f} MB sent"
             )
         self.progress.update(self.task, completed=step, info=self.info)

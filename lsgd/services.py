@@ -183,7 +183,9 @@ class Recorder:
         ``local``: this rank alone, no collective (server bookkeeping,
         :attr:`lsgd.algorithms.base.Algorithm.bookkeeping`): its own accumulators (the losses its
         workers shipped), its own figures; a record without new losses repeats the previous
-        record's ``train_loss`` (one arrival crossing several record points)."""
+        record's ``train_loss`` (one arrival crossing several record points). Otherwise a record
+        over which no worker finished a step (an asynchronous method whose workers all straddle
+        it) has no ``train_loss`` key: no NaN in metrics.jsonl unless training diverged."""
         step = trainer.progress if step is None else step
         comm = trainer.comm
         buf = torch.tensor([self.loss_sum.item(), float(self.loss_count), float(self.nonfinite)], dtype=torch.float64)
@@ -198,10 +200,11 @@ class Recorder:
             self.nonfinite = 0
         if nonfinite > 0:
             return None
-        train_loss = loss_sum / count if count else float("nan")
+        train_loss = loss_sum / count if count else None
         if local and not count:
-            train_loss = getattr(self, "_last_train_loss", train_loss)
-        self._last_train_loss = train_loss
+            train_loss = getattr(self, "_last_train_loss", None)
+        if train_loss is not None:
+            self._last_train_loss = train_loss
         now = time.perf_counter()
         samples = step * int(self.cfg["batch_size"]) * trainer.num_workers
         rate = (samples - self.last_record_samples) / max(now - self.last_record_time, 1e-9)
@@ -213,7 +216,7 @@ class Recorder:
             "epoch": step / trainer.steps_per_epoch,
             "samples": samples,
             "lr": trainer.optimizer.param_groups[0]["lr"],
-            "train_loss": train_loss,
+            **({} if train_loss is None else {"train_loss": train_loss}),
             "comm_rounds": comm.stats.comm_rounds,
             "wall_time_s": now - trainer.start_time,
             "comm_time_s": comm.stats.comm_time_s,
@@ -303,8 +306,8 @@ class Recorder:
             self.progress.update(step, rec)
         else:
             log.info(
-                "step %d/%d epoch %.2f loss %.4f%s %.0f samples/s %.2f MB sent",
-                rec["step"], total_steps, rec["epoch"], rec["train_loss"],
+                "step %d/%d epoch %.2f loss %s%s %.0f samples/s %.2f MB sent",
+                rec["step"], total_steps, rec["epoch"], f"{rec['train_loss']:.4f}" if "train_loss" in rec else "-",
                 (f" test_acc {rec['test_acc']:.4f}" if "test_acc" in rec else (f" test_ppl {rec['test_ppl']:.2f}" if "test_ppl" in rec else ""))
                 + (f" test_bleu {rec['test_bleu']:.2f}" if "test_bleu" in rec else ""),
                 rec["samples_per_s"], rec["comm_bytes"] / 1e6,

@@ -43,6 +43,9 @@ def test_virtual_mode_same_seed_twice_identical_beside_a_cpu_hog(tmp_path):
     (a,), (b,) = run_dirs(tmp_path / "a"), run_dirs(tmp_path / "b")
     ra, rb = metrics(a), metrics(b)  # without runner.TIME_KEYS (measured on this machine)
     assert ra == rb and [r["step"] for r in ra] == list(range(1, 13))
+    # no NaN: a record over which no worker finished a step has no train_loss (issue 24)
+    assert not [r for r in ra for v in r.values() if isinstance(v, float) and v != v]
+    assert 0 < sum("train_loss" in r for r in ra) < len(ra)
     assert [r["step"] for r in ra if "test_loss" in r] == [4, 8, 12]
     last = ra[-1]
     assert last["staleness_max"] > 0 and last["server_updates"] == last["comm_rounds"] > 0
