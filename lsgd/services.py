@@ -36,6 +36,8 @@ from lsgd.files import write_atomic
 from lsgd.loggers import Progress, build_logger
 
 log = logging.getLogger("lsgd")
+#: train.log alone (lsgd.trainer.setup_logging): the step lines while a progress bar has the console
+file_log = logging.getLogger("lsgd.file")
 
 
 def loss_fn(out: torch.Tensor, y: torch.Tensor, reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
@@ -304,14 +306,14 @@ class Recorder:
             self.logger.log(rec)
         if self.progress is not None:
             self.progress.update(step, rec)
-        else:
-            log.info(
-                "step %d/%d epoch %.2f loss %s%s %.0f samples/s %.2f MB sent",
-                rec["step"], total_steps, rec["epoch"], f"{rec['train_loss']:.4f}" if "train_loss" in rec else "-",
-                (f" test_acc {rec['test_acc']:.4f}" if "test_acc" in rec else (f" test_ppl {rec['test_ppl']:.2f}" if "test_ppl" in rec else ""))
-                + (f" test_bleu {rec['test_bleu']:.2f}" if "test_bleu" in rec else ""),
-                rec["samples_per_s"], rec["comm_bytes"] / 1e6,
-            )
+        # the step line: on the console unless the progress bar shows it, always in train.log
+        (log if self.progress is None else file_log).info(
+            "step %d/%d epoch %.2f loss %s%s %.0f samples/s %.2f MB sent",
+            rec["step"], total_steps, rec["epoch"], f"{rec['train_loss']:.4f}" if "train_loss" in rec else "-",
+            (f" test_acc {rec['test_acc']:.4f}" if "test_acc" in rec else (f" test_ppl {rec['test_ppl']:.2f}" if "test_ppl" in rec else ""))
+            + (f" test_bleu {rec['test_bleu']:.2f}" if "test_bleu" in rec else ""),
+            rec["samples_per_s"], rec["comm_bytes"] / 1e6,
+        )
 
     def tick(self, step: int) -> None:
         if self.progress is not None:

@@ -60,11 +60,16 @@ def setup_logging(run_dir: Path | None, rank: int) -> None:
     console.setFormatter(fmt)
     console.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     log.addHandler(console)
+    file_log = logging.getLogger("lsgd.file")  # train.log only (the step lines under a progress bar)
+    file_log.handlers.clear()
+    file_log.setLevel(logging.INFO)
+    file_log.propagate = False
     if run_dir is not None:
         # O_APPEND: whole lines from all ranks interleave without clobbering each other.
         handler = logging.FileHandler(Path(run_dir) / "train.log", mode="a")
         handler.setFormatter(fmt)
         log.addHandler(handler)
+        file_log.addHandler(handler)
 
 
 @record

@@ -17,6 +17,7 @@ import pytest
 import torch
 import yaml
 from runner import (
+    LSGD,
     TINY,
     lsgd,
     metrics,
@@ -495,3 +496,36 @@ def test_user_mistakes_get_one_line_errors(tmp_path, monkeypatch, capsys):
     assert cli.main(["data", "cifar10"]) == 1
     err = capsys.readouterr().err.strip()
     assert err == "lsgd data: cifar10 could not be prepared: [Errno -3] Temporary failure in name resolution"
+
+
+def test_train_log_keeps_the_step_lines_when_the_console_is_a_terminal(tmp_path):
+    """With a terminal on stdout the console shows a progress bar instead of the step lines; the
+    run's train.log still gets every one of them (issue 24)."""
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen([*LSGD, "train", *TINY, "max_steps=8", "log_every=2", f"results_dir={tmp_path}/r"],
+                                cwd=tmp_path, stdout=follower, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, WANDB_MODE="disabled"))
+        os.close(follower)
+        follower = None
+        chunks = []
+        while True:  # drain the terminal so the progress bar never blocks
+            try:
+                data = os.read(leader, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+        assert proc.wait(timeout=240) == 0, proc.stderr.read()
+    finally:
+        os.close(leader)
+        if follower is not None:
+            os.close(follower)
+    (run,) = run_dirs(tmp_path / "r")
+    steps = [line.split("step ")[1].split()[0] for line in (run / "train.log").read_text().splitlines()
+             if "] " in line and " step " in line and "samples/s" in line]
+    assert steps == ["2/8", "4/8", "6/8", "8/8"], (run / "train.log").read_text()
+    assert b"step 2/8" not in b"".join(chunks)  # the console had the progress bar, not the lines
