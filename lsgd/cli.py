@@ -73,6 +73,10 @@ def train(argv: list[str]) -> int:
         except ConfigError as exc:
             print(f"lsgd: invalid configuration: {exc}", file=sys.stderr)
             return 2
+    if "-m" in argv or "--multirun" in argv:
+        import lsgd.launch
+
+        lsgd.launch.SWEEP_JOBS = _sweep_jobs(argv)
     env = detect_launch_env(os.environ)
     scratch = None
     if env is not None and env.rank != 0 and env.world_size > 1:
@@ -120,6 +124,22 @@ def train(argv: list[str]) -> int:
               "summary.json); the others ran", file=sys.stderr)
         return 2
     return 0
+
+
+def _sweep_jobs(argv: list[str]) -> int | None:
+    """The number of jobs of ``lsgd train -m ARGV`` (the product of the sweeps' lengths; Hydra's
+    basic sweeper), or None when it cannot be told (range / interval sweeps)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides([a for a in argv if "=" in a and not a.startswith("-")])
+        total = 1
+        for o in parsed:
+            if o.is_sweep_override() and not o.key_or_group.startswith("hydra"):
+                total *= len(list(o.sweep_string_iterator()))
+        return total
+    except Exception:  # noqa: BLE001 - a count is a courtesy; Hydra reports bad overrides itself
+        return None
 
 
 def _analysis(cmd: str, argv: list[str]) -> int:

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -313,6 +314,7 @@ def run(cfg_node) -> dict | None:
 
     from lsgd.data import prepare
 
+    print(f"lsgd: {_job_tag()}run folder {run_dir}", file=sys.stderr, flush=True)
     prepare(cfg["dataset"])
     if launch_env is not None:
         from lsgd.trainer import worker_main
@@ -326,9 +328,27 @@ def run(cfg_node) -> dict | None:
             raise
     summary = run_dir / "summary.json"
     result = json.loads(summary.read_text()) if summary.exists() else None
+    print(f"lsgd: {_job_tag()}{(result or {}).get('status', 'ended')}: {run_dir}", file=sys.stderr, flush=True)
     if result is not None and result.get("status") == "preempted":
         _exit_if_preempted(result, cfg, None)
     return result
+
+
+#: jobs in the running sweep (``lsgd train -m``), set by lsgd.cli before Hydra launches them
+SWEEP_JOBS: int | None = None
+
+
+def _job_tag() -> str:
+    """``[k/N] <overrides> `` for a job of a sweep (k from 1; N where lsgd.cli counted the jobs),
+    else empty."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return ""
+    job = HydraConfig.get().job
+    total = f"/{SWEEP_JOBS}" if SWEEP_JOBS else ""
+    return f"[{int(job.num) + 1}{total}] {' '.join(HydraConfig.get().overrides.task)}: "
 
 
 def _exit_if_preempted(summary: dict | None, cfg: dict, rank: int | None) -> None:

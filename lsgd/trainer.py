@@ -208,6 +208,11 @@ class Trainer:
         )
         self.algorithm = build_algorithm(cfg["algo"], self.comm)
         self.net = self.algorithm.setup(self.model, self.optimizer, self.ctx)
+        local_steps = cfg["algo"].get("local_steps")
+        if (self.is_main and isinstance(local_steps, int) and local_steps > self.total_steps
+                and not cfg["algo"].get("warmup_steps")):
+            log.warning("algo.local_steps=%d is more than the run's %d steps: the workers never synchronize "
+                        "(nothing is communicated)", local_steps, self.total_steps)
 
         # services
         self.recorder = Recorder(cfg, self.run_dir, self.rank, self.total_steps)

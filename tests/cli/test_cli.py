@@ -97,6 +97,9 @@ def test_sweep_of_two_jobs_and_report(tmp_path):
     assert len(runs) == 2
     algos = sorted(yaml.safe_load((r / "config.yaml").read_text())["algo"]["name"] for r in runs)
     assert algos == ["ddp", "local_sgd"]
+    # each job says where it runs, as [k/N] and its overrides (issue 24)
+    starts = [ln for ln in res.stderr.splitlines() if ln.startswith("lsgd: [") and ": run folder " in ln]
+    assert [ln.split("]")[0] for ln in starts] == ["lsgd: [1/2", "lsgd: [2/2"] and "algo=local_sgd" in starts[1]
     by_algo = {yaml.safe_load((r / "config.yaml").read_text())["algo"]["name"]: summary(r) for r in runs}
     # local SGD with H=8 communicates less than DDP over the same steps
     assert by_algo["local_sgd"]["comm_bytes"] < by_algo["ddp"]["comm_bytes"] / 4
@@ -529,3 +532,14 @@ def test_train_log_keeps_the_step_lines_when_the_console_is_a_terminal(tmp_path)
              if "] " in line and " step " in line and "samples/s" in line]
     assert steps == ["2/8", "4/8", "6/8", "8/8"], (run / "train.log").read_text()
     assert b"step 2/8" not in b"".join(chunks)  # the console had the progress bar, not the lines
+
+
+def test_a_run_names_its_folder_and_warns_when_nothing_will_be_communicated(tmp_path):
+    """The run folder at the start and the end (with the status), and a warning when H exceeds the
+    run: DiLoCo with H = 8 over 4 steps never synchronizes (issue 24)."""
+    res = lsgd(["train", *TINY, "algo=diloco", "algo.local_steps=8", "max_steps=4", f"results_dir={tmp_path}/r"], tmp_path)
+    _ok(res)
+    (run,) = run_dirs(tmp_path / "r")
+    assert f"lsgd: run folder {run}" in res.stderr and f"lsgd: completed: {run}" in res.stderr
+    assert "algo.local_steps=8 is more than the run's 4 steps: the workers never synchronize" in res.stderr
+    assert summary(run)["comm_rounds"] == 0
