@@ -161,6 +161,79 @@ def _submitit_env(env: Mapping[str, str]) -> LaunchEnv:
     )
 
 
+#: Keys a resumed run may change from its saved config.yaml (they do not change what is trained
+#: before the end: how long it runs, where its logs go, how long a collective may wait).
+RESUME_SAFE_KEYS = ("resume", "epochs", "max_steps", "target_acc", "results_dir", "logger", "launcher.timeout_s",
+                    "launcher.preemption")
+
+
+#: Keys a resumed run takes from this command line, never from the saved config (a testing aid).
+RESUME_FROM_COMMAND_LINE = ("inject_failure",)
+
+
+def _defaults_config() -> dict:
+    """The config of ``lsgd train`` with no overrides (inside a running Hydra app)."""
+    from hydra import compose
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(compose(config_name="config"), resolve=True)
+
+
+def _leaves(d, prefix: str = "") -> dict:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out = {}
+    for k, v in d.items():
+        out.update(_leaves(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _overlay(base: dict, saved: dict) -> dict:
+    """``saved`` over ``base``: a group's section (a mapping with ``name``: algo, model, ...) is
+    taken whole from ``saved``; other mappings merge key by key, so keys the saved run predates keep
+    ``base``'s values."""
+    out = dict(base)
+    for k, v in saved.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and "name" not in v:
+            out[k] = _overlay(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def resumed_config(cfg: dict, run_dir: Path, defaults: dict) -> dict:
+    """The config a resume of ``run_dir`` runs with: the run's saved ``config.yaml``, where this
+    command line (``cfg``, composed from its overrides) changed a key from ``defaults`` (the plain
+    ``lsgd train`` config) to a value other than the saved one, only for :data:`RESUME_SAFE_KEYS`.
+    The saved ``world_size`` comes back as ``_saved_world_size``.
+
+    Raises:
+        ConfigError: the run folder has no config.yaml, or the command line changes another key
+            (named, with its saved and new values, and the keys allowed).
+    """
+    path = Path(run_dir) / "config.yaml"
+    if not path.exists():
+        raise ConfigError(f"resume={run_dir}: no config.yaml in the run folder")
+    saved = yaml.safe_load(path.read_text())
+    new, base, old = _leaves(cfg), _leaves(defaults), _leaves(saved)
+    out = _overlay(cfg, {k: v for k, v in saved.items()
+                         if (k in cfg or k in defaults) and k not in RESUME_FROM_COMMAND_LINE})
+    for key, value in sorted(new.items()):
+        if value == base.get(key, object()) or value == old.get(key, object()):
+            continue  # not set by this command line, or set to the run's own value
+        if not any(key == s or key.startswith(s + ".") for s in RESUME_SAFE_KEYS):
+            raise ConfigError(f"resume: {key} cannot change when resuming {run_dir} (saved {old.get(key)!r}, "
+                              f"given {value!r}); keys that may: {', '.join(RESUME_SAFE_KEYS)}")
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    out["resume"] = str(run_dir)
+    out["_saved_world_size"] = saved.get("world_size")
+    return out
+
+
 def find_resume_dir(cfg: dict, fresh_dir: Path) -> Path:
     """The run folder ``resume`` points to.
 
@@ -262,6 +335,13 @@ def run(cfg_node) -> dict | None:
     launch_env = detect_launch_env(os.environ) if _join_mode(cfg_node) else None
     hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
     cfg = OmegaConf.to_container(cfg_node, resolve=True, throw_on_missing=True)
+    if cfg.get("resume") and HydraConfig.initialized():
+        # the run's own config, with only safe keys changed by this command line
+        cfg = resumed_config(cfg, find_resume_dir(cfg, hydra_dir), _defaults_config())
+        if launch_env is not None and launch_env.world_size != int(cfg.get("_saved_world_size") or launch_env.world_size):
+            raise ConfigError(f"resume: the run was made by {cfg['_saved_world_size']} processes, this launch has "
+                              f"{launch_env.world_size}; resume it with the same number of tasks")
+        cfg.pop("_saved_world_size", None)
     if launch_env is not None and launch_env.world_size == 1:
         log.info("a single-task %s launch: starting launcher.nproc_per_node local workers", launch_env.source)
         launch_env = None

@@ -238,9 +238,11 @@ class Trainer:
         summary (rank 0), finishes the W&B run and re-raises."""
         cfg = self.cfg
         status = "completed"
+        resuming = bool(cfg.get("resume")) and self.checkpointer.exists()
         try:
-            if cfg.get("resume") and self.checkpointer.exists():
+            if resuming:
                 self.load_checkpoint()
+                resuming = False  # from here on the summary is this session's to write
             elif self.is_main and self.recorder.metrics_path.exists():
                 self.recorder.metrics_path.unlink()
             log.info(
@@ -268,9 +270,11 @@ class Trainer:
             status = "preempted"
             log.warning("%s", exc)
         except BaseException as exc:
-            # record the failure (rank 0) and always finish the W&B run, then let the launcher see it
-            summary = self.recorder.write_summary(self, "failed", error=f"rank {self.rank}: {exc!r}")
-            self.recorder.finish(summary)
+            # record the failure (rank 0) and always finish the W&B run, then let the launcher see
+            # it; a resume that fails before its checkpoint is loaded leaves the run's summary as it was
+            if not resuming:
+                summary = self.recorder.write_summary(self, "failed", error=f"rank {self.rank}: {exc!r}")
+                self.recorder.finish(summary)
             raise
         finally:
             self.recorder.close()

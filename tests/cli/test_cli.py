@@ -261,10 +261,16 @@ def test_killed_run_resumes_to_the_same_metrics(tmp_path):
     proc.wait()
     (run_b,) = run_dirs(tmp_path / "b")
     assert not (run_b / "summary.json").exists()  # killed before the end
-    _ok(lsgd(["train", *common, f"results_dir={tmp_path}/b", f"resume={run_b}"], tmp_path, timeout=300))
+    # a change that would alter training is refused before anything starts (issue 24)
+    bad = lsgd(["train", f"resume={run_b}", "algo=local_sgd", "algo.local_steps=4"], tmp_path)
+    assert bad.returncode == 2 and "resume: algo.local_steps cannot change" in bad.stderr and "(saved 3, given 4)" in bad.stderr
+    assert not (run_b / "summary.json").exists()
+    # the README's form: the run folder alone; the run's own config.yaml (2 workers, not the
+    # default 4, and its data set, model and algorithm) comes back
+    _ok(lsgd(["train", f"resume={run_b}"], tmp_path, timeout=300))
     (run_a,) = run_dirs(tmp_path / "a")
     assert metrics(run_b) == metrics(run_a)
-    assert summary(run_b)["status"] == "completed"
+    assert summary(run_b)["status"] == "completed" and summary(run_b)["world_size"] == 2
 
 
 def test_gravac_writes_per_step_rows_and_resumes_exactly(tmp_path):
