@@ -723,14 +723,15 @@ def _fmt(value, digits: str) -> str:
 
 def format_stat(mean, ci=math.nan, n_value=None, n=None, digits: str = ".3g") -> str:
     """A table cell: ``"m ± h"`` (mean and half-width of its interval, both formatted with
-    ``digits``), ``"m"`` when there is no interval (one run), ``"n/a"`` when there is no mean;
+    ``digits``), ``"m"`` when there is no interval (one run) or it is exactly 0 (a deterministic
+    quantity, the same in every run: bytes, modeled time), ``"n/a"`` when there is no mean;
     ``" (k of n)"`` appended when only ``n_value`` = k of the arm's ``n`` runs have a value."""
     m = _num(mean)
     if math.isnan(m):
         return "n/a"
     text = format(m, digits)
     h = _num(ci)
-    if math.isfinite(h):
+    if math.isfinite(h) and h != 0:
         text += f"{PM}{format(h, digits)}"
     k, total = _num(n_value), _num(n)
     if math.isfinite(k) and math.isfinite(total) and 0 < k < total:

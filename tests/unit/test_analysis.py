@@ -938,7 +938,7 @@ def test_report_over_three_seeds_and_one_seed(tmp_path):
     assert list(rows) == ["DDP", "local SGD, H=8", "local SGD, H=16"]
     h_acc = T2 * 0.02 / math.sqrt(3)  # both 3-seed arms: s = 0.02 over their final accuracies
     assert rows["DDP"]["n"] == "3" and rows["DDP"]["final test acc"] == f"0.9200 ± {h_acc:.4f}" == "0.9200 ± 0.0497"
-    assert rows["DDP"]["speedup vs ddp, modeled"] == "1.00 ± 0.00"
+    assert rows["DDP"]["speedup vs ddp, modeled"] == "1.00"  # the same in every seed: no "± 0" (issue 24)
     assert rows["local SGD, H=8"]["final test acc"] == "0.8000 ± 0.0497"
     h_speedup = T2 * math.sqrt(0.57) / math.sqrt(3)
     assert rows["local SGD, H=8"]["speedup vs ddp, modeled"] == f"3.70 ± {h_speedup:.2f}" == "3.70 ± 1.88"
@@ -951,7 +951,7 @@ def test_report_over_three_seeds_and_one_seed(tmp_path):
     assert rows["DDP"]["Δ final test acc vs ddp, paired"] == "baseline"
     assert list(t.arms["paired_with"]) == ["baseline", "DDP", "DDP"]
     assert list(t.arms["paired_diff_final_test_acc_n"]) == [3, 3, 1]
-    assert rows["local SGD, H=8"]["GB on the wire / worker"] == "0.072 ± 0"  # the same bytes in every seed
+    assert rows["local SGD, H=8"]["GB on the wire / worker"] == "0.072"  # the same bytes in every seed: no "± 0"
     # one seed: n=1, the value and no interval
     assert rows["local SGD, H=16"]["n"] == "1"
     assert rows["local SGD, H=16"]["final test acc"] == "0.8500" and rows["local SGD, H=16"]["speedup vs ddp, modeled"] == "4.50"
