@@ -151,7 +151,7 @@ def plot_experiment(
         logy = y in ("test_ppl", "consensus_distance")
         r = records
         if spec.logx:
-            r = r[r[spec.x] > 0]  # a log axis cannot show 0 bytes (evals before the first sync)
+            r = r[r[spec.x] >= 0]  # 0 bytes (evals before the first sync, a run that never syncs) stay
         if logy:
             r = r[r[y] > 0]
         curves = aggregate_curves(r, spec.x, y, labels)
@@ -163,12 +163,19 @@ def plot_experiment(
             # markers on measured points only (not on a grid the seeds were interpolated onto)
             marker = "o" if spec.y is None and len(curve) <= 50 and not curve["interpolated"].iloc[0] else None
             _draw_arm(ax, curve, str(arm), styles[arm], marker=marker)
+        zero_x = spec.logx and bool((curves["x"] == 0).any())
         if spec.logx:
-            ax.set_xscale("log")
+            # a log axis cannot show 0: symmetric log, linear from 0 to the smallest positive value
+            positive = curves["x"][curves["x"] > 0]
+            if zero_x and len(positive):
+                ax.set_xscale("symlog", linthresh=float(positive.min()))
+            elif not zero_x:
+                ax.set_xscale("log")
         if logy:
             ax.set_yscale("log")
         title = f"{_METRIC_LABELS.get(y, y)} vs {_METRIC_LABELS.get(spec.x, spec.x)}"
-        ax.set_xlabel(_METRIC_LABELS.get(spec.x, spec.x) + (" (log scale)" if spec.logx else ""))
+        scale = " (log scale, linear below the smallest nonzero value)" if zero_x else " (log scale)"
+        ax.set_xlabel(_METRIC_LABELS.get(spec.x, spec.x) + (scale if spec.logx else ""))
         ax.set_ylabel(_METRIC_LABELS.get(y, y))
         ax.set_title(f"{experiment}: {title}", fontsize="medium")
         ax.grid(True, which="major", alpha=0.3)

@@ -1152,3 +1152,24 @@ def test_a_run_resumed_under_another_torch_and_commit_shows_both(tmp_path):
     with pytest.warns(UserWarning, match="environment.json: unreadable"):
         (row,) = load_summaries(run).to_dict("records")
     assert row["env.torch"] is None
+
+
+def test_a_curve_at_zero_bytes_is_drawn_on_the_log_bytes_axis(tmp_path, monkeypatch):
+    """An arm that never communicates (comm_bytes 0 at every record) is drawn, not dropped by the
+    log axis: the axis becomes symmetric-log, linear below the smallest nonzero byte count (issue 24)."""
+    import pandas as pd
+
+    from lsgd.analysis import plots
+
+    rows = []
+    for run, scale in (("a", 1e6), ("b", 0.0)):
+        for step in (10, 20, 30):
+            rows.append({"run_dir": run, "step": step, "comm_bytes": step * scale, "test_acc": 0.5 + step / 100,
+                         "modeled_time_s": step, "wall_time_s": step})
+    figures = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.setdefault(path.name, fig) and [path])
+    plots.plot_experiment(pd.DataFrame(rows), {"a": "ddp", "b": "DiLoCo, H=100"}, tmp_path, "x_")
+    ax = figures["x_test_acc_vs_comm_bytes"].axes[0]
+    assert ax.get_xscale() == "symlog"
+    drawn = {line.get_label().split(" (n=")[0]: list(line.get_xdata()) for line in ax.get_lines()}
+    assert drawn["DiLoCo, H=100"] == [0.0, 0.0, 0.0] and drawn["ddp"] == [1e7, 2e7, 3e7]
