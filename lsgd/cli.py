@@ -96,7 +96,7 @@ def train(argv: list[str]) -> int:
         from hydra.types import RunMode
 
         from lsgd.errors import ConfigError
-        from lsgd.launch import record_invalid, run
+        from lsgd.launch import record_invalid, remove_unstarted, run
 
         try:
             return run(cfg)
@@ -107,6 +107,8 @@ def train(argv: list[str]) -> int:
                 record_invalid(cfg, Path(HydraConfig.get().runtime.output_dir), exc)
                 invalid.append(str(exc))
                 return None
+            if HydraConfig.initialized():  # a run that never started leaves no folder behind
+                remove_unstarted(Path(HydraConfig.get().runtime.output_dir))
             sys.exit(2)
 
     saved = sys.argv

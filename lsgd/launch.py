@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -395,7 +396,11 @@ def run(cfg_node) -> dict | None:
     from lsgd.data import prepare
 
     print(f"lsgd: {_job_tag()}run folder {run_dir}", file=sys.stderr, flush=True)
-    prepare(cfg["dataset"])
+    try:
+        prepare(cfg["dataset"])
+    except BaseException as exc:  # the folder exists now: it says failed, not running forever
+        _mark_failed(run_dir, cfg, exc)
+        raise
     if launch_env is not None:
         from lsgd.trainer import worker_main
 
@@ -455,6 +460,15 @@ def _join_mode(cfg_node) -> bool:
 
 def _only_hydra_files(d: Path) -> bool:
     return d.is_dir() and all(p.name == ".hydra" for p in d.iterdir())
+
+
+def remove_unstarted(run_dir: Path) -> None:
+    """Remove ``run_dir`` (and its experiment folder, if left empty) when it holds nothing but
+    Hydra's own files: a run rejected before it started leaves nothing behind."""
+    if run_dir.is_dir() and _only_hydra_files(run_dir):
+        shutil.rmtree(run_dir)
+        with contextlib.suppress(OSError):
+            run_dir.parent.rmdir()  # only when empty
 
 
 def record_invalid(cfg_node, run_dir: Path, exc: BaseException) -> None:

@@ -549,3 +549,11 @@ def test_a_run_names_its_folder_and_warns_when_nothing_will_be_communicated(tmp_
     assert f"lsgd: run folder {run}" in res.stderr and f"lsgd: completed: {run}" in res.stderr
     assert "algo.local_steps=8 is more than the run's 4 steps: the workers never synchronize" in res.stderr
     assert summary(run)["comm_rounds"] == 0
+
+
+def test_a_run_rejected_before_it_starts_leaves_no_folder(tmp_path):
+    """A config error ends the run before anything starts: no run folder is left for the report
+    to list as running (Hydra's own .hydra folder included) (issue 24)."""
+    res = lsgd(["train", "debug=default", "batch_size=0", f"results_dir={tmp_path}/r"], tmp_path)
+    assert res.returncode == 2 and "batch_size must be an integer >= 1" in res.stderr
+    assert not (tmp_path / "r" / "debug").exists()
