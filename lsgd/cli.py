@@ -34,7 +34,7 @@ commands:
   train    train one job or a sweep (-m) with Hydra overrides, e.g.
              lsgd train algo=local_sgd algo.local_steps=8 model=cnn dataset=fashion_mnist
              lsgd train -m experiment=fmnist_demo algo=ddp,local_sgd,slowmo
-  plot     figures (PNG + SVG) from run or sweep folders: lsgd plot results/fmnist_demo
+  plot     figures (PNG, SVG and PDF) from run or sweep folders: lsgd plot results/fmnist_demo
   report   Markdown report with tables (mean and 95% interval over seeds), LaTeX, CSV and figures:
              lsgd report results/fmnist_demo [--baseline ddp]
   data     fetch a dataset before training: lsgd data fashion_mnist [dataset.root=DIR]

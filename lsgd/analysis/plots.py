@@ -1,4 +1,4 @@
-"""Figures comparing the arms of each experiment (PNG + SVG).
+"""Figures comparing the arms of each experiment (PNG, SVG and PDF; no titles inside: the report captions them).
 
 Each arm (runs that differ only in seed, :mod:`lsgd.analysis.arms`) is one line: the mean over its
 runs, with a shaded band: the 95% Student t interval of the mean when the arm has at least 3 runs,
@@ -36,7 +36,7 @@ from lsgd.analysis.load import (
 from lsgd.analysis.stats import MIN_RUNS_FOR_CI_BAND, aggregate_curves, aggregate_seeds
 
 #: File formats each figure is saved in.
-FORMATS = ("png", "svg")
+FORMATS = ("png", "svg", "pdf")  # PDF for papers (vector, fonts embedded)
 
 _METRIC_LABELS = {
     "test_acc": "test accuracy",
@@ -95,7 +95,7 @@ def _save(fig: Figure, stem: Path) -> list[Path]:
     with mpl.rc_context({"svg.fonttype": "none", "svg.hashsalt": "lsgd"}):
         for fmt in FORMATS:
             path = stem.with_name(f"{stem.name}.{fmt}")
-            metadata = {"Date": None} if fmt == "svg" else None
+            metadata = {"Date": None} if fmt == "svg" else {"CreationDate": None} if fmt == "pdf" else None
             fig.savefig(path, format=fmt, dpi=150, bbox_inches="tight", metadata=metadata)
             out.append(path)
     return out
@@ -177,7 +177,7 @@ def plot_experiment(
         scale = " (log scale, linear below the smallest nonzero value)" if zero_x else " (log scale)"
         ax.set_xlabel(_METRIC_LABELS.get(spec.x, spec.x) + (scale if spec.logx else ""))
         ax.set_ylabel(_METRIC_LABELS.get(y, y))
-        ax.set_title(f"{experiment}: {title}", fontsize="medium")
+        # no title inside the figure: the report's caption names it (a paper's caption does)
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
                   title=_band_note(curves), title_fontsize="x-small")  # fmt: skip
@@ -258,10 +258,8 @@ def plot_compression(
     ax_cf.set_yscale("log")
     ax_cf.set_xlabel(_METRIC_LABELS["step"])
     ax_cf.set_ylabel("compression factor sent (dense / sent bytes, log scale)")
-    ax_cf.set_title(f"{experiment}: compression factor vs step", fontsize="medium")
     ax_gain.set_xlabel(_METRIC_LABELS["step"])
     ax_gain.set_ylabel("compression gain (dashed: candidate, dotted: theta_min)")
-    ax_gain.set_title(f"{experiment}: compression gain vs step", fontsize="medium")
     for ax in (ax_cf, ax_gain):
         ax.grid(True, which="major", alpha=0.3)
     ax_gain.legend(*ax_cf.get_legend_handles_labels(), fontsize="small", loc="upper left",
@@ -318,7 +316,7 @@ def plot_bytes_vs_nodes(summaries: pd.DataFrame, out_dir: PathLike, prefix: str)
     ax.set_yscale("log")
     ax.set_xlabel(_METRIC_LABELS["nodes"] + " (log scale)")
     ax.set_ylabel("wire bytes per worker per step (log scale)")
-    ax.set_title(f"{prefix.rstrip('_')}: {SCALING_TITLE}", fontsize="medium")
+    # no title inside the figure: the report's caption names it
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return {SCALING_TITLE: _save(fig, Path(out_dir) / f"{prefix}wire_bytes_per_step_vs_nodes")}

@@ -1177,9 +1177,10 @@ def write_report(
         if figures.get(name):
             lines += ["", "### Figures", ""]
             for title, fig_files in figures[name].items():
-                png = next(p for p in fig_files if p.suffix == ".png")
-                svg = next(p for p in fig_files if p.suffix == ".svg")
-                lines += [f"![{title}]({_rel(png, out_dir)})", f"[{title} (SVG)]({_rel(svg, out_dir)})", ""]
+                by = {p.suffix: p for p in fig_files}
+                links = " · ".join(f"[{ext[1:].upper()}]({_rel(by[ext], out_dir)})" for ext in (".svg", ".pdf") if ext in by)
+                lines += [f"![{title}]({_rel(by['.png'], out_dir)})", "",
+                          f"*{name}: {title}.* {links}", ""]
     path = out_dir / REPORT_FILE
     path.write_text("\n".join(lines).rstrip() + "\n")
     return path

@@ -479,12 +479,14 @@ def test_plot_runs_writes_png_and_svg_per_figure(results, tmp_path):
     write_run(results, "run_noeval", {"name": "local_sgd", "local_steps": 32}, 0.0, 0.5, 0.5, with_evals=False)
     out = tmp_path / "plots"
     files = plot_runs(results, out)
-    expected = {f"{EXP}_{fig}.{ext}" for fig in FIGURES for ext in ("png", "svg")}
+    expected = {f"{EXP}_{fig}.{ext}" for fig in FIGURES for ext in ("png", "svg", "pdf")}
     assert {p.name for p in files} == expected
     for p in files:
         assert p.parent == out and p.stat().st_size > 1000
         if p.suffix == ".png":
             assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        if p.suffix == ".pdf":  # for papers (issue 24)
+            assert p.read_bytes()[:5] == b"%PDF-"
     svg = {fig: (out / f"{EXP}_{fig}.svg").read_text() for fig in FIGURES}
     for fig in FIGURES:  # readable arm labels with their number of runs (one seed each here)
         assert "local SGD, H=8 (n=1)" in svg[fig]
@@ -500,7 +502,7 @@ def test_plot_runs_one_set_per_experiment(results, tmp_path):
     files = {p.name for p in plot_runs(results, tmp_path / "plots")}
     for prefix in (EXP, "cifar10_resnet"):
         assert {f"{prefix}_{fig}.{ext}" for fig in FIGURES for ext in ("png", "svg")} <= files
-    assert len(files) == 2 * len(FIGURES) * 2
+    assert len(files) == 2 * len(FIGURES) * 3  # PNG, SVG and PDF
     # labels are per experiment: cifar's runs differ by algo.name only (slow_lr is slowmo's alone)
     svg = (tmp_path / "plots" / "cifar10_resnet_train_loss_vs_step.svg").read_text()
     assert "SlowMo (n=1)" in svg and "DDP (n=1)" in svg
@@ -552,7 +554,7 @@ def test_write_report_tables_and_figures(results, tmp_path):
     # figures embedded with relative links that resolve from the report's folder; LaTeX and CSV beside
     links = re.findall(r"\]\(([^)]+)\)", text)
     figures = [link for link in links if link.startswith("figures/")]
-    assert {f.rsplit(".", 1)[1] for f in figures} == {"png", "svg"} and len(figures) == 2 * len(FIGURES)
+    assert {f.rsplit(".", 1)[1] for f in figures} == {"png", "svg", "pdf"} and len(figures) == 3 * len(FIGURES)
     assert sorted(set(links) - set(figures)) == [f"{EXP}_arms.csv", f"{EXP}_main.tex", f"{EXP}_runs.csv"]
     for link in links:
         assert not link.startswith("/") and (out / link).stat().st_size > 0
@@ -780,7 +782,7 @@ def test_compression_figure(results, tmp_path, monkeypatch):
     out = tmp_path / "plots"
     files = {p.name for p in plot_runs(results, out)}
     assert {f"{EXP}_compression.png", f"{EXP}_compression.svg"} <= files
-    assert len(files) == 2 * (len(FIGURES) + 1)
+    assert len(files) == 3 * (len(FIGURES) + 1)  # PNG, SVG and PDF
     assert (out / f"{EXP}_compression.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     svg = (out / f"{EXP}_compression.svg").read_text()
     assert "GraVAC (n=1)" in svg and "Accordion (n=1)" in svg and "cf_candidate" in svg
@@ -1171,5 +1173,6 @@ def test_a_curve_at_zero_bytes_is_drawn_on_the_log_bytes_axis(tmp_path, monkeypa
     plots.plot_experiment(pd.DataFrame(rows), {"a": "ddp", "b": "DiLoCo, H=100"}, tmp_path, "x_")
     ax = figures["x_test_acc_vs_comm_bytes"].axes[0]
     assert ax.get_xscale() == "symlog"
+    assert ax.get_title() == ""  # the report's caption names the figure, as a paper's does
     drawn = {line.get_label().split(" (n=")[0]: list(line.get_xdata()) for line in ax.get_lines()}
     assert drawn["DiLoCo, H=100"] == [0.0, 0.0, 0.0] and drawn["ddp"] == [1e7, 2e7, 3e7]
