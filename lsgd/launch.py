@@ -410,6 +410,7 @@ def run(cfg_node) -> dict | None:
             spawn_local(cfg, run_dir)
         except Exception as exc:
             _mark_failed(run_dir, cfg, exc)
+            _print_first_failure(run_dir)
             raise
     summary = run_dir / "summary.json"
     result = json.loads(summary.read_text()) if summary.exists() else None
@@ -485,6 +486,19 @@ def record_invalid(cfg_node, run_dir: Path, exc: BaseException) -> None:
     write_atomic(run_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
     provenance.write_environment(run_dir, provenance.collect(provenance.launch_facts(cfg)), resume=False)
     _mark_failed(run_dir, cfg, exc)
+
+
+def _print_first_failure(run_dir: Path) -> None:
+    """One line naming the rank that failed first and its error, from the workers' own records
+    (:mod:`lsgd.failures`): torch elastic's summary picks its root cause by the time each process
+    wrote its error file, which a peer that lost the connection can win."""
+    from lsgd.failures import read_failures
+
+    failures = read_failures(run_dir)
+    if failures:
+        first = failures[0]
+        print(f"lsgd: run failed: rank {first['rank']} ({first.get('host', '?')}) failed first: {first['error']} "
+              f"({run_dir})", file=sys.stderr, flush=True)
 
 
 def _mark_failed(run_dir: Path, cfg: dict, exc: BaseException) -> None:
