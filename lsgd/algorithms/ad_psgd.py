@@ -79,6 +79,7 @@ import numpy as np
 import torch
 
 from lsgd.algorithms.gossip import Gossip, flat_of, write_flat
+from lsgd.algorithms.virtual_pairing import check_plan_inputs, check_virtual_time_run
 from lsgd.config import choice
 from lsgd.errors import ConfigError
 from lsgd.seeding import derive_seed
@@ -175,13 +176,8 @@ def virtual_plan(topology: Topology, seed: int, step_s: Sequence[float], cost_s:
     Raises:
         ValueError: a step time <= 0, a topology of another size, or total_steps < 1.
     """
+    check_plan_inputs(topology, step_s, total_steps, "workers")
     n = len(step_s)
-    if n != topology.n:
-        raise ValueError(f"{n} step times for a topology of {topology.n} workers")
-    if any(not t > 0 for t in step_s):
-        raise ValueError(f"step times must be > 0, got {list(step_s)}")
-    if total_steps < 1:
-        raise ValueError(f"total_steps must be >= 1, got {total_steps}")
     side, nbrs = sides(topology), bipartite_neighbors(topology)
     target = n * total_steps
     times: list[list[float]] = [[] for _ in range(n)]          # gradient applied, per local step
@@ -311,11 +307,7 @@ class ADPSGD(Gossip):
 
     @classmethod
     def validate_run(cls, cfg: dict, world_size: int) -> None:
-        if (cfg.get("algo") or {}).get("pairing") == "virtual_time":
-            compute = (cfg.get("cluster") or {}).get("compute", "profile")
-            if compute != "profile":
-                raise ConfigError(f"algo.pairing=virtual_time needs cluster.compute=profile (the schedule is "
-                                  f"simulated from modeled step times); got cluster.compute={compute!r}")
+        check_virtual_time_run(cfg)
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)

@@ -149,11 +149,7 @@ class SwarmSGD(Gossip):
 
     @classmethod
     def validate_run(cls, cfg: dict, world_size: int) -> None:
-        if (cfg.get("algo") or {}).get("pairing") == "virtual_time":
-            compute = (cfg.get("cluster") or {}).get("compute", "profile")
-            if compute != "profile":
-                raise ConfigError(f"algo.pairing=virtual_time needs cluster.compute=profile (the schedule is "
-                                  f"simulated from modeled step times); got cluster.compute={compute!r}")
+        virtual_pairing.check_virtual_time_run(cfg)
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)

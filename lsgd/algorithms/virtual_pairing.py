@@ -62,6 +62,39 @@ from lsgd.topology import Topology
 LEFT_OUT = -1
 
 
+
+def check_plan_inputs(topology: Topology, step_s: Sequence[float], total_steps: float, members: str = "nodes") -> None:
+    """The inputs every virtual-time schedule shares (SwarmSGD's :func:`plan`, AD-PSGD's
+    ``virtual_plan``): one step time per member of ``topology``, each > 0 seconds, and a run of at
+    least one progress step.
+
+    Raises:
+        ValueError: a step time <= 0, a topology of another size, or total_steps < 1.
+    """
+    n = len(step_s)
+    if n != topology.n:
+        raise ValueError(f"{n} step times for a topology of {topology.n} {members}")
+    if any(not t > 0 for t in step_s):
+        raise ValueError(f"step times must be > 0, got {list(step_s)}")
+    if total_steps < 1:
+        raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+
+
+def check_virtual_time_run(cfg: dict) -> None:
+    """``algo.pairing=virtual_time`` simulates the schedule from modeled step times, so it needs
+    ``cluster.compute=profile`` (an algorithm's ``validate_run``, before any worker starts).
+
+    Raises:
+        ConfigError: naming ``cluster.compute`` and the value it needs.
+    """
+    from lsgd.errors import ConfigError
+
+    if (cfg.get("algo") or {}).get("pairing") == "virtual_time":
+        compute = (cfg.get("cluster") or {}).get("compute", "profile")
+        if compute != "profile":
+            raise ConfigError(f"algo.pairing=virtual_time needs cluster.compute=profile (the schedule is "
+                              f"simulated from modeled step times); got cluster.compute={compute!r}")
+
 @dataclass
 class NodePlan:
     """One node's part of the schedule.
@@ -104,13 +137,8 @@ def plan(topology: Topology, seed: int, round_steps: Callable[[int, int], int], 
     Raises:
         ValueError: a step time <= 0, a topology of another size, or total_steps < 1.
     """
+    check_plan_inputs(topology, step_s, total_steps, "nodes")
     n = len(step_s)
-    if n != topology.n:
-        raise ValueError(f"{n} step times for a topology of {topology.n} nodes")
-    if any(not t > 0 for t in step_s):
-        raise ValueError(f"step times must be > 0, got {list(step_s)}")
-    if total_steps < 1:
-        raise ValueError(f"total_steps must be >= 1, got {total_steps}")
     plans = [NodePlan() for _ in range(n)]
     rounds = [0] * n
     left = [round_steps(i, 0) for i in range(n)]

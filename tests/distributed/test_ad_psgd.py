@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gloo import run_gloo
-from test_algorithms import SGD_M, SPE, WARMUP_COSINE, B, batch, make_model
+from test_algorithms import SGD_M, SPE, WARMUP_COSINE, B, batch, make_model, run_not_lockstep
 from trainer_runs import compose_cfg, records
 
 from lsgd.algorithms import build_algorithm
@@ -45,22 +45,8 @@ def _worker(rank, world, out):
                      total_steps=TOTAL, batch_size=B, lr=lambda: opt.param_groups[0]["lr"], worker_step_s=STEP_S,
                      clock=clock)
     net = algo.setup(model, opt, ctx)
-    assert not algo.lockstep
-    step, times = 0, []
-    while algo.progress(step) < TOTAL:
-        algo.before_step(step)
-        x, y = batch(rank, step)
-        loss = F.cross_entropy(net(x), y)
-        opt.zero_grad()
-        loss.backward()
-        clock.compute(STEP_S[rank])
-        algo.after_backward(step)
-        algo.optimizer_step()
-        sched.last_epoch = algo.schedule_position(step + 1) - 1
-        sched.step()
-        step += 1
-        algo.after_step(step)
-        times.append(clock.time_s)
+    times = []
+    step = run_not_lockstep(algo, net, opt, sched, rank, TOTAL, clock, STEP_S[rank], after=lambda _: times.append(clock.time_s))
     torch.save({"params": [p.detach().clone() for p in model.parameters()], "steps": step, "times": times,
                 "stats": comm.stats.as_dict()}, out / f"rank{rank}.pt")
 

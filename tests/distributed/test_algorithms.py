@@ -32,6 +32,33 @@ def batch(rank: int, step: int):
     return torch.randn(B, IN, generator=g), torch.randint(0, OUT, (B,), generator=g)
 
 
+
+def run_not_lockstep(algo, net, opt, sched, rank: int, total: int, clock=None, compute_s: float = 0.0, after=None) -> int:
+    """The trainer's hook order for a method not in lockstep (lsgd/trainer.py, Trainer.work and
+    train_step): before_step, forward, backward, ``clock`` (where given) charged ``compute_s`` modeled
+    seconds, after_backward, optimizer step, the schedule at the algorithm's position,
+    after_step, until the algorithm's progress reaches ``total``; ``after(step)`` after each step.
+    Returns the local steps taken."""
+    assert not algo.lockstep
+    step = 0
+    while algo.progress(step) < total:
+        algo.before_step(step)
+        x, y = batch(rank, step)
+        loss = F.cross_entropy(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        if clock is not None:
+            clock.compute(compute_s)
+        algo.after_backward(step)
+        algo.optimizer_step()
+        sched.last_epoch = algo.schedule_position(step + 1) - 1
+        sched.step()
+        step += 1
+        algo.after_step(step)
+        if after is not None:
+            after(step)
+    return step
+
 def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 

@@ -21,6 +21,7 @@ from test_algorithms import (
     batch,
     lr_at,
     make_model,
+    run_not_lockstep,
     train,
 )
 from trainer_runs import records, run
@@ -244,20 +245,7 @@ def _virtual_worker(rank, world, out, algo_cfg, total, schedule):
     ctx = RunContext(rank=rank, world_size=world, num_workers=world, worker_index=rank, steps_per_epoch=SPE,
                      total_steps=total, batch_size=B, lr=lambda: opt.param_groups[0]["lr"], worker_step_s=VIRTUAL_STEP_S)
     net = algo.setup(model, opt, ctx)
-    assert not algo.lockstep
-    step = 0
-    while algo.progress(step) < total:
-        algo.before_step(step)
-        x, y = batch(rank, step)
-        loss = F.cross_entropy(net(x), y)
-        opt.zero_grad()
-        loss.backward()
-        algo.after_backward(step)
-        algo.optimizer_step()
-        sched.last_epoch = algo.schedule_position(step + 1) - 1
-        sched.step()
-        step += 1
-        algo.after_step(step)
+    step = run_not_lockstep(algo, net, opt, sched, rank, total)
     torch.save({"params": [p.detach().clone() for p in model.parameters()], "steps": step,
                 "stats": comm.stats.as_dict(), "algo_state": algo.state_dict()}, out / f"rank{rank}.pt")
 
