@@ -445,14 +445,15 @@ def _tiny_step_overhead(repeats: int) -> float:
     counted = count_step(model, x, y, loss_fn, opt, gpu=False)
     ops = sum(op.launches for op in counted.forward + counted.backward + counted.optimizer)
 
-    def steps(n: int = 50) -> None:
-        for _ in range(n):
-            opt.zero_grad(set_to_none=True)
-            loss_fn(model(x), y).backward()
-            opt.step()
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        opt.step()
 
-    steps()
-    return _median_seconds(steps, repeats) / 50 / ops
+    for _ in range(20):
+        step()
+    # single steps (about 0.1 ms each), median of many: robust to a loaded machine's preemptions
+    return _median_seconds(step, 40 * repeats) / ops
 
 
 def calibrate_cpu(matmul_n: int = 1024, copy_mib: int = 64, special_mib: int = 16, repeats: int = 7) -> dict:

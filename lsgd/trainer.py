@@ -192,9 +192,9 @@ class Trainer:
         network = Network.from_config(cfg["network"], cluster.get("gpus_per_node") or 1)
         self.clock = Clock(network.k)
         self.comm = Communicator(network, clock=self.clock, device=self.device)
-        if self.compute_model.mode == "profile":
+        if self.compute_model.source == "roofline":
             # the optimizer step's modeled compute, whenever this rank steps its optimizer (a parameter
-            # server's workers never do; its server does): after the step's communication waits
+            # server's workers never do; its server does), after the communication it waited for
             self.optimizer.register_step_post_hook(lambda *_: self.clock.compute(self.compute_model.step().optimizer_s))
 
         self.ctx = RunContext(

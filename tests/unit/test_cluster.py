@@ -19,9 +19,7 @@ from lsgd.cluster import (
     DEVICE_PEAK_FLOPS,
     DEVICES,
     GPU_LAUNCH_OVERHEAD_S,
-    DeviceSpec,
     OpCounter,
-    Roofline,
     HETEROGENEITY,
     HETEROGENEITY_SPREAD,
     ComputeModel,
@@ -145,6 +143,13 @@ def linear_setup():
 
 
 A100_RATE = 312e12 * 0.4  # the a100 preset's peak x its default efficiency (cluster.mfu null)
+
+
+def test_device_presets_are_the_datasheet_figures():
+    """Dense FP16/BF16 tensor-core peaks and HBM bandwidths of the datasheets (cluster.py's table)."""
+    assert DEVICE_PEAK_FLOPS == {"v100": 125e12, "a100": 312e12, "h100": 989.4e12, "h200": 989.4e12}
+    assert DEVICE_MEMORY_BANDWIDTH == {"v100": 900e9, "a100": 2039e9, "h100": 3.35e12, "h200": 4.8e12}
+    assert DEVICES == ("v100", "a100", "h100", "h200", "cpu") and GPU_LAUNCH_OVERHEAD_S == 5e-6
 
 
 def test_profile_defaults_and_mfu_override():
