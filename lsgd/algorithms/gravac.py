@@ -24,7 +24,7 @@ this runs after backward rather than per DDP bucket):
 
 * ``modeled`` (default; our reading): every iteration both CFs get a throughput sample, each with
   its own time: this step's modeled compute (forward and backward from the clock's compute
-  profile, ``cluster.compute=profile``: FLOP-counted, so the same seed takes the same decisions
+  profile, ``cluster.compute=profile``: counted operators, so the same seed takes the same decisions
   on any machine) plus the modeled time to exchange that CF's payload on the configured network
   (``network.*``). A laptop run then sees the communication savings a cluster would, and the
   throughputs of theta_min and the candidate differ by more than their gains, so the settling
