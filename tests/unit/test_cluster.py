@@ -523,3 +523,35 @@ def test_compressor_compute_is_counted_live_and_bit_identical():
     assert counter.ops and seconds == pytest.approx(cm.roofline.price(counter.ops).seconds / 0.5, rel=1e-12)
     assert seconds >= len(counter.ops) * 5e-6 / 0.5
     assert ComputeModel({"compute": "measured"}).counted_seconds(lambda: 3) == (3, 0.0)
+
+
+def test_a_local_launch_calibrates_cpu_before_the_workers_and_a_joined_one_refuses(tmp_path, monkeypatch):
+    """launch._ensure_cpu_calibration: cluster.device=cpu without a record measures once (here a
+    stand-in measurement) at the workers' thread count and stores it; a joined launch gets a
+    ConfigError naming `lsgd calibrate`; other devices touch nothing."""
+    import lsgd.cluster as cluster
+    from lsgd.launch import LaunchEnv, _ensure_cpu_calibration
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    seen = []
+
+    def fake_calibrate():
+        seen.append(torch.get_num_threads())
+        return {"peak_flops": 1e9, "memory_bandwidth": 1e9, "special_rate": 1e8, "launch_s": 1e-6,
+                "threads": torch.get_num_threads(), "cpu": "test", "torch": torch.__version__, "measured_at": "now"}
+
+    monkeypatch.setattr(cluster, "calibrate_cpu", fake_calibrate)
+    threads = torch.get_num_threads()
+    cfg = {"cluster": {"device": "a100"}, "launcher": {"nproc_per_node": 2, "threads_per_worker": 3}}
+    _ensure_cpu_calibration(cfg, None)
+    assert not seen and not (tmp_path / "lsgd").exists()
+    cfg["cluster"]["device"] = "cpu"
+    _ensure_cpu_calibration(cfg, None)
+    assert seen == [3] and read_cpu_profile(3)["cpu"] == "test" and torch.get_num_threads() == threads
+    _ensure_cpu_calibration(cfg, None)  # found: not measured again
+    assert seen == [3]
+    cfg["launcher"]["threads_per_worker"] = 5
+    joined = LaunchEnv(rank=0, world_size=2, local_rank=0, local_world_size=2, master_addr="h", master_port=1,
+                       source="torchrun")
+    with pytest.raises(ConfigError, match="lsgd calibrate --threads 5"):
+        _ensure_cpu_calibration(cfg, joined)
