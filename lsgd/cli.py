@@ -38,6 +38,8 @@ commands:
   report   Markdown report with tables (mean and 95% interval over seeds), LaTeX, CSV and figures:
              lsgd report results/fmnist_demo [--baseline ddp]
   data     fetch a dataset before training: lsgd data fashion_mnist [dataset.root=DIR]
+  calibrate  measure this machine's matmul FLOP/s, memory bandwidth and per-op overhead for
+             cluster.device=cpu: lsgd calibrate [--threads N]
   list     the options of the config groups with their descriptions:
              lsgd list [algorithms|experiments|variants|models|datasets|optimizers|schedules|networks|...]
 
@@ -220,6 +222,31 @@ def data(argv: list[str]) -> int:
     return 0
 
 
+def calibrate(argv: list[str]) -> int:
+    """``lsgd calibrate [--threads N]``: measure this machine for ``cluster.device=cpu``
+    (:func:`lsgd.cluster.calibrate_cpu`) with N torch threads (default: torch's current count) and
+    store the figures where that preset reads them (:func:`lsgd.cluster.cpu_profile_path`)."""
+    import argparse
+
+    import torch
+
+    from lsgd.cluster import calibrate_cpu, write_cpu_profile
+
+    parser = argparse.ArgumentParser(prog="lsgd calibrate", description=calibrate.__doc__)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's current count)")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    record = calibrate_cpu()
+    path = write_cpu_profile(record)
+    print(f"{record['cpu']}, {record['threads']} thread(s): matmul {record['peak_flops'] / 1e9:.1f} GFLOP/s, "
+          f"memory {record['memory_bandwidth'] / 1e9:.1f} GB/s, per-op overhead {record['launch_s'] * 1e6:.2f} us")
+    print(f"written to {path} (cluster.device=cpu reads it; the figures belong to this machine)")
+    return 0
+
+
 def _conf_dir():
     import importlib.resources
 
@@ -309,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         return data(rest)
     if cmd == "list":
         return list_options(rest)
-    print(f"lsgd: unknown command {cmd!r}; allowed: train, plot, report, data, list, --version\n\n{USAGE}",
+    if cmd == "calibrate":
+        return calibrate(rest)
+    print(f"lsgd: unknown command {cmd!r}; allowed: train, plot, report, data, list, calibrate, --version\n\n{USAGE}",
           file=sys.stderr)
     return 2
 

@@ -9,40 +9,104 @@ from the ``cluster:`` config block:
 key                meaning
 =================  ==========================================================================
 ``compute``        ``profile`` (deterministic, independent of this machine) or ``measured``
-``device``         target accelerator, a key of :data:`DEVICE_PEAK_FLOPS`
-``mfu``            model FLOPs utilization assumed on that device, in (0, 1]
-``step_time_s``    compute seconds per local step at speed 1.0 (profile mode; overrides FLOPs)
+``device``         target device, one of :data:`DEVICES`: a GPU preset or ``cpu`` (this machine)
+``mfu``            fraction of the peak FLOP/s a compute-bound kernel reaches, in (0, 1]; null:
+                   the device's :data:`DEFAULT_EFFICIENCY` (0.4 on a GPU, 1.0 on ``cpu``)
+``step_time_s``    compute seconds per local step at speed 1.0 (profile mode; overrides the count)
 ``speeds``         one relative speed per worker, or a preset of :data:`HETEROGENEITY`
 ``gpus_per_node``  workers per node (intra-node link inside a node, inter-node link between)
 =================  ==========================================================================
 
-Units: time in seconds (s), work in floating-point operations (FLOPs), rates in FLOP/s.
+Units: time in seconds (s), work in floating-point operations (FLOPs), rates in FLOP/s, memory
+traffic in bytes and bytes/s.
 
-Profile mode
-------------
-The step's FLOPs are counted once (:meth:`ComputeModel.calibrate`) on a real batch with
-:class:`torch.utils.flop_counter.FlopCounterMode`, and the step time at speed 1.0 is::
+Profile mode: a roofline per operator plus a launch cost per kernel
+-------------------------------------------------------------------
+One training step is counted once (:meth:`ComputeModel.calibrate`, on the first batch, on a deep
+copy of the model and of the optimizer: :func:`count_step`) with a ``TorchDispatchMode``
+(:class:`OpCounter`) that sees every aten operator the step runs: the forward, the backward and
+the real optimizer's ``step()``, each separately. Views and aliasing ops (``view``, ``t``,
+``expand``, ``detach``, ``as_strided``, ``_unsafe_view``, any op whose output aliases an input
+without writing it), allocations and metadata ops launch no kernel and are skipped. For every
+other op (:class:`Op`):
 
-    forward_s  = forward_flops  / (DEVICE_PEAK_FLOPS[device] * mfu)
-    backward_s = backward_flops / (DEVICE_PEAK_FLOPS[device] * mfu)
+* FLOPs: matmul-family ops (``mm``, ``addmm``, ``bmm``, convolutions, attention) from
+  ``torch.utils.flop_counter.flop_registry``, 2 per multiply-accumulate, the counts of
+  ``FlopCounterMode``; any other op one FLOP per element of its largest operand (elementwise ops,
+  reductions, copies: a crude count that hardly matters, as such ops are memory-bound);
+* bytes: every input tensor read plus every output written (elements x element size, at the
+  dtype the step really runs in on this machine: float32 by default, so a mixed-precision step on
+  the device moves up to 2x less than counted);
+* kernels: 1 (a CUDA ``_foreach_`` optimizer op: the launches of torch's multi_tensor_apply).
 
-Why FlopCounterMode: it is PyTorch's own dispatch-level counter, so it sees exactly the matrix
-products the model runs (``mm``, ``addmm``, ``bmm``, convolutions, scaled-dot-product attention,
-each counted as 2 FLOPs per multiply-accumulate), forward and backward separately, for any model,
-with no hand-written per-architecture formula. It counts the backward the autograd graph really
-runs: the first layer's input gradient is not computed (nor counted) when the input does not
-require grad, so a step's backward is about, not exactly, 2x its forward. Elementwise ops,
-normalization, activations and the loss are not counted; this is the usual "model FLOPs"
-convention behind MFU (Chowdhery et al. 2022, PaLM, Appendix B: matmul FLOPs only, 6ND for a
-transformer), and the inefficiency of everything else is what ``mfu`` < 1 stands for.
+and a phase (forward, backward, optimizer) takes, at speed 1.0 (:class:`Roofline`)::
 
-With ``cluster.step_time_s`` set, the FLOP count is skipped and the step time is given directly,
-split forward:backward = 1:2 (the backward of a matmul layer computes two products, the input
-gradient and the weight gradient, for the forward's one; the usual backward ~ 2x forward ratio).
+    sum over its ops of  max(FLOPs / (peak x mfu), bytes / memory bandwidth) + kernels x launch_s
+
+the roofline of Williams, Waterman and Patterson (CACM 2009) per operator, plus the fixed cost of
+launching each kernel, so that a small model is launch-bound (the demo CNN on an a100: 0.21 ms
+per step, 36 kernels, where its FLOPs alone gave 4.5 us) and a big one compute-bound (where the
+roofline reduces to the old FLOPs / (peak x mfu)). The optimizer's step is on the clock too
+(the trainer charges it whenever the optimizer steps). On a GPU preset the twin optimizer runs
+torch's ``foreach`` kernels, torch's default on CUDA; on ``cpu`` its default for-loop. On ``cpu``
+an op that evaluates a transcendental function per element (:data:`SPECIAL_OPS`: softmax, GELU,
+exp, tanh) adds elements / ``special_rate`` (a measured ``exp`` rate) to its compute term.
+
+``mfu``: the roofline's "peak x efficiency". The key keeps its name and, on the GPU presets, its
+old default 0.4 (configs that set it keep working, and a compute-bound model keeps its step
+time), but it now means the efficiency of a compute-bound kernel, not of the whole step; the
+step's model FLOPs utilization is an output (``profile["achieved_mfu"]``). On ``cpu`` its
+default is 1.0: the peak there is already a measured matmul rate.
+
+The backward's matmul FLOPs also time DDP's buckets: :attr:`ComputeModel.grad_ready_fraction`
+(the fraction of backward FLOPs done when each parameter's gradient is final).
+
+With ``cluster.step_time_s`` set nothing is counted and the step time is given directly, split
+forward:backward = 1:2 (the backward of a matmul layer computes two products, the input gradient
+and the weight gradient, for the forward's one), optimizer 0.
 
 Either way the profile is a constant: every call of :meth:`ComputeModel.step` returns the same
 :class:`StepTime` (divided by the worker's speed), so ``modeled_time_s`` is deterministic and
-does not depend on the machine the experiment runs on.
+does not depend on the machine the experiment runs on (``cpu``: it depends on the calibration
+file, :func:`cpu_profile_path`, i.e. on the machine that measured it).
+
+Compression compute: :meth:`ComputeModel.seconds` prices PowerSGD's matmul FLOPs at peak x mfu;
+:meth:`ComputeModel.counted_seconds` counts any other work (a compressor's compensate, compress,
+decompress, update) live under :class:`OpCounter` and prices it on the same roofline; the
+``compressed`` algorithm caches the price per tensor (:meth:`Compressed.compress_bucket`).
+
+The ``cpu`` preset and ``lsgd calibrate``
+-----------------------------------------
+``lsgd calibrate [--threads N]`` (:func:`calibrate_cpu`) measures this machine with torch's
+thread count: a 1024 x 1024 float32 matmul (FLOP/s), a 64 MiB copy (bytes/s), ``torch.exp`` on
+16 MiB (elements/s) and a tiny model's whole training step (seconds per op: PyTorch's per-op eager
+cost, the CPU's launch overhead), and stores them per thread count in
+``$XDG_CACHE_HOME/lsgd/cpu.json`` (atomically). ``cluster.device=cpu`` reads the record for the
+workers' thread count; when it is missing a local launch measures it once before the workers
+start (and says so), a torchrun/SLURM launch stops with a ConfigError (its tasks would each
+measure different figures). A ``cpu`` profile depends on the machine, its load and the thread
+count: it is for holding the model against ``compute=measured`` on the same machine.
+
+Held against measured time (``scripts/bench_compute_model.py``), measured on an AMD EPYC (2 cores
+shared with other jobs: loaded, noisy), torch 2.14.1, 1 thread, batch 32, SGD momentum; the
+median over interleaved rounds of calibration and measurement:
+
+=========  ======================  ============================  ===========  ==============
+model      ops fwd / bwd / opt     profile ms (fwd / bwd / opt)  measured ms  ratio (range)
+=========  ======================  ============================  ===========  ==============
+cnn        15 / 18 / 40            17.60 (5.91 / 10.72 / 0.97)   21.97        0.80 (0.54-0.81)
+logreg     3 / 5 / 8               0.12 (0.02 / 0.03 / 0.06)     0.12         0.95 (0.94-0.98)
+gpt-tiny   28 / 48 / 112           1189 (455 / 731 / 2.9)        2690         0.44 (0.36-0.44)
+resnet20   91 / 79 / 236           219.9 (74.2 / 141.0 / 1.9)    211.4        1.04 (0.98-1.19)
+=========  ======================  ============================  ===========  ==============
+
+(3 rounds; calibrations 39-42 GFLOP/s matmul, 12-17 GB/s copy, 4 us per op; the load average
+was 10-14 on the 2 cores, and the same script run twice before gave cnn 0.72-0.87, logreg
+0.92-3.1 (before the per-op overhead was timed on single steps), resnet20 1.19-1.44, gpt-tiny
+0.33-0.46.) The CNN, logreg and ResNet-20 are within 25%. GPT-tiny is not: its steps are
+dominated by the 8192-token vocabulary head, 64-deep matmuls (8192 x 64 @ 64 x 8192) that this
+CPU runs at about a third of the square matmul's rate, and by log-softmax over 67M logits and
+zero-fills inside aten kernels, which the per-op roofline does not see.
 
 Measured mode
 -------------
@@ -99,45 +163,132 @@ peak of each accelerator, the rate mixed-precision training runs at; see its tab
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import datetime
+import json
+import logging
 import math
+import os
+import platform
 import random
+import statistics
+import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
 
 from lsgd.errors import ConfigError
 
-# Published dense peak FLOP/s for mixed-precision training: FP16/BF16 inputs on tensor cores
-# with FP32 accumulate, without 2:4 structured sparsity (NVIDIA quotes sparse rates as 2x these).
+log = logging.getLogger(__name__)
+
+# Published device figures (datasheets). Peak: dense (no 2:4 structured sparsity) FP16/BF16
+# tensor-core FLOP/s with FP32 accumulate, the rate mixed-precision training runs at (NVIDIA quotes
+# sparse rates as 2x these). Memory bandwidth: the datasheet's HBM figure, bytes/s.
 #
-# ======  ===============  ============  =====================================================
-# key     part             dense peak    source
-# ======  ===============  ============  =====================================================
-# v100    Tesla V100 SXM2   125 TFLOP/s  NVIDIA V100 datasheet, "Tensor Performance: 125
-#                                        TFLOPS" (SXM2; PCIe 112); = 640 tensor cores x 128
-#                                        FLOP/clock x 1.53 GHz boost. Volta has FP16 only.
-# a100    A100 SXM4         312 TFLOP/s  NVIDIA A100 datasheet, "BF16/FP16 Tensor Core: 312
-#                                        TFLOPS | 624 TFLOPS*" (* with sparsity); 40 GB and
-#                                        80 GB parts alike.
-# h100    H100 SXM5       989.4 TFLOP/s  NVIDIA Hopper architecture whitepaper, "Peak FP16 /
-#                                        BF16 Tensor TFLOPS with FP32 Accumulate:
-#                                        989.4 / 1978.9" (dense / sparse); the datasheet's
-#                                        "1,979 teraFLOPS*" is the sparse rate. = 528 tensor
-#                                        cores x 1024 FLOP/clock x 1.83 GHz.
-# h200    H200 SXM        989.4 TFLOP/s  NVIDIA H200 datasheet, "BF16/FP16 Tensor Core: 1,979
-#                                        TFLOPS*" (* with sparsity): the H100 SXM5's compute
-#                                        with more and faster HBM3e memory.
-# ======  ===============  ============  =====================================================
+# ======  ===============  ============  ===========  ======================================================
+# key     part             dense peak    memory bw    source
+# ======  ===============  ============  ===========  ======================================================
+# v100    Tesla V100 SXM2   125 TFLOP/s   900 GB/s    NVIDIA V100 datasheet, "Tensor Performance: 125
+#                                                     TFLOPS" (SXM2; PCIe 112), "Memory Bandwidth: 900 GB/sec"
+#                                                     (HBM2); = 640 tensor cores x 128 FLOP/clock x 1.53 GHz.
+# a100    A100 SXM4 80GB    312 TFLOP/s  2039 GB/s    NVIDIA A100 datasheet, "BF16/FP16 Tensor Core: 312
+#                                                     TFLOPS | 624 TFLOPS*" (* sparsity; 40 GB and 80 GB
+#                                                     alike), "GPU Memory Bandwidth: 2,039 GB/s" (80GB SXM;
+#                                                     the 40GB part has 1,555 GB/s). The 80GB SXM is chosen:
+#                                                     the common part of today's A100 clusters.
+# h100    H100 SXM5       989.4 TFLOP/s  3350 GB/s    NVIDIA Hopper architecture whitepaper, "Peak FP16 /
+#                                                     BF16 Tensor TFLOPS with FP32 Accumulate: 989.4 /
+#                                                     1978.9" (dense / sparse; = 528 tensor cores x 1024
+#                                                     FLOP/clock x 1.83 GHz); H100 datasheet, SXM "GPU
+#                                                     memory bandwidth: 3.35TB/s".
+# h200    H200 SXM        989.4 TFLOP/s  4800 GB/s    NVIDIA H200 datasheet, "BF16/FP16 Tensor Core: 1,979
+#                                                     TFLOPS*" (* sparsity), "GPU Memory Bandwidth:
+#                                                     4.8TB/s": the H100 SXM5's compute with HBM3e.
+# cpu     this machine     measured      measured     ``lsgd calibrate`` (:func:`calibrate_cpu`)
+# ======  ===============  ============  ===========  ======================================================
 DEVICE_PEAK_FLOPS: dict[str, float] = {
     "v100": 125e12,
     "a100": 312e12,
     "h100": 989.4e12,
     "h200": 989.4e12,
 }
+
+DEVICE_MEMORY_BANDWIDTH: dict[str, float] = {
+    "v100": 900e9,
+    "a100": 2039e9,
+    "h100": 3.35e12,
+    "h200": 4.8e12,
+}
+
+# Launch overhead per kernel on a GPU, seconds: the host-side cost of submitting one kernel
+# (driver call, argument marshalling, command queue) that a stream of small kernels cannot hide.
+# 5 us: the middle of the 4-6 us per submitted kernel measured with CUDA 13.0 (driver 580) in
+# "pegainfer (3): From Launch Overhead to CUDA Graph" (susun-blog.com/blog/pegainfer-3-cuda-graph,
+# code github.com/xiaguan/cuda-kernel-launch-lab), the "few microseconds" of NVIDIA's CUDA Graphs
+# material (developer.nvidia.com/blog/cuda-graphs). PyTorch's eager dispatch adds its own
+# microseconds per op on the host (NVIDIA's Nsight Systems walkthrough measures ~20 us for one
+# PyTorch element-wise op on a V100, launch included), so 5 us is a floor, not an average.
+GPU_LAUNCH_OVERHEAD_S = 5e-6
+
+#: the efficiency (fraction of peak FLOP/s a compute-bound kernel reaches) when ``cluster.mfu`` is
+#: null: 0.4 on the GPU presets (the value ``mfu`` had before the roofline, so compute-bound models
+#: keep their step time), 1.0 on ``cpu`` (its peak is itself a measured matmul rate)
+DEFAULT_EFFICIENCY: dict[str, float] = {"v100": 0.4, "a100": 0.4, "h100": 0.4, "h200": 0.4, "cpu": 1.0}
+
+#: every allowed ``cluster.device``
+DEVICES: tuple[str, ...] = (*DEVICE_PEAK_FLOPS, "cpu")
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """The roofline figures of one device.
+
+    Attributes:
+        name: a key of :data:`DEVICES`.
+        peak_flops: FLOP/s (dense FP16/BF16 tensor-core peak; ``cpu``: a measured float32 matmul).
+        memory_bandwidth: bytes/s (datasheet; ``cpu``: a measured large copy, read + write).
+        launch_s: seconds of fixed cost per kernel (GPU: :data:`GPU_LAUNCH_OVERHEAD_S`; ``cpu``: the
+            measured cost per op of a tiny model's training step, PyTorch's per-op eager cost).
+        special_rate: elements/s of a transcendental function (``cpu``: measured ``torch.exp``);
+            None (GPU presets): not modeled, as a GPU's special-function units keep such
+            elementwise ops memory-bound.
+        info: where the figures come from (``cpu``: the calibration record).
+    """
+
+    name: str
+    peak_flops: float
+    memory_bandwidth: float
+    launch_s: float
+    special_rate: float | None = None
+    info: dict | None = None
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.name != "cpu"
+
+
+def device_spec(name: str) -> DeviceSpec:
+    """The :class:`DeviceSpec` of ``name``; ``cpu`` reads (or makes) this machine's calibration for
+    torch's current thread count (:func:`cpu_spec`).
+
+    Raises:
+        ConfigError: ``name`` not in :data:`DEVICES`.
+    """
+    if name == "cpu":
+        return cpu_spec()
+    if name not in DEVICE_PEAK_FLOPS:
+        raise ConfigError(f"cluster.device={name!r} is not allowed; allowed: {', '.join(DEVICES)}")
+    return DeviceSpec(name, DEVICE_PEAK_FLOPS[name], DEVICE_MEMORY_BANDWIDTH[name], GPU_LAUNCH_OVERHEAD_S)
+
 
 HETEROGENEITY: tuple[str, ...] = ("none", "slight", "moderate", "very")
 
@@ -153,7 +304,7 @@ FORWARD_FRACTION = 1.0 / 3.0
 CLUSTER_DEFAULTS: dict[str, Any] = {
     "compute": "profile",
     "device": "a100",
-    "mfu": 0.4,
+    "mfu": None,
     "step_time_s": None,
     "speeds": None,
     "gpus_per_node": 1,
@@ -231,11 +382,13 @@ def _validate_compute(cluster: Mapping) -> None:
     if compute not in COMPUTE_MODES:
         raise ConfigError(f"cluster.compute={compute!r} is not allowed; allowed: {', '.join(COMPUTE_MODES)}")
     device = cluster.get("device", CLUSTER_DEFAULTS["device"])
-    if device not in DEVICE_PEAK_FLOPS:
-        raise ConfigError(f"cluster.device={device!r} is not allowed; allowed: {', '.join(DEVICE_PEAK_FLOPS)}")
+    if device not in DEVICES:
+        raise ConfigError(f"cluster.device={device!r} is not allowed; allowed: {', '.join(DEVICES)}")
     mfu = cluster.get("mfu", CLUSTER_DEFAULTS["mfu"])
-    if not (_is_number(mfu) and 0 < mfu <= 1):
-        raise ConfigError(f"cluster.mfu must be a number in (0, 1] (model FLOPs utilization), got {mfu!r}")
+    if mfu is not None and not (_is_number(mfu) and 0 < mfu <= 1):
+        raise ConfigError(f"cluster.mfu must be null (the device's default: {DEFAULT_EFFICIENCY['a100']} on a GPU, "
+                          f"1.0 on cpu) or a number in (0, 1] (the fraction of peak FLOP/s a compute-bound "
+                          f"kernel reaches), got {mfu!r}")
     step_time_s = cluster.get("step_time_s", CLUSTER_DEFAULTS["step_time_s"])
     if step_time_s is not None and not (_is_number(step_time_s) and step_time_s > 0):
         raise ConfigError(
@@ -265,6 +418,431 @@ def validate_cluster(cluster: Mapping, world_size: int) -> None:
         raise ConfigError(f"cluster.gpus_per_node must be an integer >= 1 (workers per node), got {gpus!r}")
 
 
+# -------------------------------------------------------------------------------- the cpu preset
+CPU_PROFILE_FORMAT = 1
+
+
+def cpu_profile_path() -> Path:
+    """Where ``lsgd calibrate`` writes this machine's figures and ``cluster.device=cpu`` reads them:
+    ``$XDG_CACHE_HOME/lsgd/cpu.json`` (``~/.cache/lsgd/cpu.json`` when unset)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "lsgd" / "cpu.json"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _tiny_step_overhead(repeats: int) -> float:
+    """Seconds per counted op of a whole training step of a tiny MLP (2 x Linear(4, 4), batch 2,
+    SGD with momentum): what PyTorch's eager mode costs per op when the arithmetic is nothing
+    (Python module calls, autograd recording, the backward engine, the optimizer's loop)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(2, 4), torch.randint(0, 4, (2,))
+    loss_fn = torch.nn.functional.cross_entropy
+    counted = count_step(model, x, y, loss_fn, opt, gpu=False)
+    ops = sum(op.launches for op in counted.forward + counted.backward + counted.optimizer)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+    for _ in range(20):
+        step()
+    # single steps (about 0.1 ms each), median of many: robust to a loaded machine's preemptions
+    return _median_seconds(step, 40 * repeats) / ops
+
+
+def calibrate_cpu(matmul_n: int = 1024, copy_mib: int = 64, special_mib: int = 16, repeats: int = 7) -> dict:
+    """Measure this machine's roofline figures with torch's current thread count.
+
+    * ``peak_flops``: 2 n^3 / t of an ``n x n`` float32 matmul (``matmul_n``).
+    * ``memory_bandwidth``: bytes read + written / t of copying a ``copy_mib`` MiB float32 tensor
+      into another (``Tensor.copy_``).
+    * ``special_rate``: elements / t of ``torch.exp`` on a ``special_mib`` MiB float32 tensor:
+      the rate of transcendental functions (exp, log, tanh, erf; :data:`SPECIAL_OPS`), which on a
+      CPU cost tens of FLOP-equivalents per element and set the time of softmax and GELU.
+    * ``launch_s``: seconds per op of a whole training step of a tiny model
+      (:func:`_tiny_step_overhead`): PyTorch's fixed per-op cost on this host, the CPU's
+      counterpart of a kernel launch.
+
+    Each time is the median of ``repeats`` runs after a warm-up. Takes one to two seconds. The
+    figures belong to this machine, its load and its thread count: a ``cpu`` profile does not
+    carry over to another machine.
+
+    Returns:
+        ``{"peak_flops" (FLOP/s), "memory_bandwidth" (bytes/s), "special_rate" (elements/s),
+        "launch_s" (s), "threads", "cpu", "torch", "measured_at" (UTC, ISO 8601)}``.
+    """
+    with torch.no_grad():
+        a, b = torch.randn(matmul_n, matmul_n), torch.randn(matmul_n, matmul_n)
+        torch.mm(a, b)  # warm-up (first-call setup, page faults)
+        mm_s = _median_seconds(lambda: torch.mm(a, b), repeats)
+        src = torch.ones(copy_mib * 2**20 // 4)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        copy_s = _median_seconds(lambda: dst.copy_(src), repeats)
+        z = torch.randn(special_mib * 2**20 // 4)
+        out = torch.empty_like(z)
+        torch.exp(z, out=out)
+        exp_s = _median_seconds(lambda: torch.exp(z, out=out), repeats)
+    return {
+        "peak_flops": 2.0 * matmul_n**3 / mm_s,
+        "memory_bandwidth": 2.0 * src.numel() * src.element_size() / copy_s,
+        "special_rate": z.numel() / exp_s,
+        "launch_s": _tiny_step_overhead(repeats),
+        "threads": torch.get_num_threads(),
+        "cpu": _cpu_name(),
+        "torch": torch.__version__,
+        "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _read_cpu_profiles(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cluster.device=cpu: the calibration file {path} is unreadable ({exc}); "
+                          "run `lsgd calibrate` to rewrite it") from None
+    if not isinstance(data, dict) or data.get("format") != CPU_PROFILE_FORMAT:
+        return {}
+    return dict(data.get("by_threads") or {})
+
+
+def write_cpu_profile(record: dict, path: Path | None = None) -> Path:
+    """Store ``record`` (:func:`calibrate_cpu`) under its thread count in the calibration file,
+    keeping the other thread counts' records; atomic (a temporary file, then ``os.replace``)."""
+    path = cpu_profile_path() if path is None else Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profiles = _read_cpu_profiles(path) if path.exists() else {}
+    profiles[str(int(record["threads"]))] = record
+    text = json.dumps({"format": CPU_PROFILE_FORMAT, "by_threads": profiles}, indent=2, sort_keys=True) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".cpu.", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_cpu_profile(threads: int | None = None, path: Path | None = None) -> dict | None:
+    """The calibration record for ``threads`` (default: torch's current count), or None."""
+    threads = torch.get_num_threads() if threads is None else int(threads)
+    return _read_cpu_profiles(cpu_profile_path() if path is None else Path(path)).get(str(threads))
+
+
+def ensure_cpu_profile(threads: int | None = None, calibrate: bool = True) -> dict:
+    """The calibration record for ``threads`` torch threads; when there is none, measure it now
+    (:func:`calibrate_cpu` with that many threads; about a second), store it and log that it did.
+
+    Raises:
+        ConfigError: no record and ``calibrate`` false (a launch whose ranks would each measure
+            their own figures: run ``lsgd calibrate`` on every node first).
+    """
+    threads = torch.get_num_threads() if threads is None else int(threads)
+    record = read_cpu_profile(threads)
+    if record is not None:
+        return record
+    path = cpu_profile_path()
+    if not calibrate:
+        raise ConfigError(f"cluster.device=cpu needs this machine's figures for {threads} torch thread(s) in {path}: "
+                          f"run `lsgd calibrate --threads {threads}` on every node before the launch")
+    log.warning("cluster.device=cpu: no calibration for %d torch thread(s) in %s; measuring this machine now "
+                "(`lsgd calibrate` does it ahead of time)", threads, path)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        record = calibrate_cpu()
+    finally:
+        torch.set_num_threads(before)
+    write_cpu_profile(record, path)
+    return record
+
+
+def cpu_spec(threads: int | None = None) -> DeviceSpec:
+    """The ``cpu`` :class:`DeviceSpec` for ``threads`` torch threads (default: the current count),
+    from the calibration file (measured now when missing, :func:`ensure_cpu_profile`)."""
+    r = ensure_cpu_profile(threads)
+    return DeviceSpec("cpu", float(r["peak_flops"]), float(r["memory_bandwidth"]), float(r["launch_s"]),
+                      special_rate=float(r["special_rate"]) if r.get("special_rate") else None, info=r)
+
+
+# -------------------------------------------------------------------------------- counting operators
+aten = torch.ops.aten
+
+#: ops that launch no kernel: allocations and metadata (besides every view / alias, :func:`_launches_nothing`)
+NO_KERNEL_OPS = frozenset({
+    aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default, aten.new_empty.default,
+    aten.new_empty_strided.default, aten._unsafe_view.default, aten.lift_fresh.default, aten.resize_.default,
+    aten.is_same_size.default, aten.is_contiguous.default, aten.is_contiguous.memory_format,
+    aten.is_strides_like_format.default, aten.is_non_overlapping_and_dense.default, aten.size.default,
+    aten.sym_size.default, aten.stride.default, aten.sym_stride.default, aten.storage_offset.default,
+    aten.sym_storage_offset.default, aten.numel.default, aten.sym_numel.default, aten.dim.default,
+    aten.sym_is_contiguous.default,
+})
+
+_NOTHING: dict[Any, bool] = {}
+
+
+def _launches_nothing(func) -> bool:
+    """Views, aliasing and metadata ops: an output that aliases an input without writing it
+    (``view``, ``t``, ``expand``, ``detach``, ``as_strided``, ``split``, ...), allocations,
+    ``_unsafe_view`` (a view by another name), and ops outside ``aten`` (the profiler's record
+    markers, prims, collectives: communication is the clock's, not compute)."""
+    known = _NOTHING.get(func)
+    if known is None:
+        schema = getattr(func, "_schema", None)
+        aliases = schema is not None and any(
+            r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+        known = (func in NO_KERNEL_OPS or getattr(func, "is_view", False) or aliases
+                 or getattr(func, "namespace", "aten") != "aten")
+        _NOTHING[func] = known
+    return known
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes an op touches in ``t``: its elements x element size, at most its storage (an
+    expanded tensor reads its storage once)."""
+    n = t.numel() * t.element_size()
+    try:
+        return min(n, t.untyped_storage().nbytes())
+    except (RuntimeError, NotImplementedError):
+        return n
+
+
+#: torch's multi_tensor_apply (ATen/native/cuda/MultiTensorApply.cuh): a ``_foreach_`` op launches
+#: a kernel per group of at most ``depth_to_max_tensors[depth - 1]`` tensors and 320 blocks of
+#: 65536 elements (``kChunkSize``), depth = number of tensor lists
+FOREACH_MAX_TENSORS = (110, 64, 48, 36, 30)
+FOREACH_MAX_BLOCKS = 320
+FOREACH_CHUNK = 65536
+
+
+def foreach_launches(lists: Sequence[Sequence[torch.Tensor]]) -> int:
+    """Kernels a CUDA ``_foreach_`` op launches over ``lists`` (lists of tensors, depth =
+    ``len(lists)``): max(ceil(tensors / max tensors per launch), ceil(chunks / 320))."""
+    if not lists or not lists[0]:
+        return 0
+    depth = min(len(lists), len(FOREACH_MAX_TENSORS))
+    tensors = lists[0]
+    chunks = sum(max(1, -(-t.numel() // FOREACH_CHUNK)) for t in tensors)
+    return max(-(-len(tensors) // FOREACH_MAX_TENSORS[depth - 1]), -(-chunks // FOREACH_MAX_BLOCKS))
+
+
+#: ops whose elements each evaluate a transcendental function (exp, log, tanh, erf): softmax and
+#: its backward, GELU, SiLU, sigmoid, tanh
+SPECIAL_OPS = frozenset({
+    aten.exp, aten.exp_, aten.log, aten.log_, aten._softmax, aten._log_softmax, aten._log_softmax_backward_data,
+    aten.gelu, aten.gelu_backward, aten.tanh, aten.sigmoid, aten.silu, aten.silu_backward, aten.erf,
+    aten.log_sigmoid_forward, aten.softplus, aten.elu,
+})
+
+
+@dataclass(frozen=True)
+class Op:
+    """One counted operator.
+
+    Attributes:
+        name: the aten op (``aten.mm.default``).
+        flops: FLOPs: the matmul-family count of :data:`torch.utils.flop_counter.flop_registry`
+            (2 per multiply-accumulate) where the op is registered, else one per element of its
+            largest operand (elementwise ops, reductions, copies; such ops are memory-bound on
+            every preset, so the approximation hardly matters).
+        bytes: inputs read + outputs written (elements x element size, :func:`_tensor_bytes`); an
+            in-place op reads and writes its target (one returning nothing, as ``_foreach_add_``,
+            writes the arguments its schema marks as mutated).
+        launches: kernels (1; CUDA ``_foreach_`` ops: :func:`foreach_launches`; on ``cpu`` one
+            per tensor, PyTorch's for-loop fallback dispatching each).
+        matmul_flops: the registry's count (0 for ops it does not list): "model FLOPs".
+        special: transcendental evaluations (elements of the largest operand of an op in
+            :data:`SPECIAL_OPS`, else 0), priced at the device's ``special_rate`` where it has one.
+    """
+
+    name: str
+    flops: float
+    bytes: float
+    launches: int
+    matmul_flops: float
+    special: float = 0.0
+
+
+class OpCounter(TorchDispatchMode):
+    """Records every aten operator that launches a kernel (:class:`Op`) while active.
+
+    Views, aliases, allocations and metadata ops run but are not recorded
+    (:func:`_launches_nothing`). ``decompose`` (the twin step): an op the FLOP registry does not
+    list is first offered its decomposition, as :class:`~torch.utils.flop_counter.FlopCounterMode`
+    does, so both count the same FLOPs; off for live counting (a decomposition may round
+    differently from the fused kernel). ``gpu``: count a ``_foreach_`` op's CUDA launches, else one
+    per tensor.
+
+    Attributes:
+        ops: the recorded :class:`Op` list, in execution order.
+        matmul_flops: running total of :attr:`Op.matmul_flops` (read by backward hooks).
+    """
+
+    def __init__(self, decompose: bool = False, gpu: bool = True):
+        super().__init__()
+        self.decompose, self.gpu = decompose, gpu
+        self.ops: list[Op] = []
+        self.matmul_flops = 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _launches_nothing(func):
+            return func(*args, **kwargs)
+        if self.decompose and func._overloadpacket not in flop_registry:
+            with self:
+                r = func.decompose(*args, **kwargs)
+            if r is not NotImplemented:
+                return r
+        out = func(*args, **kwargs)
+        self.ops.append(self._record(func, args, kwargs, out))
+        return out
+
+    def _record(self, func, args, kwargs, out) -> Op:
+        ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if not outs:  # an in-place op that returns nothing (``_foreach_add_``): it writes its mutated arguments
+            schema = func._schema.arguments
+            outs = [t for a, v in zip(schema, args) if a.alias_info is not None and a.alias_info.is_write
+                    for t in tree_flatten(v)[0] if isinstance(t, torch.Tensor)]
+        nbytes = float(sum(_tensor_bytes(t) for t in ins) + sum(_tensor_bytes(t) for t in outs))
+        packet = func._overloadpacket
+        matmul = float(flop_registry[packet](*args, **kwargs, out_val=out)) if packet in flop_registry else 0.0
+        self.matmul_flops += matmul
+        flops = matmul if packet in flop_registry else float(max((t.numel() for t in ins + outs), default=0))
+        launches = 1
+        if func.__name__.startswith("_foreach_"):
+            lists = [a for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
+            if lists:
+                launches = foreach_launches(lists) if self.gpu else len(lists[0])
+            if matmul == 0.0:
+                flops = float(sum(t.numel() for t in lists[0])) if lists else flops
+        special = float(max((t.numel() for t in ins + outs), default=0)) if packet in SPECIAL_OPS else 0.0
+        return Op(str(func), flops, nbytes, launches, matmul, special)
+
+
+@dataclass
+class StepCount:
+    """The operators of one training step, by phase (:func:`count_step`).
+
+    Attributes:
+        forward, backward, optimizer: the :class:`Op` lists (``optimizer`` empty without one).
+        grad_ready: ``{parameter name: backward matmul FLOPs done when its gradient is final}``.
+    """
+
+    forward: list[Op]
+    backward: list[Op]
+    optimizer: list[Op]
+    grad_ready: dict[str, float]
+
+
+def _twin_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, twin: nn.Module,
+                    foreach: bool | None) -> torch.optim.Optimizer:
+    """An optimizer of ``optimizer``'s class and param groups over ``twin``'s parameters, with a
+    deep copy of its state; ``foreach`` (when not None) set in every group that has the option."""
+    twin_of = {id(p): q for p, q in zip(model.parameters(), twin.parameters())}
+    groups = []
+    for g in optimizer.param_groups:
+        group = {k: v for k, v in g.items() if k != "params"}
+        if foreach is not None and "foreach" in group:
+            group["foreach"] = foreach
+        group["params"] = [twin_of[id(p)] for p in g["params"] if id(p) in twin_of]
+        groups.append(group)
+    try:
+        opt = type(optimizer)(groups)
+    except TypeError:
+        opt = type(optimizer)(groups, **optimizer.defaults)
+    for p, state in optimizer.state.items():
+        if id(p) in twin_of:
+            opt.state[twin_of[id(p)]] = copy.deepcopy(state)
+    return opt
+
+
+def count_step(
+    model: nn.Module, x: Any, y: Any, loss_fn: Callable[[Any, Any], torch.Tensor],
+    optimizer: torch.optim.Optimizer | None = None, gpu: bool = True,
+) -> StepCount:
+    """The operators of one training step on ``(x, y)``, counted with :class:`OpCounter`.
+
+    Forward ``loss_fn(model(x), y)``, ``loss.backward()`` and, with ``optimizer``, its ``step()``
+    run on a deep copy of ``model`` (same mode and device) and of the optimizer (its class, param
+    groups and state; :func:`_twin_optimizer`), each under its own counter. The model's parameters,
+    buffers (BatchNorm statistics), gradients and hooks and the optimizer's state are untouched; the
+    global CPU and CUDA RNG states (dropout) are saved and restored. The optimizer is stepped once
+    uncounted first, so the counted step is a steady-state one (momentum buffers exist, as in every
+    step but the first). ``gpu``: the target is a GPU, whose optimizers torch runs as ``foreach``
+    (multi-tensor) kernels by default: the twin optimizer then uses ``foreach=True``; on ``cpu``
+    torch's default (a for-loop over parameters) is kept. Costs one extra forward/backward, two
+    optimizer steps and, for the copies, the model's and optimizer state's memory once more.
+
+    Args:
+        model: a plain ``nn.Module`` (not a DDP wrapper: its backward would communicate).
+        x, y: one local batch, already on the model's device.
+        loss_fn: ``loss_fn(model(x), y)`` -> a scalar tensor.
+        optimizer: the run's optimizer over ``model.parameters()``, or None.
+        gpu: see above.
+    """
+    rng = _rng_states()
+    try:
+        twin = copy.deepcopy(model)
+        for p in twin.parameters():
+            p.grad = None
+        forward = OpCounter(decompose=True, gpu=gpu)
+        with forward:
+            loss = loss_fn(twin(x), y)
+        backward = OpCounter(decompose=True, gpu=gpu)
+        ready: dict[str, float] = {}
+
+        def at_ready(name: str):
+            def hook(_param) -> None:
+                ready[name] = backward.matmul_flops
+            return hook
+
+        hooks = [p.register_post_accumulate_grad_hook(at_ready(n)) for n, p in twin.named_parameters()
+                 if p.requires_grad]
+        try:
+            with backward:
+                loss.backward()
+        finally:
+            for h in hooks:
+                h.remove()
+        step = OpCounter(decompose=True, gpu=gpu)
+        if optimizer is not None:
+            twin_opt = _twin_optimizer(optimizer, model, twin, True if gpu else None)
+            twin_opt.step()  # uncounted: initializes the state (momentum buffers, Adam's moments)
+            with step:
+                twin_opt.step()
+        return StepCount(forward.ops, backward.ops, step.ops, ready)
+    finally:
+        _set_rng_states(rng)
+
+
 def _rng_states() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     return torch.get_rng_state(), cuda
@@ -281,68 +859,113 @@ def count_step_flops(
     model: torch.nn.Module, x: Any, y: Any, loss_fn: Callable[[Any, Any], torch.Tensor],
     grad_ready: dict[str, float] | None = None,
 ) -> tuple[float, float]:
-    """(forward FLOPs, backward FLOPs) of one training step on the batch ``(x, y)``.
-
-    Counted with :class:`torch.utils.flop_counter.FlopCounterMode` (2 FLOPs per multiply-
-    accumulate of every matmul, convolution and attention product), the forward
-    ``loss_fn(model(x), y)`` and the ``loss.backward()`` in two separate counters. The step runs on
-    a deep copy of ``model`` (same mode: train/eval, same device), so the model's parameters,
-    buffers (BatchNorm running statistics), gradients and hooks are untouched; the global CPU and
-    CUDA RNG states (dropout) are saved and restored. Costs one extra forward/backward and, for
-    the copy, the model's memory once more.
+    """(forward FLOPs, backward FLOPs) of one training step on the batch ``(x, y)``: the
+    matmul-family FLOPs of :func:`count_step` (the counts of
+    :class:`torch.utils.flop_counter.FlopCounterMode`: 2 FLOPs per multiply-accumulate of every
+    matmul, convolution and attention product; elementwise ops not counted), on a twin of
+    ``model`` (untouched, RNG states restored).
 
     Args:
-        model: a plain ``nn.Module`` (not a DDP wrapper: its backward would communicate).
-        x, y: one local batch, already on the model's device.
-        loss_fn: ``loss_fn(model(x), y)`` -> a scalar tensor.
         grad_ready: when given, filled with ``{parameter name: backward FLOPs done when its
-            gradient is final}`` (read from the backward counter by a post-accumulate-grad hook on
-            each parameter; names as ``model.named_parameters()``; parameters that get no gradient
-            are left out). The gradient of a parameter used twice (tied weights) is final at its
-            last accumulation.
+            gradient is final}`` (read by a post-accumulate-grad hook on each parameter; names as
+            ``model.named_parameters()``; parameters that get no gradient are left out). The
+            gradient of a parameter used twice (tied weights) is final at its last accumulation.
     """
-    rng = _rng_states()
-    try:
-        twin = copy.deepcopy(model)
-        for p in twin.parameters():
-            p.grad = None
-        with FlopCounterMode(display=False) as forward:
-            loss = loss_fn(twin(x), y)
-        backward = FlopCounterMode(display=False)
-        hooks = []
-        if grad_ready is not None:
-            def at_ready(name: str):
-                def hook(_param) -> None:
-                    grad_ready[name] = float(backward.get_total_flops())
-                return hook
+    counted = count_step(model, x, y, loss_fn)
+    if grad_ready is not None:
+        grad_ready.update(counted.grad_ready)
+    return (sum(op.matmul_flops for op in counted.forward), sum(op.matmul_flops for op in counted.backward))
 
-            hooks = [p.register_post_accumulate_grad_hook(at_ready(n)) for n, p in twin.named_parameters()
-                     if p.requires_grad]
-        try:
-            with backward:
-                loss.backward()
-        finally:
-            for h in hooks:
-                h.remove()
-        return float(forward.get_total_flops()), float(backward.get_total_flops())
-    finally:
-        _set_rng_states(rng)
+
+# -------------------------------------------------------------------------------- pricing
+@dataclass(frozen=True)
+class PhaseTime:
+    """Priced operators of one phase (:meth:`Roofline.price`); times in seconds, at speed 1.0.
+
+    Attributes:
+        seconds: sum over ops of max(compute_s, memory_s) + launches x launch_s.
+        flops, matmul_flops, bytes, launches: totals of the ops.
+        compute_bound_s, memory_bound_s, launch_s: ``seconds`` split by what bounds each op:
+            its FLOPs, its bytes, or the launch overheads.
+    """
+
+    seconds: float = 0.0
+    flops: float = 0.0
+    matmul_flops: float = 0.0
+    bytes: float = 0.0
+    launches: int = 0
+    compute_bound_s: float = 0.0
+    memory_bound_s: float = 0.0
+    launch_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Prices operators on one device: ``max(FLOPs / (peak x efficiency), bytes / bandwidth) +
+    launches x launch overhead`` per op (Williams, Waterman and Patterson, "Roofline: an
+    insightful visual performance model", CACM 2009, for the max; the launch term for the fixed
+    cost of each kernel).
+
+    Attributes:
+        spec: the device figures.
+        efficiency: the fraction of ``spec.peak_flops`` a compute-bound kernel reaches (``cluster.mfu``).
+    """
+
+    spec: DeviceSpec
+    efficiency: float
+
+    @property
+    def flops_rate(self) -> float:
+        return self.spec.peak_flops * self.efficiency
+
+    def compute_seconds(self, flops: float, special: float = 0.0) -> float:
+        """The compute term: ``flops / (peak x efficiency)``, plus ``special / special_rate``
+        (transcendental evaluations) on a device that has a ``special_rate``."""
+        t = flops / self.flops_rate
+        if special and self.spec.special_rate:
+            t += special / self.spec.special_rate
+        return t
+
+    def op_seconds(self, flops: float, nbytes: float, launches: int = 1, special: float = 0.0) -> float:
+        """Seconds of one op: ``max(compute term, nbytes / bandwidth) + launches x launch_s``
+        (compute term: ``flops / (peak x efficiency)``, :meth:`compute_seconds`)."""
+        return (max(self.compute_seconds(flops, special), nbytes / self.spec.memory_bandwidth)
+                + launches * self.spec.launch_s)
+
+    def price(self, ops: Sequence[Op]) -> PhaseTime:
+        """The :class:`PhaseTime` of ``ops``."""
+        compute = memory = launch = flops = matmul = nbytes = 0.0
+        launches = 0
+        for op in ops:
+            c, m = self.compute_seconds(op.flops, op.special), op.bytes / self.spec.memory_bandwidth
+            if c >= m:
+                compute += c
+            else:
+                memory += m
+            launch += op.launches * self.spec.launch_s
+            flops += op.flops
+            matmul += op.matmul_flops
+            nbytes += op.bytes
+            launches += op.launches
+        return PhaseTime(compute + memory + launch, flops, matmul, nbytes, launches, compute, memory, launch)
 
 
 @dataclass(frozen=True)
 class StepTime:
-    """Compute seconds of one local step (forward and backward, incl. the worker's speed)."""
+    """Compute seconds of one local step (incl. the worker's speed): forward, backward and the
+    optimizer step (0 where not modeled: measured mode, ``cluster.step_time_s``)."""
 
     forward_s: float
     backward_s: float
+    optimizer_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.forward_s + self.backward_s
+        return self.forward_s + self.backward_s + self.optimizer_s
 
     def scaled(self, speed: float) -> StepTime:
         """The same step on a worker of relative speed ``speed``: each time divided by it."""
-        return StepTime(self.forward_s / speed, self.backward_s / speed)
+        return StepTime(self.forward_s / speed, self.backward_s / speed, self.optimizer_s / speed)
 
 
 class ComputeModel:
@@ -351,16 +974,18 @@ class ComputeModel:
     Built from the resolved ``cluster`` config dict and this worker's relative speed (from
     :func:`resolve_speeds`).
 
-    * ``profile`` mode: :meth:`calibrate` once on a real batch (step FLOPs /
-      (``DEVICE_PEAK_FLOPS[device]`` x ``mfu``)), or ``cluster.step_time_s`` given directly (then
-      split forward:backward 1:2, the usual backward ~ 2x forward; :meth:`calibrate` is a no-op).
-      :meth:`step` then returns the same :class:`StepTime` (divided by speed) on every call,
-      whatever measured times it is passed: deterministic, independent of this machine.
+    * ``profile`` mode: :meth:`calibrate` once on a real batch (:func:`count_step`, priced by the
+      device's :class:`Roofline`: forward, backward and optimizer step), or ``cluster.step_time_s``
+      given directly (then split forward:backward 1:2, the usual backward ~ 2x forward, optimizer
+      0; :meth:`calibrate` is a no-op). :meth:`step` then returns the same :class:`StepTime`
+      (divided by speed) on every call, whatever measured times it is passed: deterministic,
+      independent of this machine (``cpu``: of this machine's calibration file).
     * ``measured`` mode: ``step(measured_forward_s, measured_backward_s)`` returns the measured
       times divided by speed; :meth:`calibrate` is a no-op.
 
-    The optimizer step and data loading are not modeled separately; in measured mode a caller
-    that wants them on the clock folds them into ``measured_backward_s``.
+    Raises:
+        ConfigError: an invalid ``cluster`` key (:func:`validate_cluster`'s messages).
+        ValueError: ``speed`` not a number > 0.
     """
 
     def __init__(self, cluster: Mapping, speed: float = 1.0):
@@ -373,15 +998,15 @@ class ComputeModel:
 
         self.mode: str = get("compute")
         self.device: str = get("device")
-        self.mfu: float = float(get("mfu"))
-        self.peak_flops: float = DEVICE_PEAK_FLOPS[self.device]
+        mfu = get("mfu")
+        self.mfu: float = DEFAULT_EFFICIENCY[self.device] if mfu is None else float(mfu)
         self.speed: float = float(speed)
         step_time_s = get("step_time_s")
         self.step_time_s: float | None = None if step_time_s is None else float(step_time_s)
-        self.forward_flops: float | None = None
-        self.backward_flops: float | None = None
-        #: {parameter name: fraction (0..1] of the backward pass's FLOPs done when its gradient is
-        #: final}: when DDP's buckets are ready (:meth:`count_grad_ready`); None until counted
+        self._roofline: Roofline | None = None
+        self.phases: dict[str, PhaseTime] | None = None  # forward / backward / optimizer at speed 1.0
+        #: {parameter name: fraction (0..1] of the backward pass's matmul FLOPs done when its
+        #: gradient is final}: when DDP's buckets are ready (:meth:`count_grad_ready`); None until counted
         self.grad_ready_fraction: dict[str, float] | None = None
         self._base: StepTime | None = None  # at speed 1.0 (profile mode)
         self._step: StepTime | None = None  # at this worker's speed (profile mode)
@@ -390,11 +1015,32 @@ class ComputeModel:
             self._set_base(StepTime(forward_s, self.step_time_s - forward_s))
 
     @property
+    def roofline(self) -> Roofline:
+        """The device's :class:`Roofline` (``cpu``: read from the calibration file on first use)."""
+        if self._roofline is None:
+            self._roofline = Roofline(device_spec(self.device), self.mfu)
+        return self._roofline
+
+    @property
+    def peak_flops(self) -> float:
+        return self.roofline.spec.peak_flops
+
+    @property
+    def forward_flops(self) -> float | None:
+        """Matmul-family FLOPs of the forward pass (model FLOPs), None until counted."""
+        return None if self.phases is None else self.phases["forward"].matmul_flops
+
+    @property
+    def backward_flops(self) -> float | None:
+        """Matmul-family FLOPs of the backward pass, None until counted."""
+        return None if self.phases is None else self.phases["backward"].matmul_flops
+
+    @property
     def source(self) -> str:
-        """Where the step time comes from: ``measured``, ``step_time_s`` or ``flops``."""
+        """Where the step time comes from: ``measured``, ``step_time_s`` or ``roofline``."""
         if self.mode == "measured":
             return "measured"
-        return "step_time_s" if self.step_time_s is not None else "flops"
+        return "step_time_s" if self.step_time_s is not None else "roofline"
 
     @property
     def calibrated(self) -> bool:
@@ -405,40 +1051,45 @@ class ComputeModel:
         self._base = base
         self._step = base.scaled(self.speed)
 
-    def calibrate(self, model: torch.nn.Module, x: Any, y: Any, loss_fn: Callable[[Any, Any], torch.Tensor]) -> None:
-        """Count the FLOPs of one step on ``(x, y)`` (:func:`count_step_flops`) and fix the profile.
+    def calibrate(self, model: nn.Module, x: Any, y: Any, loss_fn: Callable[[Any, Any], torch.Tensor],
+                  optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Count one step on ``(x, y)`` (:func:`count_step`, with ``optimizer``'s step when given),
+        price it on the device's roofline and fix the profile; fills :attr:`grad_ready_fraction`.
 
         No-op in measured mode or when ``cluster.step_time_s`` is set. Calling it again recounts.
         """
-        if self.source != "flops":
+        if self.source != "roofline":
             return
-        self.forward_flops, self.backward_flops = self._count(model, x, y, loss_fn)
-        rate = self.peak_flops * self.mfu
-        self._set_base(StepTime(self.forward_flops / rate, self.backward_flops / rate))
+        counted = self._count(model, x, y, loss_fn, optimizer)
+        self.phases = {name: self.roofline.price(getattr(counted, name))
+                       for name in ("forward", "backward", "optimizer")}
+        self._set_base(StepTime(*(self.phases[n].seconds for n in ("forward", "backward", "optimizer"))))
 
-    def count_grad_ready(self, model: torch.nn.Module, x: Any, y: Any,
+    def count_grad_ready(self, model: nn.Module, x: Any, y: Any,
                          loss_fn: Callable[[Any, Any], torch.Tensor]) -> dict[str, float]:
-        """Fill and return :attr:`grad_ready_fraction` from one counted step (:func:`count_step_flops`),
+        """Fill and return :attr:`grad_ready_fraction` from one counted step (:func:`count_step`),
         in any mode (:meth:`calibrate` fills it too). Backward runs the layers in reverse, so the
         last layers' gradients are final early: the demo CNN's fc layers (94% of its parameters)
         after 7% of its backward FLOPs. Leaves the profile as it is."""
-        self._count(model, x, y, loss_fn)
+        self._count(model, x, y, loss_fn, None)
         return self.grad_ready_fraction
 
-    def _count(self, model, x, y, loss_fn) -> tuple[float, float]:
-        ready: dict[str, float] = {}
-        forward, backward = count_step_flops(model, x, y, loss_fn, grad_ready=ready)
-        self.grad_ready_fraction = {n: (f / backward if backward > 0 else 1.0) for n, f in ready.items()}
-        return forward, backward
+    def _count(self, model, x, y, loss_fn, optimizer) -> StepCount:
+        gpu = self.device != "cpu"
+        counted = count_step(model, x, y, loss_fn, optimizer, gpu=gpu)
+        backward = sum(op.matmul_flops for op in counted.backward)
+        self.grad_ready_fraction = {n: (f / backward if backward > 0 else 1.0) for n, f in counted.grad_ready.items()}
+        return counted
 
     def step(self, measured_forward_s: float | None = None, measured_backward_s: float | None = None) -> StepTime:
         """Compute time of one local step of this worker.
 
         Profile mode: the constant profile divided by the speed (the arguments are ignored).
-        Measured mode: the measured seconds divided by the speed (both arguments required).
+        Measured mode: the measured seconds divided by the speed (both arguments required;
+        ``optimizer_s`` 0).
 
         Raises:
-            RuntimeError: profile mode from FLOPs before :meth:`calibrate`.
+            RuntimeError: profile mode from the roofline before :meth:`calibrate`.
             ValueError: measured mode without both measured times, or a negative one.
         """
         if self.mode == "profile":
@@ -452,35 +1103,91 @@ class ComputeModel:
         return StepTime(measured_forward_s / self.speed, measured_backward_s / self.speed)
 
     def seconds(self, flops: float) -> float:
-        """Seconds of ``flops`` of extra compute on this worker (e.g. gradient compression):
+        """Seconds of ``flops`` of extra compute-bound work on this worker (PowerSGD's matmuls):
         ``flops / (peak x mfu) / speed`` in profile mode; 0 in measured mode, whose measured step
         times already contain it."""
         if self.mode == "measured":
             return 0.0
-        return float(flops) / (self.peak_flops * self.mfu) / self.speed
+        return float(flops) / self.roofline.flops_rate / self.speed
+
+    def kernel_seconds(self, flops: float, nbytes: float, launches: int = 1) -> float:
+        """Seconds of one kernel of ``flops`` FLOPs moving ``nbytes`` bytes on this worker:
+        :meth:`Roofline.op_seconds` / speed in profile mode; 0 in measured mode."""
+        if self.mode == "measured":
+            return 0.0
+        return self.roofline.op_seconds(flops, nbytes, launches) / self.speed
+
+    def ops_seconds(self, ops: Sequence[Op]) -> float:
+        """Seconds of the counted ``ops`` (:class:`OpCounter`) on this worker: their roofline
+        price / speed in profile mode; 0 in measured mode."""
+        if self.mode == "measured":
+            return 0.0
+        return self.roofline.price(ops).seconds / self.speed
+
+    def counted_seconds(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        """Run ``fn()`` (extra work on real tensors, e.g. a compressor) and return ``(its result,
+        its seconds on this worker)``: its ops counted live (:class:`OpCounter`, no decomposition,
+        so the result is bit-identical to an uncounted call) and priced (:meth:`ops_seconds`). In
+        measured mode ``fn`` runs uncounted and the seconds are 0. Costs Python dispatch on every
+        op: callers cache the seconds (per tensor shape)."""
+        if self.mode == "measured":
+            return fn(), 0.0
+        counter = OpCounter(decompose=False, gpu=self.device != "cpu")
+        with counter:
+            out = fn()
+        return out, self.ops_seconds(counter.ops)
 
     @property
     def profile(self) -> dict:
-        """JSON-ready summary for the run's ``summary.json``.
+        """JSON-ready summary for the run's ``summary.json`` (prefixed ``profile_`` there).
 
-        Keys: ``mode``, ``source`` (flops | step_time_s | measured), ``device``, ``peak_flops``
-        (FLOP/s), ``mfu``, ``forward_flops``, ``backward_flops`` (FLOPs; null unless counted),
-        ``forward_s``, ``backward_s``, ``step_time_s`` (seconds at speed 1.0; null in measured mode
-        or before calibration), ``speed`` and ``worker_step_time_s`` (``step_time_s / speed``).
+        Keys: ``mode``, ``source`` (roofline | step_time_s | measured), ``device``, ``peak_flops``
+        (FLOP/s), ``memory_bandwidth`` (bytes/s), ``launch_s`` (s per kernel), ``mfu`` (the
+        efficiency applied to the peak), ``forward_flops``, ``backward_flops``, ``optimizer_flops``
+        (matmul-family FLOPs, the MFU convention; null unless counted), ``forward_bytes``,
+        ``backward_bytes``, ``optimizer_bytes`` (bytes moved), ``forward_kernels``,
+        ``backward_kernels``, ``optimizer_kernels`` (launches), ``forward_s``, ``backward_s``,
+        ``optimizer_s``, ``step_time_s`` (seconds at speed 1.0, their sum; null in measured mode
+        or before calibration), ``compute_bound_s``, ``memory_bound_s``, ``launch_bound_s`` (the
+        step time split by what bounds each op), ``achieved_mfu`` (forward + backward matmul FLOPs
+        / (step_time_s x peak_flops)), ``speed`` and ``worker_step_time_s`` (``step_time_s / speed``).
+        ``cpu`` adds ``cpu_calibration`` (the record of :func:`calibrate_cpu` used).
         """
         profile_mode = self.mode == "profile"
         base = self._base if profile_mode else None
-        return {
+        spec = self.roofline.spec if profile_mode and self.source == "roofline" else None
+        phases = self.phases or {}
+
+        def phase(name: str, key: str):
+            return getattr(phases[name], key) if name in phases else None
+
+        out = {
             "mode": self.mode,
             "source": self.source,
             "device": self.device if profile_mode else None,
-            "peak_flops": self.peak_flops if profile_mode else None,
+            "peak_flops": spec.peak_flops if spec else None,
+            "memory_bandwidth": spec.memory_bandwidth if spec else None,
+            "launch_s": spec.launch_s if spec else None,
             "mfu": self.mfu if profile_mode else None,
-            "forward_flops": self.forward_flops,
-            "backward_flops": self.backward_flops,
+        }
+        for name in ("forward", "backward", "optimizer"):
+            out[f"{name}_flops"] = phase(name, "matmul_flops")
+            out[f"{name}_bytes"] = phase(name, "bytes")
+            out[f"{name}_kernels"] = phase(name, "launches")
+        out.update({
             "forward_s": None if base is None else base.forward_s,
             "backward_s": None if base is None else base.backward_s,
+            "optimizer_s": None if base is None else base.optimizer_s,
             "step_time_s": None if base is None else base.total_s,
-            "speed": self.speed,
-            "worker_step_time_s": None if self._step is None else self._step.total_s,
-        }
+        })
+        for key, attr in (("compute_bound_s", "compute_bound_s"), ("memory_bound_s", "memory_bound_s"),
+                          ("launch_bound_s", "launch_s")):
+            out[key] = sum(getattr(p, attr) for p in phases.values()) if phases else None
+        matmul = (phases["forward"].matmul_flops + phases["backward"].matmul_flops) if phases else None
+        out["achieved_mfu"] = (matmul / (base.total_s * spec.peak_flops)
+                               if phases and base is not None and base.total_s > 0 and spec else None)
+        out["speed"] = self.speed
+        out["worker_step_time_s"] = None if self._step is None else self._step.total_s
+        if spec is not None and spec.info is not None:
+            out["cpu_calibration"] = spec.info
+        return out

@@ -273,6 +273,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _ensure_cpu_calibration(cfg: dict, launch_env: LaunchEnv | None) -> None:
+    """``cluster.device=cpu`` (profile mode) needs this machine's figures for the workers' thread
+    count (:func:`lsgd.cluster.ensure_cpu_profile`): measured here, before any worker starts, when
+    lsgd spawns them; a ConfigError when joining a launch (its tasks would each measure their own:
+    run ``lsgd calibrate`` on every node first)."""
+    cluster = cfg.get("cluster") or {}
+    if cluster.get("device") != "cpu" or cluster.get("compute", "profile") != "profile" or cluster.get("step_time_s"):
+        return
+    from lsgd.cluster import ensure_cpu_profile
+    from lsgd.config import threads_per_worker
+
+    if launch_env is None:
+        threads = cfg["launcher"].get("threads_per_worker") or threads_per_worker(int(cfg["launcher"]["nproc_per_node"]))
+    else:
+        threads = (cfg["launcher"].get("threads_per_worker") or int(os.environ.get("OMP_NUM_THREADS") or 0)
+                   or threads_per_worker(launch_env.local_world_size))
+    ensure_cpu_profile(int(threads), calibrate=launch_env is None)
+
+
 def spawn_local(cfg: dict, run_dir: Path) -> None:
     """Start ``launcher.nproc_per_node`` workers through ``torch.distributed.launcher.api.elastic_launch``.
 
@@ -359,6 +378,7 @@ def run(cfg_node) -> dict | None:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     validate(cfg, *((launch_env.world_size, launch_env.local_world_size) if launch_env else (None, None)))
+    _ensure_cpu_calibration(cfg, launch_env)
 
     if launch_env is not None and launch_env.rank != 0:
         from lsgd.trainer import worker_main

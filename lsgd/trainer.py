@@ -192,6 +192,10 @@ class Trainer:
         network = Network.from_config(cfg["network"], cluster.get("gpus_per_node") or 1)
         self.clock = Clock(network.k)
         self.comm = Communicator(network, clock=self.clock, device=self.device)
+        if self.compute_model.source == "roofline":
+            # the optimizer step's modeled compute, whenever this rank steps its optimizer (a parameter
+            # server's workers never do; its server does), after the communication it waited for
+            self.optimizer.register_step_post_hook(lambda *_: self.clock.compute(self.compute_model.step().optimizer_s))
 
         self.ctx = RunContext(
             rank=self.rank, world_size=self.world_size, role=self.role, worker_index=worker_index,
@@ -201,6 +205,7 @@ class Trainer:
             lr=lambda: self.optimizer.param_groups[0]["lr"], seed=seed,
             lr_decay_steps=lr_decay_steps(cfg["schedule"], self.steps_per_epoch),
             step_compute_s=lambda: self.step_compute_s, compute_seconds=self.compute_model.seconds,
+            counted_seconds=self.compute_model.counted_seconds,
             grad_ready_fraction=self.compute_model.grad_ready_fraction,
             worker_step_s=self._worker_step_s(cluster, workers, seed),
             take_losses=lambda: self.recorder.take_losses(),
@@ -381,8 +386,8 @@ class Trainer:
         return time.perf_counter()
 
     def _calibrate(self) -> None:
-        """Count one step's FLOPs on the first batch (RNG states untouched): the profile (profile
-        mode from FLOPs) and, in every mode, when each parameter's gradient is final in backward
+        """Count one step's operators on the first batch, the optimizer's step included (RNG states
+        and the optimizer untouched): the profile (profile mode, roofline) and, in every mode, when each parameter's gradient is final in backward
         (:attr:`ComputeModel.grad_ready_fraction`, DDP's bucket timing)."""
         if self.compute_model.calibrated and self.compute_model.grad_ready_fraction is not None:
             return
@@ -390,7 +395,7 @@ class Trainer:
         x, y = next(iter(self.loader.batches(0, 0)))
         args = (self.model, x.to(self.device), y.to(self.device), self.loss_fn)
         if not self.compute_model.calibrated:
-            self.compute_model.calibrate(*args)
+            self.compute_model.calibrate(*args, optimizer=self.optimizer)
         if self.compute_model.grad_ready_fraction is None:
             self.compute_model.count_grad_ready(*args)
         torch.set_rng_state(states[0])

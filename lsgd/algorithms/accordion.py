@@ -105,15 +105,18 @@ class Accordion(Compressed):
         return wrapped
 
     # -- compression at the level of each layer ---------------------------------------------------
-    def compress_bucket(self, grads, keys):
-        items = []
-        for key, g in zip(keys, grads):
-            g_ef = self.memory.compensate(key, g)
-            cf = self.cf_low if self.controller.low[key] else self.cf_high
-            c = self.compressor.compress(g_ef, step=self.local_step, key=key, cf=cf)
-            self.memory.update(key, g_ef, self.compressor.decompress(c))
-            items.append(c)
-        return items
+    def compress_one(self, key, g):
+        g_ef = self.memory.compensate(key, g)
+        c = self.compressor.compress(g_ef, step=self.local_step, key=key, cf=self._cf(key))
+        self.memory.update(key, g_ef, self.compressor.decompress(c))
+        return c
+
+    def _cf(self, key: int) -> float:
+        return self.cf_low if self.controller.low[key] else self.cf_high
+
+    def cost_key(self, key):
+        """The compute of a tensor's compression is priced per (tensor, compression factor)."""
+        return key, self._cf(key)
 
     def register_hook(self, ddp) -> None:
         if self.powersgd is not None:

@@ -73,6 +73,10 @@ class RunContext:
         seed: the run seed.
         compute_seconds: callable mapping FLOPs of extra compute (compression) to seconds on this
             worker's clock (0 in measured mode); None: not modeled.
+        counted_seconds: callable running ``fn()`` and returning ``(its result, its modeled seconds
+            on this worker)`` (:meth:`lsgd.cluster.ComputeModel.counted_seconds`: its operators
+            priced on the device's roofline; 0 in measured mode), for extra compute such as a
+            compressor's; it dispatches slowly, so callers cache the seconds; None: not modeled.
         step_compute_s: callable returning ``(modeled, measured)`` seconds of the current step's
             forward and backward pass: what the clock was charged (the FLOP profile in
             ``cluster.compute=profile`` mode, deterministic; the measured time otherwise) and the
@@ -107,6 +111,7 @@ class RunContext:
     lr_decay_steps: tuple[int, ...] = ()
     seed: int = 0
     compute_seconds: Callable[[float], float] | None = None
+    counted_seconds: Callable[[Callable[[], Any]], tuple[Any, float]] | None = None
     step_compute_s: Callable[[], tuple[float, float]] | None = None
     worker_step_s: tuple[float, ...] | None = None
     take_losses: Callable[[], tuple[float, int, int]] | None = None

@@ -188,6 +188,9 @@ class Compressed(DDP):
         self.memory = None
         self.weight_decay: dict[int, float] = {}  # DGC: key -> wd taken over from the optimizer
         self.clip_norm: float | None = None        # DGC: per-tensor threshold on the local gradient
+        self.compress_s: dict = {}                 # modeled seconds of one tensor's compression, by cost_key
+        self.compress_counts: dict = {}            # times each cost_key was counted (up to 2)
+        self.step_compress_s = 0.0                 # modeled compression seconds of this step so far
 
     def compressor_seed(self) -> int:
         """``algo.seed``, or the run's seed (``RunContext.seed``) when it is null or absent."""
@@ -272,14 +275,36 @@ class Compressed(DDP):
             grad = grad + wd * param.detach()
         return grad
 
+    def compress_one(self, key: int, g: torch.Tensor):
+        """Error feedback and compression of one gradient tensor; returns its Compressed payload."""
+        g_ef = self.memory.compensate(key, g)
+        c = self.compressor.compress(g_ef, step=self.local_step, key=key)
+        self.memory.update(key, g_ef, self.compressor.decompress(c))
+        return c
+
+    def cost_key(self, key: int):
+        """What the modeled compression seconds are cached by (:meth:`compress_bucket`)."""
+        return key
+
     def compress_bucket(self, grads: list[torch.Tensor], keys: list[int]) -> list:
-        """Error feedback and compression of each tensor; returns the Compressed payloads."""
+        """:meth:`compress_one` of each tensor; returns the Compressed payloads. Their compute goes
+        on the clock in :meth:`after_backward`: a tensor's ops (compensate, compress, decompress,
+        update) are counted and priced on the device's roofline the first time its
+        :meth:`cost_key` is seen and again the second time (then the error-feedback memory holds
+        a residual, as on every later step), :attr:`RunContext.counted_seconds`, and charged at the
+        second count's price on every later step (a DGC warm-up's changing density does not
+        reprice it)."""
         items = []
+        counted = self.ctx.counted_seconds
         for key, g in zip(keys, grads):
-            g_ef = self.memory.compensate(key, g)
-            c = self.compressor.compress(g_ef, step=self.local_step, key=key)
-            self.memory.update(key, g_ef, self.compressor.decompress(c))
-            items.append(c)
+            cost = self.cost_key(key)
+            if self.compress_counts.get(cost, 0) >= 2 or counted is None:
+                items.append(self.compress_one(key, g))
+            else:  # counted twice: the second count (memory filled, steady state) is kept
+                c, self.compress_s[cost] = counted(lambda key=key, g=g: self.compress_one(key, g))
+                self.compress_counts[cost] = self.compress_counts.get(cost, 0) + 1
+                items.append(c)
+            self.step_compress_s += self.compress_s.get(cost, 0.0)
         return items
 
     def compression_hook(self, _state, bucket):  # no return annotation: DDP inspects it
@@ -316,14 +341,18 @@ class Compressed(DDP):
         return [self.powersgd] if self.powersgd is not None else []
 
     def after_backward(self, step: int) -> None:
-        """Settle the buckets' clock, then charge PowerSGD's compression FLOPs as compute (after
-        the step's communication: an upper bound, as early buckets really compress during
-        backward)."""
+        """Settle the buckets' clock, then charge the compression compute (after the step's
+        communication: an upper bound, as early buckets really compress during backward):
+        PowerSGD's FLOPs at the device's compute rate (:meth:`ComputeModel.seconds`), the other
+        compressors' counted ops on its roofline (:meth:`compress_bucket`)."""
         super().after_backward(step)
         flops = sum(h.pop_flops() for h in self.powersgd_hooks())
+        seconds, self.step_compress_s = self.step_compress_s, 0.0
         clock = self.comm.clock
         if flops and clock is not None and self.ctx.compute_seconds is not None:
             clock.compute(self.ctx.compute_seconds(flops))
+        if seconds and clock is not None:
+            clock.compute(seconds)
 
     def byte_counters(self) -> tuple[int, int]:
         """(dense gradient bytes, sent gradient bytes) since the start of training."""

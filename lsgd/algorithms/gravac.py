@@ -24,7 +24,7 @@ this runs after backward rather than per DDP bucket):
 
 * ``modeled`` (default; our reading): every iteration both CFs get a throughput sample, each with
   its own time: this step's modeled compute (forward and backward from the clock's compute
-  profile, ``cluster.compute=profile``: FLOP-counted, so the same seed takes the same decisions
+  profile, ``cluster.compute=profile``: counted operators, so the same seed takes the same decisions
   on any machine) plus the modeled time to exchange that CF's payload on the configured network
   (``network.*``). A laptop run then sees the communication savings a cluster would, and the
   throughputs of theta_min and the candidate differ by more than their gains, so the settling
@@ -49,6 +49,11 @@ belong to the static ``compressed`` algorithm, and the optimizer keeps its own m
 
 Every step writes a compression row (``cf``, ``cf_min``, ``cf_candidate``, ``gain_min``,
 ``gain_candidate``, ``gain``, ``sent``) to metrics.jsonl (docs/run_format.md).
+
+Compression compute: compensating and compressing each tensor at both CFs (with their norms) goes
+on the clock, priced on the device roofline (:meth:`lsgd.cluster.ComputeModel.counted_seconds`,
+counted at the second encounter of each (tensor, cf_min, candidate cf) and cached), before the
+decision's all-reduce; the final residual update and decompression are not counted.
 """
 
 from __future__ import annotations
@@ -121,11 +126,24 @@ class GraVAC(Algorithm):
         self.last: dict = {}
         self.byte_counts = (0, 0)    # (dense gradient bytes, gradient bytes sent) since the start
         self.recorded_counts = (0, 0)  # the same at the previous record
+        self.compress_s: dict = {}     # modeled seconds of compressing one tensor at (key, cf_min, cf_cand)
+        self.compress_counts: dict = {}
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, ctx=None) -> nn.Module:
         super().setup(model, optimizer, ctx)
         self.params = list(model.parameters())
         return model
+
+    def _counted(self, work, cost):
+        """``work()``, its modeled compute counted on the device roofline
+        (:attr:`RunContext.counted_seconds`) the first two times ``cost`` (tensor, cf_min,
+        candidate cf) is seen and cached at the second count (steady state, residual in memory)."""
+        counted = self.ctx.counted_seconds
+        if counted is None or self.compress_counts.get(cost, 0) >= 2:
+            return work()
+        out, self.compress_s[cost] = counted(work)
+        self.compress_counts[cost] = self.compress_counts.get(cost, 0) + 1
+        return out
 
     def _transfer_s(self, nbytes: int) -> float:
         """Modeled seconds to exchange a gradient payload of ``nbytes`` per worker."""
@@ -146,23 +164,34 @@ class GraVAC(Algorithm):
         keys, g_efs, mins, cands = [], [], [], []
         device = self.params[0].device
         norms = torch.zeros(3, dtype=torch.float64, device=device)
+        compress_s = 0.0
         for key, p in enumerate(self.params):
             if p.grad is None:
                 continue
-            g_ef = self.memory.compensate(key, p.grad)
-            c_min = self.compressor.compress(g_ef, step=step, key=key, cf=cf_min)
-            c_cand = (
-                self.compressor.compress_further(c_min, cf_cand / cf_min, step=step, key=key)
-                if cf_cand > cf_min
-                else c_min
-            )
-            norms[0] += g_ef.double().pow(2).sum()
-            norms[1] += self.compressor.decompress(c_min).double().pow(2).sum()
-            norms[2] += self.compressor.decompress(c_cand).double().pow(2).sum()
+
+            def work(key=key, grad=p.grad):
+                g_ef = self.memory.compensate(key, grad)
+                c_min = self.compressor.compress(g_ef, step=step, key=key, cf=cf_min)
+                c_cand = (
+                    self.compressor.compress_further(c_min, cf_cand / cf_min, step=step, key=key)
+                    if cf_cand > cf_min
+                    else c_min
+                )
+                sq = (g_ef.double().pow(2).sum(), self.compressor.decompress(c_min).double().pow(2).sum(),
+                      self.compressor.decompress(c_cand).double().pow(2).sum())
+                return g_ef, c_min, c_cand, sq
+
+            g_ef, c_min, c_cand, sq = self._counted(work, (key, cf_min, cf_cand))
+            compress_s += self.compress_s.get((key, cf_min, cf_cand), 0.0)
+            norms[0] += sq[0]
+            norms[1] += sq[1]
+            norms[2] += sq[2]
             keys.append(key)
             g_efs.append(g_ef)
             mins.append(c_min)
             cands.append(c_cand)
+        if compress_s and self.comm.clock is not None:
+            self.comm.clock.compute(compress_s)  # compressing at both CFs (lsgd.cluster's roofline)
         # one all-reduce of everything the decision reads: squared norms, payload bytes of both
         # CFs, and the time term (modeled: this step's compute; measured: the previous iteration)
         pending = self.pending

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.resources
+import json
 import math
 
 import pytest
@@ -14,16 +15,23 @@ from torch import nn
 from lsgd.cluster import (
     CLUSTER_DEFAULTS,
     COMPUTE_MODES,
+    DEVICE_MEMORY_BANDWIDTH,
     DEVICE_PEAK_FLOPS,
+    DEVICES,
+    GPU_LAUNCH_OVERHEAD_S,
+    OpCounter,
     HETEROGENEITY,
     HETEROGENEITY_SPREAD,
     ComputeModel,
     StepTime,
+    count_step,
     count_step_flops,
     node_of,
     num_nodes,
+    read_cpu_profile,
     resolve_speeds,
     validate_cluster,
+    write_cpu_profile,
 )
 from lsgd.errors import ConfigError
 
@@ -134,31 +142,138 @@ def linear_setup():
     return nn.Linear(IN, OUT), torch.randn(B, IN), torch.randn(B, OUT)
 
 
-def test_profile_from_flops_is_flops_over_peak_times_mfu():
-    model, x, y = linear_setup()
-    cm = ComputeModel({"compute": "profile", "device": "h100", "mfu": 0.5})
-    cm.calibrate(model, x, y, mse)
-    flops = 2 * B * IN * OUT  # forward, and backward (weight gradient only), by hand
-    st = cm.step()
-    assert st.forward_s == flops / (989.4e12 * 0.5)
-    assert st.backward_s == flops / (DEVICE_PEAK_FLOPS["h100"] * 0.5)
-    assert st.total_s == st.forward_s + st.backward_s
-    assert (cm.forward_flops, cm.backward_flops) == (flops, flops)
+A100_RATE = 312e12 * 0.4  # the a100 preset's peak x its default efficiency (cluster.mfu null)
 
-    slow = ComputeModel({"compute": "profile", "device": "h100", "mfu": 0.5}, speed=0.5)
-    slow.calibrate(model, x, y, mse)
-    assert slow.step() == StepTime(2 * st.forward_s, 2 * st.backward_s)
+
+def test_device_presets_are_the_datasheet_figures():
+    """Dense FP16/BF16 tensor-core peaks and HBM bandwidths of the datasheets (cluster.py's table)."""
+    assert DEVICE_PEAK_FLOPS == {"v100": 125e12, "a100": 312e12, "h100": 989.4e12, "h200": 989.4e12}
+    assert DEVICE_MEMORY_BANDWIDTH == {"v100": 900e9, "a100": 2039e9, "h100": 3.35e12, "h200": 4.8e12}
+    assert DEVICES == ("v100", "a100", "h100", "h200", "cpu") and GPU_LAUNCH_OVERHEAD_S == 5e-6
+
+
+def test_profile_defaults_and_mfu_override():
+    assert CLUSTER_DEFAULTS["mfu"] is None and ComputeModel({}).mfu == 0.4 and ComputeModel({"device": "cpu"}).mfu == 1.0
+    cm = ComputeModel({"device": "h100", "mfu": 0.5})
+    assert cm.roofline.flops_rate == 989.4e12 * 0.5
+    assert cm.roofline.spec.memory_bandwidth == 3.35e12 and cm.roofline.spec.launch_s == 5e-6
+
+
+def test_profile_is_the_roofline_sum_of_the_counted_ops():
+    """The step time is the sum over the counted ops of max(flops / rate, bytes / bandwidth) +
+    launch, per phase, recomputed here from the op records; the speed divides it."""
+    model, x, y = linear_setup()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    cm = ComputeModel({"compute": "profile", "device": "h100", "mfu": 0.5}, speed=0.5)
+    cm.calibrate(model, x, y, mse, optimizer=opt)
+    counted = count_step(model, x, y, mse, opt, gpu=True)
+    bw = 3.35e12
+    for phase, got in zip(("forward", "backward", "optimizer"), (cm.step().forward_s, cm.step().backward_s,
+                                                                   cm.step().optimizer_s)):
+        ops = getattr(counted, phase)
+        assert ops, phase
+        expected = sum(max(op.flops / (989.4e12 * 0.5), op.bytes / bw) + op.launches * 5e-6 for op in ops)
+        assert got == pytest.approx(expected / 0.5, rel=1e-12), phase
+    assert cm.step().total_s == pytest.approx(cm.profile["step_time_s"] / 0.5, rel=1e-12)
+    # the model FLOPs of FlopCounterMode: forward x W^T, backward the weight gradient only
+    assert (cm.forward_flops, cm.backward_flops) == (2 * B * IN * OUT, 2 * B * IN * OUT)
 
 
 def test_profile_is_constant_whatever_is_measured():
     model, x, y = linear_setup()
-    cm = ComputeModel({"device": "a100", "mfu": 0.4}, speed=0.8)
+    cm = ComputeModel({"device": "a100"}, speed=0.8)
     with pytest.raises(RuntimeError, match="calibrate"):
         cm.step()
     cm.calibrate(model, x, y, mse)
     first = cm.step()
     assert cm.step(1.0, 2.0) == first == cm.step(123.0, 0.0) == cm.step()
-    assert first.forward_s == pytest.approx(2 * B * IN * OUT / (312e12 * 0.4) / 0.8, rel=1e-12)
+    assert first.optimizer_s == 0.0  # no optimizer given
+
+
+# ---------------------------------------------------------------- the roofline, op by op
+
+
+def test_a_linear_op_is_priced_max_of_compute_and_memory_plus_launch():
+    """F.linear is one addmm: 2 M N K FLOPs, bytes = x + W + b read + y written (float32)."""
+    for m, k, n in ((8, 5, 3), (512, 512, 512), (4096, 4096, 16)):
+        x, w, b = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
+        with OpCounter() as counter:
+            F.linear(x, w, b)
+        (op,) = counter.ops
+        flops, nbytes = 2 * m * n * k, 4 * (m * k + n * k + n + m * n)
+        assert (op.flops, op.bytes, op.launches, op.matmul_flops) == (flops, nbytes, 1, flops)
+        roof = ComputeModel({"device": "a100"}).roofline
+        expected = max(flops / A100_RATE, nbytes / 2039e9) + 5e-6
+        assert roof.price(counter.ops).seconds == pytest.approx(expected, rel=1e-12)
+        assert roof.op_seconds(flops, nbytes) == pytest.approx(expected, rel=1e-12)
+    # 512^3: compute-bound on the a100 (2.15 us of FLOPs vs 2.06 us of bytes); 4096 x 4096 x 16: memory-bound
+    assert 2 * 512**3 / A100_RATE > 4 * 4 * 512 * 512 / 2039e9
+    assert 2 * 4096 * 4096 * 16 / A100_RATE < 4 * (4096 * 4096 + 16 * 4096 + 16 + 4096 * 16) / 2039e9
+
+
+def test_an_elementwise_op_is_memory_bound():
+    n = 1 << 20
+    x, y = torch.randn(n), torch.randn(n)
+    with OpCounter() as counter:
+        x + y
+    (op,) = counter.ops
+    assert op.flops == n and op.bytes == 3 * 4 * n and op.matmul_flops == 0  # one FLOP per element
+    phase = ComputeModel({"device": "h100"}).roofline.price(counter.ops)
+    assert phase.seconds == pytest.approx(3 * 4 * n / 3.35e12 + 5e-6, rel=1e-12)
+    assert phase.memory_bound_s == pytest.approx(3 * 4 * n / 3.35e12) and phase.compute_bound_s == 0.0
+
+
+def test_views_launch_nothing():
+    x = torch.randn(4, 6)
+    with OpCounter() as counter:
+        v = x.view(6, 4).t().reshape(4, 6).expand(2, 4, 6).detach()
+        x.as_strided((2, 2), (1, 1))
+        x.unsqueeze(0).split(2, dim=1)
+        x.T.contiguous()  # a copy: one kernel
+    assert [op.name for op in counter.ops] == ["aten.clone.default"] and v.shape == (2, 4, 6)
+
+
+def test_many_small_layers_are_launch_bound():
+    """k tiny Linear layers: the forward is k addmm kernels plus the loss's, each far below a
+    microsecond of FLOPs or bytes, so the forward time is its kernels x 5 us (within 0.1%)."""
+    k = 12
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(k)])
+    cm = ComputeModel({"device": "a100"})
+    cm.calibrate(model, torch.randn(2, 4), torch.randn(2, 4), mse)
+    p = cm.profile
+    assert p["forward_kernels"] >= k
+    assert p["forward_s"] == pytest.approx(p["forward_kernels"] * GPU_LAUNCH_OVERHEAD_S, rel=1e-3)
+    assert p["launch_bound_s"] / p["step_time_s"] > 0.999
+    assert p["achieved_mfu"] < 1e-4
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_sgd_momentum_step_bytes_closed_form(gpu):
+    """SGD with momentum m, steady state, per parameter of n float32 elements:
+    buf.mul_(m) (read + write buf: 2n), buf.add_(grad) (3n), param.add_(buf, alpha=-lr) (3n):
+    8n x 4 bytes. On cpu torch loops over parameters (3 ops each); on a GPU it runs foreach
+    kernels (3 ops, one launch each for a few small tensors)."""
+    model = nn.Sequential(nn.Linear(IN, HID), nn.ReLU(), nn.Linear(HID, OUT))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(B, IN), torch.randint(0, OUT, (B,))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    counted = count_step(model, x, y, ce, opt, gpu=gpu)
+    numels = [p.numel() for p in model.parameters()]
+    assert sum(op.bytes for op in counted.optimizer) == 8 * 4 * sum(numels)
+    assert sum(op.launches for op in counted.optimizer) == (3 if gpu else 3 * len(numels))
+    assert not opt.state  # the real optimizer is untouched
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_the_clock_of_a_run_includes_the_optimizer():
+    model, x, y = linear_setup()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    cm = ComputeModel({"device": "v100"})
+    cm.calibrate(model, x, y, mse, optimizer=opt)
+    p = cm.profile
+    assert p["optimizer_s"] > 0 and p["optimizer_kernels"] > 0 and p["optimizer_bytes"] > 0
+    assert p["step_time_s"] == pytest.approx(p["forward_s"] + p["backward_s"] + p["optimizer_s"], rel=1e-12)
+    assert p["peak_flops"] == 125e12 and p["memory_bandwidth"] == 900e9
 
 
 def test_step_time_s_overrides_and_splits_one_to_two():
@@ -193,11 +308,12 @@ def test_profile_summary():
     cm.calibrate(model, x, y, mse)
     p = cm.profile
     flops = 2 * B * IN * OUT
-    assert p["mode"] == "profile" and p["source"] == "flops" and p["device"] == "a100"
+    assert p["mode"] == "profile" and p["source"] == "roofline" and p["device"] == "a100"
     assert p["peak_flops"] == 312e12 and p["mfu"] == 0.4 and p["speed"] == 0.5
+    assert p["memory_bandwidth"] == 2039e9 and p["launch_s"] == 5e-6
     assert p["forward_flops"] == p["backward_flops"] == flops
-    assert p["forward_s"] == flops / (312e12 * 0.4)
-    assert p["step_time_s"] == p["forward_s"] + p["backward_s"]
+    assert p["step_time_s"] == p["forward_s"] + p["backward_s"] + p["optimizer_s"]
+    assert p["compute_bound_s"] + p["memory_bound_s"] + p["launch_bound_s"] == pytest.approx(p["step_time_s"])
     assert p["worker_step_time_s"] == pytest.approx(2 * p["step_time_s"])
     m = ComputeModel({"compute": "measured"}).profile
     assert m["mode"] == "measured" and m["device"] is None and m["step_time_s"] is None
@@ -279,8 +395,9 @@ def test_valid_variants():
     "key, value, allowed",
     [
         ("compute", "fast", COMPUTE_MODES),
-        ("device", "tpu", tuple(DEVICE_PEAK_FLOPS)),
-        ("device", "A100", tuple(DEVICE_PEAK_FLOPS)),
+        ("device", "tpu", DEVICES),
+        ("device", "A100", DEVICES),
+        ("device", "CPU", ("cpu",)),
         ("mfu", 0, ("(0, 1]",)),
         ("mfu", 1.5, ("(0, 1]",)),
         ("mfu", -0.1, ("(0, 1]",)),
@@ -348,3 +465,93 @@ def test_ddp_bucket_fractions_by_flops_and_the_parameter_share_fallback():
     share = ready_fractions(model, None)
     n = [p.numel() for p in model.parameters()]
     assert share[ids["2.bias"]] == n[3] / sum(n) and share[ids["0.weight"]] == 1.0
+
+
+# ---------------------------------------------------------------- the cpu preset and `lsgd calibrate`
+def test_calibrate_writes_a_readable_file_that_the_cpu_preset_uses(tmp_path, monkeypatch, capsys):
+    from lsgd.cli import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    threads = torch.get_num_threads()
+    try:
+        assert main(["calibrate", "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    path = tmp_path / "lsgd" / "cpu.json"
+    assert str(path) in capsys.readouterr().out
+    record = json.loads(path.read_text())["by_threads"]["1"]
+    assert record == read_cpu_profile(1)
+    assert record["threads"] == 1 and record["torch"] == torch.__version__
+    for key in ("peak_flops", "memory_bandwidth", "special_rate", "launch_s"):
+        assert math.isfinite(record[key]) and record[key] > 0, key
+    # the cpu preset prices ops with the file's figures (here a record written by hand)
+    write_cpu_profile({**record, "threads": 3, "peak_flops": 1e9, "memory_bandwidth": 1e9, "launch_s": 1e-6,
+                       "special_rate": 1e8})
+    assert read_cpu_profile(1) == record  # the other thread count's record is kept
+    torch.set_num_threads(3)
+    try:
+        cm = ComputeModel({"device": "cpu"})
+        spec = cm.roofline.spec
+    finally:
+        torch.set_num_threads(threads)
+    assert (spec.peak_flops, spec.memory_bandwidth, spec.launch_s, spec.special_rate) == (1e9, 1e9, 1e-6, 1e8)
+    assert cm.roofline.op_seconds(2e6, 4e6) == pytest.approx(4e-3 + 1e-6)
+    assert cm.roofline.op_seconds(1e6, 4, special=1e6) == pytest.approx(1e-3 + 1e-2 + 1e-6)
+
+
+def test_cpu_without_a_calibration_refuses_a_joined_launch(tmp_path, monkeypatch):
+    from lsgd.cluster import ensure_cpu_profile
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(ConfigError, match="lsgd calibrate --threads 7"):
+        ensure_cpu_profile(7, calibrate=False)
+
+
+def test_compressor_compute_is_counted_live_and_bit_identical():
+    """ComputeModel.counted_seconds: the result equals an uncounted call's, bit for bit, and its
+    seconds are the roofline price of the ops it ran (0 in measured mode)."""
+    from lsgd.compression.compressors import build
+
+    g = torch.randn(1000)
+    topk = build("topk", cf=10.0)
+    plain = topk.decompress(topk.compress(g))
+    cm = ComputeModel({"device": "a100"}, speed=0.5)
+    out, seconds = cm.counted_seconds(lambda: topk.decompress(topk.compress(g)))
+    assert torch.equal(out, plain)
+    with OpCounter() as counter:
+        topk.decompress(topk.compress(g))
+    assert counter.ops and seconds == pytest.approx(cm.roofline.price(counter.ops).seconds / 0.5, rel=1e-12)
+    assert seconds >= len(counter.ops) * 5e-6 / 0.5
+    assert ComputeModel({"compute": "measured"}).counted_seconds(lambda: 3) == (3, 0.0)
+
+
+def test_a_local_launch_calibrates_cpu_before_the_workers_and_a_joined_one_refuses(tmp_path, monkeypatch):
+    """launch._ensure_cpu_calibration: cluster.device=cpu without a record measures once (here a
+    stand-in measurement) at the workers' thread count and stores it; a joined launch gets a
+    ConfigError naming `lsgd calibrate`; other devices touch nothing."""
+    import lsgd.cluster as cluster
+    from lsgd.launch import LaunchEnv, _ensure_cpu_calibration
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    seen = []
+
+    def fake_calibrate():
+        seen.append(torch.get_num_threads())
+        return {"peak_flops": 1e9, "memory_bandwidth": 1e9, "special_rate": 1e8, "launch_s": 1e-6,
+                "threads": torch.get_num_threads(), "cpu": "test", "torch": torch.__version__, "measured_at": "now"}
+
+    monkeypatch.setattr(cluster, "calibrate_cpu", fake_calibrate)
+    threads = torch.get_num_threads()
+    cfg = {"cluster": {"device": "a100"}, "launcher": {"nproc_per_node": 2, "threads_per_worker": 3}}
+    _ensure_cpu_calibration(cfg, None)
+    assert not seen and not (tmp_path / "lsgd").exists()
+    cfg["cluster"]["device"] = "cpu"
+    _ensure_cpu_calibration(cfg, None)
+    assert seen == [3] and read_cpu_profile(3)["cpu"] == "test" and torch.get_num_threads() == threads
+    _ensure_cpu_calibration(cfg, None)  # found: not measured again
+    assert seen == [3]
+    cfg["launcher"]["threads_per_worker"] = 5
+    joined = LaunchEnv(rank=0, world_size=2, local_rank=0, local_world_size=2, master_addr="h", master_port=1,
+                       source="torchrun")
+    with pytest.raises(ConfigError, match="lsgd calibrate --threads 5"):
+        _ensure_cpu_calibration(cfg, joined)
