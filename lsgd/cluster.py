@@ -47,7 +47,11 @@ does not depend on the machine the experiment runs on.
 Measured mode
 -------------
 :meth:`ComputeModel.step` takes this machine's measured forward and backward seconds and divides
-them by the worker's speed. Reproducible only on the same machine under the same load.
+them by the worker's speed. Reproducible only on the same machine under the same load. The
+trainer passes compute only: each window's wall time minus the time the worker's training threads
+were blocked in communication inside it (``before_step``'s push/pull waits, a comm hook's
+synchronous exchange, DDP's end of backward waiting for its last buckets; :mod:`lsgd.blocked`,
+limits in ``Trainer.train_step``), so communication is priced once, by the clock's network model.
 
 Speeds and heterogeneity
 ------------------------
@@ -357,7 +361,8 @@ class ComputeModel:
       :meth:`step` then returns the same :class:`StepTime` (divided by speed) on every call,
       whatever measured times it is passed: deterministic, independent of this machine.
     * ``measured`` mode: ``step(measured_forward_s, measured_backward_s)`` returns the measured
-      times divided by speed; :meth:`calibrate` is a no-op.
+      times divided by speed; :meth:`calibrate` is a no-op. The times must be compute alone
+      (the trainer takes the communication it waited for out of them: :mod:`lsgd.blocked`).
 
     The optimizer step and data loading are not modeled separately; in measured mode a caller
     that wants them on the clock folds them into ``measured_backward_s``.

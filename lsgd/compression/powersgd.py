@@ -154,7 +154,10 @@ class PowerSGD:
 
         fut = fut.then(_done)
         if not self.overlap:
-            fut.wait()
+            # the main thread waits for the whole chain: communication for measured compute
+            # (lsgd.blocked), the chain's compression matmuls (in its callbacks) included
+            with self.comm.blocking():
+                fut.wait()
         return fut
 
     def pop_flops(self) -> float:
