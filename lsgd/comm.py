@@ -688,8 +688,9 @@ class Communicator:
         return np.array([m.cost(a, b) for m in self._models])
 
     def add_time(self, seconds: float, overlapped: bool = False) -> None:
-        """Add measured communication seconds; ``overlapped`` time (in flight during compute) is not
-        subtracted from the step's measured compute. Thread-safe."""
+        """Add measured communication seconds (``comm_time_s``: time in flight); ``overlapped`` time
+        (in flight during compute) stays out of :meth:`pop_step_time`. The trainer's measured
+        compute subtracts :meth:`blocked_s` instead (time waited, not time in flight). Thread-safe."""
         with self._s.lock:
             self._s.stats.comm_time_s += seconds
             if not overlapped:
