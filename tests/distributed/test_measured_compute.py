@@ -10,7 +10,7 @@ the rest), the waiting lands in wall time and not in
 
 Closed form: every step (or exchange) waits about D, so the wall time per step (exchange) is at
 least D, while a step of the small CNN computes in milliseconds: measured compute per step stays
-far below D (the assertions allow D / 3 per step, room for a loaded 2-core machine). Before the
+far below D (the assertions allow D / 2 per step, room for a loaded 2-core machine). Before the
 fix the measured windows counted DDP's bucket wait and the compression hook's synchronous exchange
 as compute (both in the clock and in ``compute_time_s``) and ``compute_time_s`` counted the wait
 for an asynchronous exchange completed in ``before_step`` (non-blocking SwarmSGD) as compute.
@@ -111,43 +111,47 @@ def run_slow(tmp_path: Path, overrides: list[str], world: int = 2) -> dict:
 @pytest.mark.parametrize("algo", [
     pytest.param(["algo=ddp"], id="ddp-bucket-allreduce"),
     pytest.param(["algo=compressed", "algo.compressor=topk", "algo.cf=10"], id="compressed-topk-hook"),
+    # torch's PowerSGD chain, completed inside the hook on gloo (its callbacks run inline when an
+    # all-reduce is already done); steps 1-2 all-reduce the bucket, step 3 compresses (Q: 1568 floats)
+    pytest.param(["algo=compressed", "algo.compressor=powersgd", "algo.start_iter=2", "algo.rank=1"],
+                 id="compressed-powersgd-hook"),
 ])
 def test_measured_compute_leaves_out_communication_in_backward(tmp_path, algo):
-    """DDP's bucket all-reduce (in flight on gloo's threads, waited for at the end of backward)
-    and the compression hook's synchronous all-gathers inside backward: with
+    """DDP's bucket all-reduce (in flight on gloo's threads, waited for at the end of backward),
+    the compression hook's synchronous all-gathers inside backward and PowerSGD's chain: with
     ``cluster.compute=measured`` each of STEPS steps waits >= D (wall), yet the clock's compute
-    and ``compute_time_s`` stay below D / 3 per step, and so does the modeled time (the clock
+    and ``compute_time_s`` stay below D / 2 per step, and so does the modeled time (the clock
     prices the configured 10 Gbps network: microseconds for 0.9 MB)."""
     steps = 3
     rec = run_slow(tmp_path, [f"max_steps={steps}", "cluster.compute=measured", *algo])
     assert rec["step"] == steps
     assert rec["wall_time_s"] >= 0.95 * steps * D
-    assert rec["modeled_compute_s_max"] < steps * D / 3
-    assert rec["compute_time_s_max"] < steps * D / 3
-    assert rec["modeled_time_s"] < steps * D / 3
+    assert rec["modeled_compute_s_max"] < steps * D / 2
+    assert rec["compute_time_s_max"] < steps * D / 2
+    assert rec["modeled_time_s"] < steps * D / 2
 
 
 def test_compute_time_leaves_out_an_asynchronous_exchange_waited_in_before_step(tmp_path):
     """Non-blocking SwarmSGD (virtual-time pairing): an exchange posted at one boundary is waited
     for in ``before_step`` at the next (the handle was asynchronous, so the old accounting kept
     the wait in the step's compute). Each exchange takes >= D, so the wall time is at least
-    (exchanges) x D; compute_time_s stays below D / 3 per exchange."""
+    (exchanges) x D; compute_time_s stays below D / 2 per exchange."""
     rec = run_slow(tmp_path, ["max_steps=6", "cluster.step_time_s=0.001", "algo=swarm_sgd", "algo.pairing=virtual_time",
                               "algo.blocking=false", "algo.local_steps=2"])
     exchanges = rec["comm_rounds"]
     assert exchanges >= 2
     assert rec["wall_time_s"] >= 0.95 * exchanges * D
-    assert rec["compute_time_s_max"] < exchanges * D / 3
+    assert rec["compute_time_s_max"] < exchanges * D / 2
 
 
 def test_compute_time_leaves_out_async_local_sgd_push_and_pull(tmp_path):
     """Asynchronous Local-SGD (virtual timing; server + 2 workers): each task ends with a push and
     a pull in ``before_step``, each >= D; the server's receives wait as long. compute_time_s (every
-    rank's, the server's included) stays below D / 3 per message while the wall time exceeds
+    rank's, the server's included) stays below D / 2 per message while the wall time exceeds
     2 D per task of a worker."""
     rec = run_slow(tmp_path, ["max_steps=2", "cluster.step_time_s=0.001", "algo=async_local_sgd", "algo.local_steps=2"],
                    world=3)
     tasks = rec["server_updates"]  # arrivals applied: 2 workers' tasks
     assert tasks >= 2
     assert rec["wall_time_s"] >= 0.95 * 2 * D * (tasks // 2)
-    assert rec["compute_time_s_max"] < 2 * tasks * D / 3
+    assert rec["compute_time_s_max"] < 2 * tasks * D / 2
