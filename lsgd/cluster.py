@@ -111,7 +111,11 @@ zero-fills inside aten kernels, which the per-op roofline does not see.
 Measured mode
 -------------
 :meth:`ComputeModel.step` takes this machine's measured forward and backward seconds and divides
-them by the worker's speed. Reproducible only on the same machine under the same load.
+them by the worker's speed. Reproducible only on the same machine under the same load. The
+trainer passes compute only: each window's wall time minus the time the worker's training threads
+were blocked in communication inside it (``before_step``'s push/pull waits, a comm hook's
+synchronous exchange, DDP's end of backward waiting for its last buckets; :mod:`lsgd.blocked`,
+limits in ``Trainer.train_step``), so communication is priced once, by the clock's network model.
 
 Speeds and heterogeneity
 ------------------------
@@ -981,7 +985,8 @@ class ComputeModel:
       (divided by speed) on every call, whatever measured times it is passed: deterministic,
       independent of this machine (``cpu``: of this machine's calibration file).
     * ``measured`` mode: ``step(measured_forward_s, measured_backward_s)`` returns the measured
-      times divided by speed; :meth:`calibrate` is a no-op.
+      times divided by speed; :meth:`calibrate` is a no-op. The times must be compute alone
+      (the trainer takes the communication it waited for out of them: :mod:`lsgd.blocked`).
 
     Raises:
         ConfigError: an invalid ``cluster`` key (:func:`validate_cluster`'s messages).

@@ -93,6 +93,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from lsgd.blocked import BlockedTime
+
 #: Messages shorter than this (bytes) are broadcast along a binomial tree (MPICH's
 #: ``MPIR_CVAR_BCAST_SHORT_MSG_SIZE``; Thakur et al. 2005, Sec. 4.1), as are all messages on fewer
 #: than :data:`BCAST_MIN_PROCS` ranks.
@@ -414,6 +416,7 @@ class _Shared:
         self.stats = CommStats()
         self.lock = threading.Lock()
         self.step_comm_time_s = 0.0
+        self.blocked = BlockedTime()  # wall time training threads spent waiting for communication
         self.warm: set = set()
         self.local = threading.local()  # .issue_at: set inside Communicator.overlap()
         self.comms: list[Communicator] = []  # this one and its subgroups, in creation order
@@ -459,8 +462,9 @@ class Handle:
         :meth:`wait` then completes the accounting on its caller's thread without waiting on the
         works again (gloo's receive work cannot be waited twice)."""
         if not self.works_done:
-            for w in self.works:
-                w.wait()
+            with self.comm._s.blocked.region():  # a no-op on a background thread (lsgd.blocked)
+                for w in self.works:
+                    w.wait()
             self.works_done = True
 
     def complete_data(self):
@@ -684,8 +688,9 @@ class Communicator:
         return np.array([m.cost(a, b) for m in self._models])
 
     def add_time(self, seconds: float, overlapped: bool = False) -> None:
-        """Add measured communication seconds; ``overlapped`` time (in flight during compute) is not
-        subtracted from the step's measured compute. Thread-safe."""
+        """Add measured communication seconds (``comm_time_s``: time in flight); ``overlapped`` time
+        (in flight during compute) stays out of :meth:`pop_step_time`. The trainer's measured
+        compute subtracts :meth:`blocked_s` instead (time waited, not time in flight). Thread-safe."""
         with self._s.lock:
             self._s.stats.comm_time_s += seconds
             if not overlapped:
@@ -707,6 +712,28 @@ class Communicator:
         with self._s.lock:
             t, self._s.step_comm_time_s = self._s.step_comm_time_s, 0.0
         return t
+
+    # -- blocked time (lsgd.blocked): what measured compute leaves out ---------------------------
+    def blocked_s(self) -> float:
+        """Cumulative wall seconds this worker's training threads spent blocked in communication
+        (waits on handles, synchronous operations, clock settlements, barriers, and what
+        :meth:`add_blocked` was given); shared with subgroups. A step's measured compute is its
+        wall time minus the difference of two reads around it (:class:`lsgd.blocked.BlockedTime`)."""
+        return self._s.blocked.seconds()
+
+    def blocking(self):
+        """Context manager: the block is time blocked in communication (a wait outside the
+        communicator, e.g. on a torch future a comm hook chains)."""
+        return self._s.blocked.region()
+
+    def add_blocked(self, seconds: float) -> None:
+        """Add ``seconds`` of blocking measured elsewhere (DDP's end of backward waiting for its buckets)."""
+        self._s.blocked.add(seconds)
+
+    def background_thread(self) -> None:
+        """Mark the calling thread as waiting beside training (a server's receive thread): its
+        waits are not blocked time."""
+        self._s.blocked.background()
 
     # -- the clock -----------------------------------------------------------------------------
     def _now(self) -> np.ndarray:
@@ -768,7 +795,8 @@ class Communicator:
         work = dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
 
         def apply():
-            work.wait()
+            with self._s.blocked.region():
+                work.wait()
             self._apply_settled(batch, buf.cpu().numpy())
 
         clock.defer(apply)
@@ -819,7 +847,8 @@ class Communicator:
                     finish: Callable[[], object] | None = None, root: int = 0) -> Handle:
         """Run ``op`` (a torch.distributed call with ``async_op=True``) as a counted, clocked operation."""
         t0 = time.perf_counter()
-        work = op()
+        with self._s.blocked.region():  # issuing is communication too (lsgd.blocked)
+            work = op()
         handle = Handle(self, [work] if work is not None else [], finish, t0)
         if count:
             deferred = getattr(self._s.local, "issue_at", None)
@@ -933,7 +962,8 @@ class Communicator:
     def barrier(self) -> None:
         """Uncounted barrier (checkpointing, shutdown)."""
         if self.world_size > 1:
-            dist.barrier(group=self.group)
+            with self._s.blocked.region():
+                dist.barrier(group=self.group)
 
     def gather_values(self, values: Sequence[float]) -> np.ndarray:
         """Uncounted all-gather of one float64 vector per rank: an array ``[world, len(values)]``
@@ -1001,11 +1031,12 @@ class Communicator:
                 buf = torch.empty(self._s.network.k, dtype=torch.float64, device=self.device)
                 recv_ops.append((dist.irecv, buf, src))
                 handle.messages.append(("recv", self._p2p_link_cost(peer, tensor_bytes(t)), buf))
-        if self._batched:
-            self._warm_up()
-            handle.works = dist.batch_isend_irecv([dist.P2POp(f, t, r, self.group) for f, t, r in recv_ops + send_ops])
-        else:
-            handle.works = [f(t, r, group=self.group) for f, t, r in send_ops + recv_ops]
+        with self._s.blocked.region():  # posting is communication too (lsgd.blocked)
+            if self._batched:
+                self._warm_up()
+                handle.works = dist.batch_isend_irecv([dist.P2POp(f, t, r, self.group) for f, t, r in recv_ops + send_ops])
+            else:
+                handle.works = [f(t, r, group=self.group) for f, t, r in send_ops + recv_ops]
         if not async_op:
             handle.wait()
             return None

@@ -339,27 +339,44 @@ class Trainer:
             return
         while self.algorithm.progress(self.step) < self.total_steps:
             self._check_injected_failure()
-            t0 = time.perf_counter()
+            b0, t0 = self.comm.blocked_s(), time.perf_counter()
             self.algorithm.serve_step(self.step)
             self._schedule_step()
             self.step += 1
-            self.compute_time_s += max(0.0, time.perf_counter() - t0 - self.comm.pop_step_time())
+            self.compute_time_s += max(0.0, time.perf_counter() - t0 - (self.comm.blocked_s() - b0))
             if self.bookkeeping():
                 return
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """One local step: forward, backward, algorithm hooks, optimizer and schedule step."""
-        t0 = time.perf_counter()
+        """One local step: forward, backward, algorithm hooks, optimizer and schedule step.
+
+        Measured compute (``cluster.compute=measured``'s clock, the ``compute_time_s`` metric) is
+        wall time minus the time this worker's training threads were blocked in communication
+        (:meth:`lsgd.comm.Communicator.blocked_s`, read around each window): the forward window
+        (``before_step``'s push/pull waits included) and the backward window (a comm hook's
+        synchronous exchange, DDP's end of backward waiting for its last buckets) keep only what
+        was computed; communication is priced by the clock alone. Limits: a DDP all-reduce in
+        flight on gloo's threads while backward continues is overlap, not blocking, so the CPU it
+        takes from backward on a loaded machine stays in the measured compute; torch's PowerSGD
+        chain, completed inside the hook on gloo, counts whole as communication (its compression
+        matmuls run in the chain's callbacks); a wait torch makes outside lsgd's communicator and
+        hooks (DDP's one-off bucket rebuild broadcast in the second forward) stays compute; on
+        CUDA a wait hidden in ``torch.cuda.synchronize`` (an NCCL kernel still running) is compute.
+        """
+        b0, t0 = self.comm.blocked_s(), time.perf_counter()
         self.algorithm.before_step(self.step)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         out = self.net(x)
         loss = self.loss_fn(out, y)
         t1 = self._sync_time()
+        b1 = self.comm.blocked_s()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         t2 = self._sync_time()
-        st = self.compute_model.step(t1 - t0, t2 - t1)
-        self.step_compute_s = (st.forward_s + st.backward_s, t2 - t0)
+        b2 = self.comm.blocked_s()
+        forward_s, backward_s = max(0.0, t1 - t0 - (b1 - b0)), max(0.0, t2 - t1 - (b2 - b1))
+        st = self.compute_model.step(forward_s, backward_s)
+        self.step_compute_s = (st.forward_s + st.backward_s, t2 - t0)  # (clock's, wall time)
         self.clock.compute(st.forward_s)
         self.clock.backward(st.backward_s)
         self.algorithm.after_backward(self.step)
@@ -370,7 +387,7 @@ class Trainer:
         self.algorithm.after_step(self.step)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.compute_time_s += max(0.0, time.perf_counter() - t0 - self.comm.pop_step_time())
+        self.compute_time_s += max(0.0, time.perf_counter() - t0 - (self.comm.blocked_s() - b0))
 
     def _schedule_step(self) -> None:
         """Step the learning-rate schedule once; it follows the algorithm's count where

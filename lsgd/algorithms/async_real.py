@@ -241,6 +241,7 @@ class RealTiming:
         hh = a.pairs[w].irecv(header, 1, count=False)
 
         def wait():
+            a.comm.background_thread()  # waits beside the server's loop: not its blocked time
             try:
                 hp.wait_works()
                 hh.wait_works()
@@ -260,7 +261,8 @@ class RealTiming:
     def _next(self) -> int:
         """The worker whose push completed first (lowest index among those found complete)."""
         if not self.ready:
-            self.ready.add(self._take(self.arrived.get()))
+            with self.algo.comm.blocking():  # the server waits for a push: communication
+                self.ready.add(self._take(self.arrived.get()))
         while True:
             try:
                 self.ready.add(self._take(self.arrived.get_nowait()))

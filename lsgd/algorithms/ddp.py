@@ -20,11 +20,19 @@ launches buckets in index order; its first iteration's buckets follow parameter 
 nothing overlaps until DDP rebuilds them in arrival order). The all-reduces run one after another
 and the step waits for the last one, so only the communication that outlasts backward is exposed:
 ``step = forward + max(backward, last bucket's end)``.
+
+Measured compute (``cluster.compute=measured``, ``compute_time_s``): the buckets' all-reduces run
+on gloo's threads while backward continues (overlap, not blocking); once autograd's graph is done,
+DDP's finalize waits inside ``loss.backward()`` for the buckets still in flight. That wait is
+communication (:class:`BackwardWait`: from autograd's final callback to the last bucket's
+completion, :meth:`lsgd.comm.Communicator.add_blocked`), so the measured backward keeps only the
+compute.
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 from collections.abc import Mapping
 
@@ -53,6 +61,52 @@ def ready_fractions(model: nn.Module, by_flops: Mapping[str, float] | None) -> d
     return out
 
 
+class BackwardWait:
+    """Times how long the end of backward waits for DDP's buckets (DDP's ``finalize_backward``
+    waits on every bucket's future inside ``loss.backward()``) and adds it to the communicator's
+    blocked time (:meth:`lsgd.comm.Communicator.add_blocked`).
+
+    :meth:`begin` (from the comm hook of bucket 0, the first DDP launches in a backward) queues an
+    autograd final callback: it runs when the graph's last node is done, before DDP's own (DDP
+    queues its finalize once the last bucket is launched, after the hook that queued this one).
+    :meth:`done` (from each bucket's future callback, on whichever thread completes it) adds the
+    time from that graph end, or from the previous completion after it, to this one: in all,
+    ``max(0, last completion - graph end)`` seconds. A bucket that completes while the graph is
+    still running adds nothing (overlap). Outside a backward pass (a hook driven by hand) nothing is
+    timed.
+    """
+
+    def __init__(self, comm):
+        self.comm = comm
+        self._lock = threading.Lock()
+        self._counted_to: float | None = None  # graph end, then the last completion counted after it
+
+    def begin(self, bucket) -> None:
+        """Called by the comm hook of every bucket; acts on bucket 0 (a new backward pass)."""
+        if bucket.index() != 0:
+            return
+        with self._lock:
+            self._counted_to = None
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(self._graph_done)
+        except RuntimeError:  # not inside a backward pass
+            pass
+
+    def _graph_done(self) -> None:
+        now = time.perf_counter()
+        with self._lock:
+            self._counted_to = now
+
+    def done(self) -> None:
+        """A bucket's communication completed (any thread)."""
+        now = time.perf_counter()
+        with self._lock:
+            if self._counted_to is None or now <= self._counted_to:
+                return
+            waited, self._counted_to = now - self._counted_to, now
+        self.comm.add_blocked(waited)
+
+
 class DDP(Algorithm):
     """Minibatch SGD with bucketed, overlapped gradient all-reduce (the baseline)."""
 
@@ -75,6 +129,7 @@ class DDP(Algorithm):
         )
         self._ready_fraction = ready_fractions(model, ctx.grad_ready_fraction if ctx is not None else None)
         self._launched = 0.0
+        self.backward_wait = BackwardWait(self.comm)
         self.register_hook(self.ddp)
         return self.ddp
 
@@ -98,11 +153,14 @@ class DDP(Algorithm):
     def _counting_allreduce_hook(self, state, bucket):
         nbytes = bucket.buffer().numel() * bucket.buffer().element_size()
         self.comm.issued("all_reduce", nbytes, issue_at=self.bucket_ready_at(bucket))
+        self.backward_wait.begin(bucket)
         t0 = time.perf_counter()
-        fut = allreduce_hook(self.comm.group, bucket)
+        with self.comm.blocking():  # issuing the all-reduce is communication (lsgd.blocked)
+            fut = allreduce_hook(self.comm.group, bucket)
 
         def _done(f):
             self.comm.add_time(time.perf_counter() - t0, overlapped=True)
+            self.backward_wait.done()
             return f.value()
 
         return fut.then(_done)

@@ -27,6 +27,7 @@ selected through ``algo=compressed algo.compressor=powersgd`` (a DDP comm hook),
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -129,12 +130,14 @@ class PowerSGD:
         t0 = time.perf_counter()
         if state.iter < state.start_powerSGD_iter:
             sizes = [buf.numel()]
-            fut = torch_powersgd.powerSGD_hook(state, bucket)
+            with self._blocking():
+                fut = torch_powersgd.powerSGD_hook(state, bucket)
         else:
             u, p, q = bucket_payload(state, bucket.gradients())
             self.step_flops += compression_flops(state, bucket.gradients())
             before = state.total_numel_after_compression
-            fut = torch_powersgd.powerSGD_hook(state, bucket)
+            with self._blocking():
+                fut = torch_powersgd.powerSGD_hook(state, bucket)
             sent = state.total_numel_after_compression - before
             if sent != u + p + q:  # torch counts uncompressed + (n + m) r per matrix
                 raise RuntimeError(
@@ -154,8 +157,17 @@ class PowerSGD:
 
         fut = fut.then(_done)
         if not self.overlap:
-            fut.wait()
+            with self._blocking():
+                fut.wait()
         return fut
+
+    def _blocking(self):
+        """On gloo the main thread runs or waits for the whole chain (its callbacks run inline in
+        torch's hook when an all-reduce is already done, else on gloo's threads while the hook waits):
+        all of it is communication for measured compute (:mod:`lsgd.blocked`), the chain's
+        compression matmuls included (a limit: ``cluster.compute=measured`` leaves them out). On
+        NCCL the hook only issues: nothing is timed here."""
+        return self.comm.blocking() if not self.overlap else contextlib.nullcontext()
 
     def pop_flops(self) -> float:
         """Compression FLOPs since the previous call."""
