@@ -86,10 +86,10 @@ from lsgd.analysis.arms import (
     arm_labels,
     config_differences,
     key_name,
-    label_keys,
     order_key,
     seed_keys,
     select_runs,
+    written_label_keys,
 )
 from lsgd.analysis.load import (
     ENV_COLUMNS,
@@ -217,7 +217,7 @@ class ExperimentTable:
         baseline: the selector the speedups used (``"ddp"`` by default).
         differences: :func:`lsgd.analysis.arms.config_differences` of the runs (what differs,
             seeds included).
-        label_keys: the keys written in the arm labels (:func:`lsgd.analysis.arms.label_keys`).
+        label_keys: the keys written in the arm labels (:func:`lsgd.analysis.arms.written_label_keys`).
     """
 
     experiment: str
@@ -451,7 +451,7 @@ def experiment_table(
                                       is_base, f"final_{metric}"),
         baseline=str(baseline),
         differences=config_differences(summaries, keys),
-        label_keys=label_keys(summaries, keys),
+        label_keys=written_label_keys(summaries, keys),
     )
 
 

@@ -645,7 +645,7 @@ def test_bytes_vs_dense(results, tmp_path, no_figures):
     main, details = parse_markdown_tables(write_report(results, tmp_path / "r1").read_text())
     for table in (main, details):
         rows = {r["method"]: r for r in table}
-        assert rows["compressed"]["bytes vs dense"] == "0.1" and rows["DDP"]["bytes vs dense"] == "1"
+        assert rows["compressed, top-k, CF=10"]["bytes vs dense"] == "0.1" and rows["DDP"]["bytes vs dense"] == "1"
 
     # two dense runs (ddp at batch 32 and 64): each run is compared with the one of its own batch size;
     # compressor=none is dense too
@@ -666,7 +666,7 @@ def test_bytes_vs_dense(results, tmp_path, no_figures):
     t = experiment_tables([results / EXP / "run_h8", results / EXP / "run_topk"])[EXP].table
     assert t["bytes_vs_dense"].isna().all() and t["dense_run"].isna().all()
     rows = parse_markdown_tables(write_report([results / EXP / "run_h8"], tmp_path / "r2").read_text())[0]
-    assert rows[0]["method"] == "local SGD" and rows[0]["bytes vs dense"] == "n/a"
+    assert rows[0]["method"] == "local SGD, H=8" and rows[0]["bytes vs dense"] == "n/a"  # H defines local SGD
 
 
 def test_gb_sent_per_worker_counts_the_wire_of_workers_only(tmp_path, no_figures):
@@ -785,7 +785,7 @@ def test_compression_figure(results, tmp_path, monkeypatch):
     assert len(files) == 3 * (len(FIGURES) + 1)  # PNG, SVG and PDF
     assert (out / f"{EXP}_compression.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     svg = (out / f"{EXP}_compression.svg").read_text()
-    assert "GraVAC (n=1)" in svg and "Accordion (n=1)" in svg and "cf_candidate" in svg
+    assert "GraVAC, DGC (n=1)" in svg and "Accordion, top-k (n=1)" in svg and "cf_candidate" in svg
     assert "DDP" not in svg  # no compression rows
     # referenced from the report (only the compression figure drawn again, to keep the test fast)
     monkeypatch.setattr("lsgd.analysis.plots.plot_experiment", lambda *args, **kwargs: {})
@@ -827,7 +827,7 @@ def test_bytes_per_worker_vs_workers_and_consensus_figures(tmp_path):
     files = {p.name for p in plot_runs(root, tmp_path / "plots")}
     assert {f"{EXP}_wire_bytes_per_step_vs_nodes.svg", f"{EXP}_consensus_distance_vs_step.svg"} <= files
     svg = (tmp_path / "plots" / f"{EXP}_wire_bytes_per_step_vs_nodes.svg").read_text()
-    assert "DDP (n=1)" in svg and "SwarmSGD (n=1)" in svg and "world_size" not in svg and "workers=" not in svg
+    assert "DDP (n=1)" in svg and "SwarmSGD, H=1 (n=1)" in svg and "world_size" not in svg and "workers=" not in svg
     assert "ddp_4" not in svg  # one line per method: no run ids
     # one set of runs at one world size: no scaling figure
     single = tmp_path / "single"
@@ -1074,9 +1074,46 @@ def test_readable_labels():
     )
     frame.attrs["config_keys"] = ["algo.name", "algo.compressor", "algo.cf", "algo.blocking", "seed"]
     assert arm_labels(frame) == {
-        "a": "compressed, CF=10", "b": "compressed, CF=100", "c": "GraVAC", "d": "SwarmSGD, blocking",
+        "a": "compressed, top-k, CF=10", "b": "compressed, top-k, CF=100", "c": "GraVAC, DGC", "d": "SwarmSGD, blocking",
         "e": "SwarmSGD, non-blocking", "f": "DDP",
     }  # fmt: skip
+
+
+def test_labels_show_what_defines_each_method():
+    """Issue 24: "local SGD" and "SlowMo" hid H and "compressed" hid top-k 100x. A label writes the
+    keys that tell arms apart and the keys that define the run's method (H, the compressor and its
+    CF, the topology), and no key that neither varies nor defines the method."""
+    from lsgd.analysis.arms import config_label, written_label_keys
+
+    frame = pd.DataFrame(
+        {
+            "run_dir": list("abcdefg"),
+            "algo.name": ["ddp", "local_sgd", "slowmo", "compressed", "compressed", "dpsgd", "compressed"],
+            "algo.local_steps": [None, 8, 12, None, None, None, None],
+            # differs between local SGD and SlowMo, but only as their defaults: neither varies it
+            "algo.buffer_policy": [None, "maintain", "reset", None, None, None, None],
+            "algo.compressor": [None, None, None, "topk", "powersgd", None, "fp16"],
+            "algo.cf": [None, None, None, 100, 10, None, 10],
+            "algo.rank": [None, None, None, 2, 2, None, 2],
+            "algo.topology": [None, None, None, None, None, "ring", None],
+            "optim.lr": [0.1] * 7,  # one value: never written
+            "seed": [0] * 7,
+        }
+    )
+    frame.attrs["config_keys"] = [c for c in frame.columns if c != "run_dir"]
+    assert arm_labels(frame) == {
+        "a": "DDP", "b": "local SGD, H=8", "c": "SlowMo, H=12", "d": "compressed, top-k, CF=100",
+        "e": "compressed, PowerSGD, rank=2", "f": "D-PSGD, ring", "g": "compressed, fp16",
+    }  # fmt: skip
+    assert written_label_keys(frame) == ["algo.name", "algo.local_steps", "algo.compressor", "algo.cf", "algo.rank",
+                                         "algo.topology"]  # fmt: skip
+    # a key that varies within a method is written too: H of local SGD next to its lr sweep
+    two = frame.iloc[[1, 1]].assign(run_dir=["x", "y"], **{"optim.lr": [0.1, 0.2]})
+    assert arm_labels(two) == {"x": "local SGD, H=8, lr=0.1", "y": "local SGD, H=8, lr=0.2"}
+    # one run from its config alone (a logger's run name): the method and what defines it
+    assert config_label({"algo": {"name": "local_sgd", "local_steps": 8}, "seed": 1}, extra=["seed"]) == "local SGD, H=8, seed=1"
+    assert config_label({"algo.name": "compressed", "algo.compressor": "topk", "algo.cf": 100}) == "compressed, top-k, CF=100"
+    assert config_label({"algo": {"name": "ddp", "bucket_cap_mb": 25}}) == "DDP"
 
 
 # -- environment.json: what produced the runs ------------------------------------------------------
