@@ -163,7 +163,8 @@ def _per_run(frame: pd.DataFrame) -> pd.DataFrame:
 def label_keys(frame: pd.DataFrame, keys: list[str] | None = None) -> list[str]:
     """The fewest of ``keys`` (default :func:`arm_keys`), chosen greedily, that still tell every arm
     apart: ``algo.name`` and ``study.arm`` are tried first, then the ``algo.*`` keys, then the
-    rest, and a key is taken only if it splits arms that the keys taken before leave together.
+    rest, list values (``algo.speeds``) last, and a key is taken only if it splits arms that the
+    keys taken before leave together.
 
     For DDP next to local SGD at H = 8 and 16 that is ``algo.name`` and ``algo.local_steps``.
     """
@@ -171,14 +172,16 @@ def label_keys(frame: pd.DataFrame, keys: list[str] | None = None) -> list[str]:
         keys = arm_keys(frame)
     runs = _per_run(frame)
     present = [k for k in keys if k in runs]
+    values = {k: [_hashable(v) for v in runs[k].tolist()] for k in present}  # NaN -> None: one value
+    listed = {k for k in present if all(isinstance(v, str) and v.startswith("[") for v in values[k] if v is not None)}
     order = sorted(
         present,
         key=lambda k: (
             LABEL_KEY_PRIORITY.index(k) if k in LABEL_KEY_PRIORITY else len(LABEL_KEY_PRIORITY),
+            k in listed,  # a list (per-worker speeds) only when nothing else tells the arms apart
             not k.startswith("algo."),
         ),
     )
-    values = {k: [_hashable(v) for v in runs[k].tolist()] for k in present}  # NaN -> None: one value
     arms = {tuple(values[k][i] for k in present) for i in range(len(runs))}
     chosen: list[str] = []
     for k in order:

@@ -1213,3 +1213,166 @@ def test_a_curve_at_zero_bytes_is_drawn_on_the_log_bytes_axis(tmp_path, monkeypa
     assert ax.get_title() == ""  # the report's caption names the figure, as a paper's does
     drawn = {line.get_label().split(" (n=")[0]: list(line.get_xdata()) for line in ax.get_lines()}
     assert drawn["DiLoCo, H=100"] == [0.0, 0.0, 0.0] and drawn["ddp"] == [1e7, 2e7, 3e7]
+
+
+# -- figures a paper can use (issue 24) ------------------------------------------------------------
+def _capture_figures(monkeypatch) -> dict:
+    """Replace plots._save: {file stem: Figure} of every figure drawn, nothing written."""
+    figures = {}
+    monkeypatch.setattr("lsgd.analysis.plots._save", lambda fig, stem: figures.setdefault(stem.name, fig) and [])
+    return figures
+
+
+def _lines(ax) -> dict:
+    """{arm label without its "(n=...)": Line2D} of an axes' solid arm lines."""
+    return {line.get_label().split(" (n=")[0]: line for line in ax.get_lines() if not line.get_label().startswith("_")}
+
+
+def test_consensus_distance_breaks_where_a_point_is_missing(tmp_path, monkeypatch):
+    """The line breaks at an evaluation that has no consensus distance (or 0, not drawable on the log
+    axis) instead of joining its neighbours: the straight segment looked like a measured V."""
+    from lsgd.analysis import plots
+
+    # consensus at the evaluations (every 10 steps): none at step 30, 0 at step 50 (replicas equal)
+    at_eval = {10: 0.4, 20: 0.2, 30: None, 40: 0.1, 50: 0.0, 60: 0.05}
+    rows = []
+    for run, scale in (("s0", 1.0), ("s1", 2.0)):  # two seeds of one arm: the mean is 1.5 x at_eval
+        for step in range(5, 65, 5):
+            rec = {"run_dir": run, "step": step, "train_loss": 1.0}
+            if step % 10 == 0:
+                rec.update(test_loss=1.0, test_acc=step / 100)
+                if at_eval[step] is not None:
+                    rec["consensus_distance"] = at_eval[step] * scale
+            rows.append(rec)
+    # a run that measures it at every record (consensus_every_record), missing at step 25 only
+    for step in range(5, 65, 5):
+        rows.append({"run_dir": "every", "step": step, "train_loss": 1.0,
+                     **({} if step == 25 else {"consensus_distance": 1.0 / step}),
+                     **({"test_loss": 1.0, "test_acc": 0.5} if step % 10 == 0 else {})})  # fmt: skip
+    figures = _capture_figures(monkeypatch)
+    plots.plot_experiment(pd.DataFrame(rows), {"s0": "SwarmSGD", "s1": "SwarmSGD", "every": "D-PSGD"}, tmp_path, "x_")
+    ax = figures["x_consensus_distance_vs_step"].axes[0]
+    lines = _lines(ax)
+    swarm = lines["SwarmSGD"]
+    assert list(swarm.get_xdata()) == [10, 20, 30, 40, 50, 60]
+    expected = [1.5 * v if v else math.nan for v in at_eval.values()]
+    assert list(swarm.get_ydata()) == pytest.approx(expected, nan_ok=True)
+    assert swarm.get_marker() == "o"  # the point between the two gaps (step 40) still shows
+    every = lines["D-PSGD"]
+    assert list(every.get_xdata()) == list(range(5, 65, 5))
+    assert [math.isnan(v) for v in every.get_ydata()] == [step == 25 for step in range(5, 65, 5)]
+    # the min-max band of the two seeds breaks at the same points
+    band = ax.collections[0].get_paths()
+    assert len(band) == 3  # steps 10-20, 40 alone, 60 alone
+
+
+def test_an_arm_has_one_color_in_every_figure_and_experiment(tmp_path, monkeypatch):
+    """Two experiments (a study's two levels), the second without DDP: local SGD and SlowMo keep
+    their colors; in the bytes-per-worker-vs-workers figure each method has the color of its arms'
+    first (in the figures' order)."""
+    root = tmp_path / "res"
+    for exp, runs in (("level_a", (DDP, H8, H16)), ("level_b", (H8, H16))):
+        for run in runs:
+            write_run(root, f"{exp}_{run[0]}", *run[1:], experiment=exp)
+    for world in (4, 8):
+        write_run(root, f"ddp_{world}", {"name": "ddp"}, 0.01, 0.5, 0.5, world=world, experiment="scaling")
+        write_run(root, f"h8_{world}", {"name": "local_sgd", "local_steps": 8}, 0.01, 0.5, 0.5, world=world,
+                  experiment="scaling", bytes_per_round=PARAM_BYTES // 8)  # fmt: skip
+    figures = _capture_figures(monkeypatch)
+    plot_runs(root, tmp_path / "plots")
+    colors: dict[str, set] = {}
+    for stem, fig in figures.items():
+        if stem.endswith("vs_nodes"):
+            continue
+        for arm, line in _lines(fig.axes[0]).items():
+            colors.setdefault(arm, set()).add(tuple(line.get_color()))
+    assert {arm for arm in colors if "workers" not in arm} == {"DDP", "local SGD, H=8", "local SGD, H=16"}
+    assert all(len(c) == 1 for c in colors.values())  # one color per arm, whatever the figure or experiment
+    assert len({next(iter(c)) for c in colors.values()}) == len(colors)  # distinct arms, distinct colors
+    scaling = {c.get_label().split(" (n=")[0]: c.lines[0] for c in figures["scaling_wire_bytes_per_step_vs_nodes"].axes[0].containers}
+    assert sorted(scaling) == ["DDP", "local SGD, H=8"]
+    for method, line in scaling.items():
+        arms = [a for a in colors if a.startswith(method + ", workers=")]
+        assert len(arms) == 2 and tuple(line.get_color()) in {next(iter(colors[a])) for a in arms}
+
+
+@pytest.mark.parametrize("width, inches", [("one", 3.25), ("two", 6.75)])
+def test_paper_widths_give_figures_exactly_one_or_two_columns_wide(results, tmp_path, width, inches):
+    """--width one / two: the PDF page is exactly 3.25 / 6.75 in wide (ICML's column and text
+    widths), the PNG that many inches at 300 dpi, no text under 7 pt at that size, and the legend
+    inside the page."""
+    from matplotlib.text import Text
+
+    from lsgd.analysis import plots
+
+    write_run(results, "run_slowmo", {"name": "slowmo", "local_steps": 12}, 0.0087, 0.5, 0.5)
+    figures = {}
+    real_save = plots._save
+
+    def save(fig, stem):  # one figure's files written (the others only drawn: a cheaper test)
+        figures[stem.name] = fig
+        return real_save(fig, stem) if stem.name.endswith("test_acc_vs_comm_bytes") else []
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(plots, "_save", save):
+        files = plot_runs(results, tmp_path / "p", width=width)
+    pdfs = [p for p in files if p.suffix == ".pdf"]
+    assert len(figures) == len(FIGURES) and len(pdfs) == 1
+    for pdf in pdfs:
+        box = re.search(rb"/MediaBox \[\s*0 0 ([\d.]+) ([\d.]+)\s*\]", pdf.read_bytes())
+        assert float(box.group(1)) == pytest.approx(72 * inches, abs=0.01), pdf.name  # points
+    from PIL import Image
+
+    for png in (p for p in files if p.suffix == ".png"):
+        assert Image.open(png).size[0] == round(300 * inches)
+    for stem, fig in figures.items():
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+        assert min(t.get_fontsize() for t in texts) >= 7, stem
+        page = fig.bbox
+        for legend in fig.legends:
+            box = legend.get_window_extent(renderer)
+            assert page.x0 - 1 <= box.x0 and box.x1 <= page.x1 + 1 and page.y0 - 1 <= box.y0, stem
+        ax_box = fig.axes[0].get_window_extent(renderer)
+        assert ax_box.height / fig.dpi >= 1.5 and ax_box.width / fig.dpi >= 0.6 * inches, stem
+    with pytest.raises(ValueError, match="one, two"):
+        plot_runs(results, tmp_path / "bad", width="three")
+
+
+def test_default_figure_size_is_unchanged(results, tmp_path, monkeypatch):
+    figures = _capture_figures(monkeypatch)
+    plot_runs(results, tmp_path / "p")
+    assert {tuple(fig.get_size_inches()) for fig in figures.values()} == {(7.0, 4.5)}
+    assert all(fig.get_layout_engine() is None for fig in figures.values())  # cropped tight on save
+
+
+def test_bytes_axis_is_the_workers_own_bytes_in_a_run_with_a_server(tmp_path, monkeypatch):
+    """A parameter-server run (1 server + 2 workers): its records' comm_bytes averages the server's N
+    messages per step in; the bytes figure's x is comm_bytes_workers, what one worker sent, as the
+    report's bytes column (issue 22 item 6). A server run that lacks it is left out with a warning."""
+    n = PARAM_BYTES
+    ps = write_run(tmp_path / "r", "ps", {"name": "param_server"}, 0.009, 1.0, 1.0, world=3)
+    lines = [json.loads(line) for line in (ps / "metrics.jsonl").read_text().splitlines()]
+    for rec in lines:  # per step: the server sends 2 n, each worker n -> all-rank mean 4n/3, workers' n
+        rec["comm_bytes"] = rec["step"] * 4 * n / 3
+        rec["comm_bytes_workers"] = rec["step"] * n
+    (ps / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    summary = json.loads((ps / "summary.json").read_text())
+    (ps / "summary.json").write_text(json.dumps({**summary, "num_workers": 2}))
+    write_run(tmp_path / "r", "ddp", {"name": "ddp"}, 0.009, 1.0, 1.0, world=2)
+    old = write_run(tmp_path / "r", "old_ps", {"name": "param_server"}, 0.009, 1.0, 1.0, world=3)
+    figures = _capture_figures(monkeypatch)
+    with pytest.warns(UserWarning, match="old_ps"):
+        plot_runs(tmp_path / "r", tmp_path / "p")
+    lines = _lines(figures[f"{EXP}_test_acc_vs_comm_bytes"].axes[0])
+    steps = list(range(EVAL_EVERY, STEPS + 1, EVAL_EVERY))
+    by_label = {lab: line for lab, line in lines.items()}
+    ps_line = next(line for lab, line in by_label.items() if "world" not in lab and lab.startswith("parameter server"))
+    assert list(ps_line.get_xdata()) == [step * n for step in steps]  # not 4n/3 per step
+    assert list(by_label["DDP"].get_xdata()) == [step * n for step in steps]  # every rank a worker: comm_bytes
+    assert len(by_label) == 2 and old.exists()  # the run without comm_bytes_workers is not drawn
