@@ -1299,8 +1299,8 @@ def test_an_arm_has_one_color_in_every_figure_and_experiment(tmp_path, monkeypat
 @pytest.mark.parametrize("width, inches", [("one", 3.25), ("two", 6.75)])
 def test_paper_widths_give_figures_exactly_one_or_two_columns_wide(results, tmp_path, width, inches):
     """--width one / two: the PDF page is exactly 3.25 / 6.75 in wide (ICML's column and text
-    widths), the PNG that many inches at 300 dpi, no text under 7 pt at that size, and the legend
-    inside the page."""
+    widths) with TrueType fonts, the PNG that many inches at 300 dpi, no text under 7 pt at that
+    size, and the legend inside the page."""
     from matplotlib.text import Text
 
     from lsgd.analysis import plots
@@ -1322,6 +1322,8 @@ def test_paper_widths_give_figures_exactly_one_or_two_columns_wide(results, tmp_
     for pdf in pdfs:
         box = re.search(rb"/MediaBox \[\s*0 0 ([\d.]+) ([\d.]+)\s*\]", pdf.read_bytes())
         assert float(box.group(1)) == pytest.approx(72 * inches, abs=0.01), pdf.name  # points
+        fonts = set(re.findall(rb"/Subtype /(\w+)", pdf.read_bytes()))
+        assert b"Type3" not in fonts and b"CIDFontType2" in fonts  # TrueType, as IEEE / ACM checks want
     from PIL import Image
 
     for png in (p for p in files if p.suffix == ".png"):
@@ -1376,3 +1378,137 @@ def test_bytes_axis_is_the_workers_own_bytes_in_a_run_with_a_server(tmp_path, mo
     assert list(ps_line.get_xdata()) == [step * n for step in steps]  # not 4n/3 per step
     assert list(by_label["DDP"].get_xdata()) == [step * n for step in steps]  # every rank a worker: comm_bytes
     assert len(by_label) == 2 and old.exists()  # the run without comm_bytes_workers is not drawn
+
+
+#: Debian's Chromium (package ``chromium``; `make test` installs it as root), started as the machine
+#: notes say: headless, no sandbox (root), nothing that reaches the network.
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars", "--force-device-scale-factor=1"]  # fmt: skip
+
+#: Injected into a copy of report.html: once the page has loaded, each image and table records its
+#: box in page pixels and each image its decoded (natural) size, for --dump-dom to print.
+PROBE = """<script>
+window.addEventListener("load", () => {
+  for (const el of document.querySelectorAll("img, table")) {
+    const r = el.getBoundingClientRect();
+    el.setAttribute("data-box", [r.left, r.top + window.scrollY, r.width, r.height].map(Math.round).join(","));
+    if (el.tagName === "IMG") el.setAttribute("data-natural", el.naturalWidth + "x" + el.naturalHeight);
+  }
+  document.body.setAttribute("data-probed", "1");
+});
+</script>"""
+
+
+def chromium(tmp_path, *args) -> str:
+    import shutil
+    import subprocess
+    import tempfile
+
+    exe = shutil.which("chromium")
+    if exe is None:
+        pytest.fail("Debian's chromium is not installed: `make test` installs it as root "
+                    "(apt-get install chromium), or install it yourself")  # fmt: skip
+    profile = tempfile.mkdtemp(dir=tmp_path)  # a new empty profile per start
+    res = subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout
+
+
+def test_report_html_is_self_contained_and_renders_in_chromium(results, tmp_path):
+    """report.html beside report.md: one page with the tables and the figures (embedded, no other
+    file needed), written atomically; headless Chromium loads it, decodes every figure at the PNG's
+    own size, and its screenshot shows the first table's text and the first figure's colored lines."""
+    import base64
+    from html.parser import HTMLParser
+
+    import numpy as np
+    from PIL import Image
+
+    out = tmp_path / "report"
+    write_report(results, out)
+    page = (out / "report.html").read_text()
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+    class Parts(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.imgs, self.tables, self.scripts, self.links, self.cells, self._cell = [], 0, 0, [], [], None
+
+        def handle_starttag(self, tag, attrs):
+            attrs = dict(attrs)
+            if tag == "img":
+                self.imgs.append(attrs["src"])
+            self.tables += tag == "table"
+            self.scripts += tag == "script"
+            if tag == "link":
+                self.links.append(attrs)
+            if tag in ("td", "th"):
+                self._cell = ""
+
+        def handle_data(self, data):
+            if self._cell is not None:
+                self._cell += data
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th"):
+                self.cells.append(self._cell.strip())
+                self._cell = None
+
+    parts = Parts()
+    parts.feed(page)
+    md = (out / "report.md").read_text()
+    pngs = re.findall(r"!\[[^\]]*\]\((figures/[^)]+\.png)\)", md)
+    assert len(pngs) == len(FIGURES) and parts.tables == len(parse_markdown_tables(md)) == 2
+    assert parts.scripts == 0 and parts.links == []  # nothing loaded from elsewhere
+    # each figure embedded as its PNG file's own bytes, in the report's order
+    prefix = "data:image/png;base64,"
+    assert all(src.startswith(prefix) for src in parts.imgs) and len(parts.imgs) == len(pngs)
+    assert [base64.b64decode(src[len(prefix):]) for src in parts.imgs] == [(out / p).read_bytes() for p in pngs]
+    main = parse_markdown_tables(md)[0]
+    for row in main:  # the main table's cells, as in report.md
+        assert all(cell.replace("\\|", "|") in parts.cells for cell in row.values())
+
+    # rendered: every image decoded at its PNG's size; boxes of the images and tables
+    (out / "probe.html").write_text(page.replace("</body>", PROBE + "</body>"))
+    dom = chromium(tmp_path, "--window-size=1200,1600", "--virtual-time-budget=5000", "--dump-dom",
+                   (out / "probe.html").as_uri())  # fmt: skip
+    assert 'data-probed="1"' in dom
+    natural = re.findall(r'data-natural="(\d+)x(\d+)"', dom)
+    assert [(int(w), int(h)) for w, h in natural] == [Image.open(out / p).size for p in pngs]
+    boxes = [tuple(map(int, b.split(","))) for b in re.findall(r'data-box="([-\d,]+)"', dom)]
+    table_box, image_box = boxes[0], boxes[2]  # the main table, the first figure
+    assert table_box[2] > 300 and table_box[3] > 20 * (len(main) + 1) and image_box[3] > 200
+
+    bottom = image_box[1] + image_box[3] + 20
+    shot = tmp_path / "shot.png"
+    chromium(tmp_path, f"--window-size=1200,{bottom}", f"--screenshot={shot}", (out / "report.html").as_uri())
+    pixels = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    assert pixels.shape[:2] == (bottom, 1200)
+
+    def region(box):
+        x, y, w, h = box
+        return pixels[y : y + h, x : x + w]
+
+    table = region(table_box)
+    assert (table.max(axis=2) < 90).sum() > 500  # its text
+    figure = region(image_box)
+    colored = (figure.max(axis=2) - figure.min(axis=2)) > 100  # the arms' lines (tab10), not gray text
+    assert colored.sum() > 1000
+    assert (pixels[:, :, :].std() > 20)  # not a blank page
+
+
+def test_width_option_of_lsgd_plot_and_report(results, tmp_path, monkeypatch, capsys):
+    """`lsgd plot|report --width one|two` reaches the figures; another value is refused by argparse."""
+    seen = []
+    monkeypatch.setattr("lsgd.analysis.report.plot_frames", lambda *a, width=None, **k: seen.append(width) or {})
+    monkeypatch.setattr("lsgd.analysis.plots.plot_frames", lambda *a, width=None, **k: seen.append(width) or {})
+    assert lsgd_cli(["report", str(results), "--out", str(tmp_path / "r"), "--width", "two"]) == 0
+    assert (tmp_path / "r" / "report.html").exists() and "report.html" in capsys.readouterr().out
+    assert lsgd_cli(["plot", str(results), "--out", str(tmp_path / "p"), "--width", "one"]) == 0
+    assert lsgd_cli(["plot", str(results), "--out", str(tmp_path / "p")]) == 0
+    assert seen == ["two", "one", None]
+    with pytest.raises(SystemExit):
+        lsgd_cli(["plot", str(results), "--width", "three"])
+    assert "invalid choice: 'three'" in capsys.readouterr().err
