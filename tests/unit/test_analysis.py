@@ -446,6 +446,7 @@ def test_language_model_threshold_uses_perplexity(tmp_path):
     assert {p.name for p in files} >= {"wt2_test_ppl_vs_comm_bytes.png", "wt2_test_ppl_vs_wall_time_s.svg"}
 
 
+@pytest.mark.filterwarnings("ignore:bytes per worker")  # the fake async runs record no comm_bytes_workers
 def test_perplexity_vs_server_updates_for_sync_diloco_and_async_runs(tmp_path):
     """issue 13's figure: records carrying ``server_updates`` (async_local_sgd's server; diloco's
     rounds) give a test_ppl vs server_updates figure with one line per arm at the recorded counts;
