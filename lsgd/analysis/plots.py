@@ -479,6 +479,15 @@ def _follows(values: pd.Series, nodes: pd.Series) -> bool:
     return bool((frame.groupby("nodes")["v"].nunique(dropna=False) <= 1).all())
 
 
+def _summary_worker_bytes(run, key: str) -> float:
+    """``<key>_workers`` of a run's summary (runs with server ranks), else ``key`` where every rank
+    is a worker, else NaN (a server run whose ``key`` averages the server in)."""
+    workers = _num(run.get(f"{key}_workers"))
+    if math.isfinite(workers):
+        return workers
+    return math.nan if has_server_ranks(run) else _num(run.get(key))
+
+
 def plot_bytes_vs_nodes(
     summaries: pd.DataFrame,
     out_dir: PathLike,
@@ -486,8 +495,9 @@ def plot_bytes_vs_nodes(
     styles: Mapping[str, dict] | None = None,
     width: str | None = None,
 ) -> dict[str, list[Path]]:
-    """Wire bytes per worker per step (``wire_bytes`` / ``steps`` of each run's summary) against the
-    number of workers, one line per method (an arm label over the runs' differing config keys
+    """Wire bytes per worker per step (``wire_bytes`` / ``steps`` of each run's summary; in a run
+    with server ranks ``wire_bytes_workers`` and ``num_workers``: the workers' own bytes, server
+    ranks not counted as nodes) against the number of workers, one line per method (an arm label over the runs' differing config keys
     other than the seeds, the world size and the keys that follow it, one value per world size),
     when the runs differ in world size: a method whose
     every node talks to a fixed number of peers (gossip) stays flat, a ring all-reduce grows as
@@ -506,8 +516,12 @@ def plot_bytes_vs_nodes(
     among = [k for k in arm_keys(summaries) if k not in WORLD_KEYS and not _follows(summaries[k], nodes)]
     labels = arm_labels(summaries, among=among)
     steps = summaries["steps"].map(_num)
+    # the worker ranks' own: a server rank is neither a node of the x axis nor averaged into y
+    workers = summaries["num_workers"].map(_num) if "num_workers" in summaries else pd.Series(math.nan, index=summaries.index)
+    nodes = workers.where(workers.notna(), nodes)
+    wire = pd.Series([_summary_worker_bytes(row, "wire_bytes") for _, row in summaries.iterrows()], index=summaries.index)
     frame = pd.DataFrame({"label": summaries["run_dir"].map(labels), "nodes": nodes,
-                          "bytes": summaries["wire_bytes"].map(_num) / steps.where(steps > 0)}, index=summaries.index)
+                          "bytes": wire / steps.where(steps > 0)}, index=summaries.index)
     frame = frame.dropna()
     if frame.empty:
         return {}

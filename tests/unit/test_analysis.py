@@ -1513,3 +1513,22 @@ def test_width_option_of_lsgd_plot_and_report(results, tmp_path, monkeypatch, ca
     with pytest.raises(SystemExit):
         lsgd_cli(["plot", str(results), "--width", "three"])
     assert "invalid choice: 'three'" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:bytes per worker")  # the fake records carry no comm_bytes_workers
+def test_bytes_per_worker_vs_workers_counts_the_workers_of_a_server_run(tmp_path, monkeypatch):
+    """Parameter-server runs of 1 server + 2 and 1 + 4 workers: the scaling figure puts them at 2 and
+    4 workers with what one worker puts on the wire per step (n per step: its gradient), not at 3 and
+    5 ranks with the all-rank mean (the server's N messages averaged in)."""
+    n = PARAM_BYTES
+    for workers in (2, 4):
+        run = write_run(tmp_path / "r", f"ps{workers}", {"name": "param_server"}, 0.009, 1.0, 1.0, world=workers + 1)
+        summary = json.loads((run / "summary.json").read_text())
+        summary.update(num_workers=workers, wire_bytes=STEPS * (workers * n + workers * n) / (workers + 1),
+                       wire_bytes_workers=STEPS * n)  # fmt: skip
+        (run / "summary.json").write_text(json.dumps(summary))
+    figures = _capture_figures(monkeypatch)
+    plot_runs(tmp_path / "r", tmp_path / "p")
+    (container,) = figures[f"{EXP}_wire_bytes_per_step_vs_nodes"].axes[0].containers
+    line = container.lines[0]
+    assert list(line.get_xdata()) == [2, 4] and list(line.get_ydata()) == [n, n]
