@@ -1,8 +1,8 @@
 """``lsgd``: the command line.
 
     lsgd train [HYDRA_OVERRIDES...]        one job (or a sweep with -m), e.g. algo=local_sgd algo.local_steps=8
-    lsgd plot RUN_OR_SWEEP_DIRS... [--out DIR]
-    lsgd report RUN_OR_SWEEP_DIRS... [--out DIR] [--baseline ALGO|LABEL|KEY=VALUE,...] [--threshold T]
+    lsgd plot RUN_OR_SWEEP_DIRS... [--out DIR] [--width one|two]
+    lsgd report RUN_OR_SWEEP_DIRS... [--out DIR] [--baseline ALGO|LABEL|KEY=VALUE,...] [--threshold T] [--width one|two]
     lsgd data DATASET [HYDRA_OVERRIDES...]  fetch a dataset (e.g. fashion_mnist) into dataset.root
     lsgd list [GROUP]                       the options of a config group with their one-line descriptions
     lsgd --version                          lsgd's version (and git commit of a checkout)
@@ -35,8 +35,8 @@ commands:
              lsgd train algo=local_sgd algo.local_steps=8 model=cnn dataset=fashion_mnist
              lsgd train -m experiment=fmnist_demo algo=ddp,local_sgd,slowmo
   plot     figures (PNG, SVG and PDF) from run or sweep folders: lsgd plot results/fmnist_demo
-  report   Markdown report with tables (mean and 95% interval over seeds), LaTeX, CSV and figures:
-             lsgd report results/fmnist_demo [--baseline ddp]
+  report   report.md and a self-contained report.html with tables (mean and 95% interval over seeds),
+           LaTeX, CSV and figures: lsgd report results/fmnist_demo [--baseline ddp] [--width one|two]
   data     fetch a dataset before training: lsgd data fashion_mnist [dataset.root=DIR]
   calibrate  measure this machine's matmul FLOP/s, memory bandwidth and per-op overhead for
              cluster.device=cpu: lsgd calibrate [--threads N]
@@ -150,6 +150,11 @@ def _analysis(cmd: str, argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=f"lsgd {cmd}")
     parser.add_argument("paths", nargs="+", help="run folders, sweep folders or experiment folders")
     parser.add_argument("--out", default=None, help="output folder (default: <first path>/report for report, <first path>/plots for plot)")
+    parser.add_argument(
+        "--width", choices=("one", "two"), default=None,
+        help="figures for a paper: exactly one column (3.25 in) or two columns (6.75 in) wide, fonts "
+             "readable at that size (ICML's widths; they fit IEEE and ACM columns); default: 7 x 4.5 in",
+    )  # fmt: skip
     if cmd == "report":
         parser.add_argument(
             "--baseline", default="ddp",
@@ -183,14 +188,14 @@ def _write_analysis(cmd: str, args, out) -> int:
     if cmd == "plot":
         from lsgd.analysis.plots import plot_runs
 
-        files = plot_runs(args.paths, out)
+        files = plot_runs(args.paths, out, width=args.width)
         for f in files:
             print(f)
     else:
         from lsgd.analysis.report import write_report
 
-        path = write_report(args.paths, out, baseline=args.baseline, threshold=args.threshold)
-        print(f"report written to {path}")
+        path = write_report(args.paths, out, baseline=args.baseline, threshold=args.threshold, width=args.width)
+        print(f"report written to {path} and {path.with_name('report.html')}")
     return 0
 
 

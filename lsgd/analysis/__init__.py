@@ -10,6 +10,8 @@
     differing_keys(runs)                            # e.g. ['algo.name', 'algo.local_steps', 'seed']
     arm_keys(runs)                                  # the same without the seeds: ['algo.name', 'algo.local_steps']
     arm_labels(runs)                                # {run_dir: 'local SGD, H=8'}: runs differing only in seed share one
+    config_label(cfg, extra=["seed"])               # one run from its config: 'local SGD, H=8, seed=1'
+    write_report("results/fmnist_demo", "out", width="one")   # report.md, report.html, figures 3.25 in wide
     aggregate_seeds(runs)                           # one row per arm: n, <col>_mean, <col>_ci (95% t), <col>_sd, ...
     aggregate_seeds(runs, by=["algo.name"], values=["final_test_acc"])   # your own grouping
     plot_runs("results/fmnist_demo", "results/fmnist_demo/plots")
@@ -19,7 +21,7 @@ The run-folder format these read is docs/run_format.md. Statistics over seeds:
 :mod:`lsgd.analysis.stats` (mean and Student t interval per arm, curves on a common grid).
 """
 
-from lsgd.analysis.arms import arm_keys, arm_labels, select_runs
+from lsgd.analysis.arms import arm_keys, arm_labels, config_label, select_runs
 from lsgd.analysis.load import (
     DEFAULT_IGNORED_KEYS,
     differing_keys,
@@ -49,6 +51,7 @@ __all__ = [
     "arm_keys",
     "arm_labels",
     "batch_scaling_table",
+    "config_label",
     "differing_keys",
     "experiment_tables",
     "find_run_dirs",

@@ -6,8 +6,12 @@ An *arm* is the set of runs of one experiment whose configs are equal except for
 ``-m seed=0,1,2`` gives each arm three runs; :func:`lsgd.analysis.aggregate_seeds` averages them.
 
 Labels are for people: ``"local SGD, H=8"`` rather than ``"algo.name=local_sgd,
-algo.local_steps=8"``. :func:`arm_labels` keeps only the keys needed to tell the arms apart
-(:func:`label_keys`) and writes each as :data:`KEY_NAMES` and :data:`VALUE_NAMES` say.
+algo.local_steps=8"``. :func:`arm_labels` writes the keys needed to tell the arms apart
+(:func:`label_keys`) and, for each run, the keys that define its method even where every arm has
+the same value (:func:`defining_keys`: H of local SGD, SlowMo and DiLoCo, the compressor and its CF
+of ``compressed``, the topology of the gossip methods), each as :data:`KEY_NAMES` and
+:data:`VALUE_NAMES` say. :func:`config_label` labels one run from its config alone (a logger's run
+name).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from lsgd.analysis.load import (
     _is_missing,
     config_columns,
     differing_keys,
+    flatten_config,
     format_value,
 )
 
@@ -46,6 +51,8 @@ ALGO_NAMES = {
     "lead": "LEAD",
     "overlap_local_sgd": "Overlap-Local-SGD",
     "param_server": "parameter server",
+    "async_local_sgd": "async local SGD",
+    "adsaga": "ADSAGA",
 }
 
 #: Short names of config keys in labels (the symbols of shared/glossary.md where there is one);
@@ -55,6 +62,8 @@ KEY_NAMES = {
     "algo.slow_lr": "alpha",
     "algo.slow_momentum": "beta",
     "algo.cf": "CF",
+    "algo.rank": "rank",
+    "algo.levels": "levels",
     "algo.cf_min": "CF min",
     "algo.cf_max": "CF max",
     "algo.cf_low": "CF low",
@@ -68,6 +77,9 @@ KEY_NAMES = {
     "launcher.nproc_per_node": "workers",
     "world_size": "workers",
     "optim.lr": "lr",
+    "study.heterogeneity": "heterogeneity",
+    "cluster.speeds": "speeds",
+    "dataset.alpha": "Dirichlet alpha",
 }
 
 #: Keys whose value alone is the label part (``"top-k"``, ``"ring"``), and how values are written.
@@ -91,6 +103,36 @@ BOOL_NAMES = {
 
 #: Keys tried first when choosing the keys of a label (then ``algo.*``, then the rest).
 LABEL_KEY_PRIORITY = ("algo.name", "study.arm")
+
+#: Config keys that define a method (``algo.name``): written in its label whatever the other arms
+#: hold, so "local SGD" never hides its H nor "compressed" its compressor and CF. The symbols of
+#: the methods' papers (shared/glossary.md): H (tau) for the periodic-averaging family, the
+#: compressor and theta for static compression, the graph G for gossip.
+DEFINING_KEYS = {
+    "local_sgd": ("algo.local_steps",),
+    "post_local_sgd": ("algo.local_steps",),
+    "slowmo": ("algo.local_steps",),
+    "diloco": ("algo.local_steps",),
+    "async_local_sgd": ("algo.local_steps",),
+    "overlap_local_sgd": ("algo.local_steps",),
+    "compressed": ("algo.compressor",),
+    "gravac": ("algo.compressor",),
+    "accordion": ("algo.compressor",),
+    "swarm_sgd": ("algo.topology", "algo.local_steps"),
+    "dpsgd": ("algo.topology",),
+    "decentlam": ("algo.topology",),
+    "sgp": ("algo.topology",),
+    "ad_psgd": ("algo.topology",),
+    "lead": ("algo.topology",),
+}
+
+#: The key that sets how strongly each static compressor (``algo.compressor`` of ``compressed``)
+#: compresses, written after it: CF for the sparsifiers, s levels for QSGD, bits for the lattice,
+#: the rank for PowerSGD (none for ``none`` and ``fp16``).
+COMPRESSOR_KEYS = {
+    "topk": "algo.cf", "randomk": "algo.cf", "dgc": "algo.cf", "redsync": "algo.cf",
+    "qsgd": "algo.levels", "lattice": "algo.bits", "powersgd": "algo.rank",
+}  # fmt: skip
 
 
 def is_seed_key(key: str) -> bool:
@@ -121,7 +163,8 @@ def _per_run(frame: pd.DataFrame) -> pd.DataFrame:
 def label_keys(frame: pd.DataFrame, keys: list[str] | None = None) -> list[str]:
     """The fewest of ``keys`` (default :func:`arm_keys`), chosen greedily, that still tell every arm
     apart: ``algo.name`` and ``study.arm`` are tried first, then the ``algo.*`` keys, then the
-    rest, and a key is taken only if it splits arms that the keys taken before leave together.
+    rest, list values (``algo.speeds``) last, and a key is taken only if it splits arms that the
+    keys taken before leave together.
 
     For DDP next to local SGD at H = 8 and 16 that is ``algo.name`` and ``algo.local_steps``.
     """
@@ -129,14 +172,16 @@ def label_keys(frame: pd.DataFrame, keys: list[str] | None = None) -> list[str]:
         keys = arm_keys(frame)
     runs = _per_run(frame)
     present = [k for k in keys if k in runs]
+    values = {k: [_hashable(v) for v in runs[k].tolist()] for k in present}  # NaN -> None: one value
+    listed = {k for k in present if all(isinstance(v, str) and v.startswith("[") for v in values[k] if v is not None)}
     order = sorted(
         present,
         key=lambda k: (
             LABEL_KEY_PRIORITY.index(k) if k in LABEL_KEY_PRIORITY else len(LABEL_KEY_PRIORITY),
+            k in listed,  # a list (per-worker speeds) only when nothing else tells the arms apart
             not k.startswith("algo."),
         ),
     )
-    values = {k: [_hashable(v) for v in runs[k].tolist()] for k in present}  # NaN -> None: one value
     arms = {tuple(values[k][i] for k in present) for i in range(len(runs))}
     chosen: list[str] = []
     for k in order:
@@ -174,41 +219,101 @@ def label_part(key: str, value, keys: Iterable[str] = ()) -> str:
     return f"{key_name(key, keys)}={text}"
 
 
+def defining_keys(row: Mapping) -> list[str]:
+    """The config keys that define the method of one run (``row``: its flattened config, e.g. a
+    row of :func:`lsgd.analysis.load_summaries`), in label order: :data:`DEFINING_KEYS` of its
+    ``algo.name``, and for a compressor the key that sets its strength (:data:`COMPRESSOR_KEYS`:
+    ``algo.cf`` for top-k, none for ``fp16``); only keys the run sets. ``[]`` for a method that
+    none defines (DDP) or a row without ``algo.name``."""
+    name = row.get("algo.name")
+    if _is_missing(name):
+        return []
+    keys: list[str] = []
+    for key in DEFINING_KEYS.get(str(name), ()):
+        keys.append(key)
+        if key == "algo.compressor" and str(name) == "compressed":
+            strength = COMPRESSOR_KEYS.get(format_value(row.get(key)))
+            if strength:
+                keys.append(strength)
+    return [k for k in keys if k in row and not _is_missing(row.get(k))]
+
+
+def _label(row: Mapping, keys: Iterable[str], names: Iterable[str]) -> str:
+    parts = [label_part(k, row[k], names) for k in keys if k in row]
+    return ", ".join(p for p in parts if p)
+
+
+def _run_keys(row: Mapping, chosen: list[str]) -> list[str]:
+    """The keys of one run's label: ``algo.name``, ``study.arm``, the run's :func:`defining_keys`,
+    then the other ``chosen`` keys (:func:`label_keys`), each once, in that order."""
+    first = [k for k in LABEL_KEY_PRIORITY if k in chosen or (k == "algo.name" and k in row)]
+    rest = [k for k in chosen if k not in first]
+    return list(dict.fromkeys([*first, *defining_keys(row), *rest]))
+
+
 def arm_labels(frame: pd.DataFrame, keys: list[str] | None = None, among: list[str] | None = None) -> dict[str, str]:
     """``{run_dir: readable label}``: one label per arm, shared by the arm's runs (its seeds).
 
-    A label joins :func:`label_part` of each of ``keys`` that the run sets, e.g. ``"local SGD,
-    H=8"``, ``"compressed, top-k, CF=10"`` (default: ``algo.name``, always, then the other keys of
-    :func:`label_keys`); ``"all runs"`` when that is empty. If two arms would still get one label
-    (two values written alike), the label is the arm's ``key=value`` list over every arm key instead.
+    A label joins :func:`label_part` of the keys that tell the arms apart and of the keys that
+    define the run's method, e.g. ``"local SGD, H=8"`` next to ``"DDP"`` and ``"SlowMo, H=12"``
+    (H written although no two arms of one method differ in it), ``"compressed, top-k, CF=100"``:
+    ``algo.name``, then ``study.arm``, the run's :func:`defining_keys`, then the other keys of
+    :func:`label_keys` (those that still split arms); a key a run does not set is left out of its
+    label. ``"all runs"`` when that is empty. If two arms would still get one label (two values
+    written alike), the label is the arm's ``key=value`` list over every arm key instead.
 
     Args:
         frame: one or more rows per run (:func:`lsgd.analysis.load_summaries`, ``load_runs``).
-        keys: the keys written in the labels (default: as above).
+        keys: the keys written in every label, in this order (default: as above).
         among: the keys that define the arms (default :func:`arm_keys`); the scaling figure
             leaves the world size out, so one method at 4, 8 and 16 workers is one label.
     """
     every = arm_keys(frame) if among is None else list(among)
     runs = _per_run(frame)
-    if keys is None:
-        keys = label_keys(frame, every)
-        if "algo.name" in runs and "algo.name" not in keys:
-            keys = ["algo.name", *keys]
+    chosen = label_keys(frame, every) if keys is None else list(keys)
+    rows = {row["run_dir"]: row for _, row in runs.iterrows()}
+    per_run = {d: (chosen if keys is not None else _run_keys(row, chosen)) for d, row in rows.items()}
+    names = list(dict.fromkeys(k for ks in per_run.values() for k in ks))
     out: dict[str, str] = {}
     arm_of: dict[str, tuple] = {}
-    for _, row in runs.iterrows():
-        parts = [label_part(k, row[k], keys) for k in keys if k in row]
-        out[row["run_dir"]] = ", ".join(p for p in parts if p) or "all runs"
-        arm_of[row["run_dir"]] = tuple(_hashable(row[k]) if k in row else None for k in every)
+    for d, row in rows.items():
+        out[d] = _label(row, per_run[d], names) or "all runs"
+        arm_of[d] = tuple(_hashable(row[k]) if k in row else None for k in every)
     arms_per_label: dict[str, set] = {}
     for d, lab in out.items():
         arms_per_label.setdefault(lab, set()).add(arm_of[d])
     clashing = [d for d, lab in out.items() if len(arms_per_label[lab]) > 1]
-    by_dir = runs.set_index("run_dir")
     for d in clashing:
-        row = by_dir.loc[d]
+        row = rows[d]
         out[d] = ", ".join(f"{k}={format_value(row[k])}" for k in every if k in row and not _is_missing(row[k])) or out[d]
     return out
+
+
+def written_label_keys(frame: pd.DataFrame, among: list[str] | None = None) -> list[str]:
+    """Every config key that some label of :func:`arm_labels` writes a value of (the chosen keys of
+    :func:`label_keys` and the runs' :func:`defining_keys`), in order of first use."""
+    every = arm_keys(frame) if among is None else list(among)
+    chosen = label_keys(frame, every)
+    keys = [k for _, row in _per_run(frame).iterrows() for k in _run_keys(row, chosen)
+            if k in row and not _is_missing(row[k])]
+    return list(dict.fromkeys(keys))
+
+
+def config_label(config: Mapping, extra: Iterable[str] = ()) -> str:
+    """The label of one run from its config alone (no other arms to tell apart), e.g. for a
+    logger's run name: ``algo.name`` and its :func:`defining_keys` (``"local SGD, H=8"``,
+    ``"compressed, top-k, CF=100"``, ``"DDP"``), ``study.arm`` where set, then ``extra`` keys
+    (e.g. ``["seed"]`` gives ``"local SGD, H=8, seed=1"``).
+
+    Args:
+        config: the run's config, nested (``{"algo": {"name": ...}}``, as config.yaml) or
+            flattened (``{"algo.name": ...}``).
+        extra: further dotted keys to write where the config sets them.
+    """
+    flat = flatten_config(config)  # a flattened config stays as it is
+    keys = [k for k in LABEL_KEY_PRIORITY if not _is_missing(flat.get(k))]
+    keys = list(dict.fromkeys([*keys, *defining_keys(flat), *extra]))
+    return _label(flat, keys, keys) or "all runs"
 
 
 def order_key(value) -> tuple:

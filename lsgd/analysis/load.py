@@ -69,6 +69,7 @@ METRIC_KEYS = (
     "step", "epoch", "samples", "lr", "train_loss", "comm_bytes", "wire_bytes", "comm_rounds",
     "wall_time_s", "compute_time_s", "comm_time_s", "modeled_time_s", "model_alpha_terms",
     "model_beta_bytes", "samples_per_s", "test_loss", "test_acc", "test_ppl", "test_bleu",
+    "comm_bytes_workers", "wire_bytes_workers", "consensus_distance",
 )  # fmt: skip
 
 #: ``kind`` of the per-step compression rows of metrics.jsonl (docs/run_format.md).
@@ -86,8 +87,12 @@ SUMMARY_KEYS = (
     "final_test_loss", "final_test_acc", "best_test_acc", "final_test_ppl", "best_test_ppl",
     "final_test_bleu", "best_test_bleu", "comm_bytes", "wire_bytes", "comm_rounds", "wall_time_s", "compute_time_s", "comm_time_s",
     "modeled_time_s", "model_alpha_terms", "model_beta_bytes", "target_acc", "time_to_target_s",
-    "modeled_time_to_target_s", "step_to_target", "error", "failed_rank",
+    "modeled_time_to_target_s", "step_to_target", "error", "failed_rank", "num_workers",
 )  # fmt: skip
+
+#: Methods whose rank 0 is a server (docs/run_format.md): a run of one whose summary predates
+#: ``num_workers`` is taken to have server ranks.
+SERVER_ALGOS = ("param_server", "async_local_sgd", "adsaga")
 
 # Summary fields a run without summary.json gets from its last metrics record.
 _PROGRESS_FROM_RECORD = {
@@ -687,6 +692,18 @@ def _num(value) -> float:
     except (TypeError, ValueError):
         return math.nan
     return out
+
+
+def has_server_ranks(run) -> bool:
+    """Whether a run (a :func:`load_summaries` row, or a mapping with its fields) has server ranks,
+    so that its ``comm_bytes`` / ``wire_bytes``, means over every rank, count the servers in:
+    summary.json's ``num_workers`` < its world size; without those (a running run, an old
+    summary), whether ``algo.name`` is one of :data:`SERVER_ALGOS`."""
+    workers = _num(run.get("num_workers"))
+    world = _num(run.get("summary.world_size", run.get("world_size")))
+    if math.isfinite(workers) and math.isfinite(world):
+        return workers < world
+    return format_value(run.get("algo.name", run.get("algo"))) in SERVER_ALGOS
 
 
 def world_sizes(summaries: pd.DataFrame) -> pd.Series:

@@ -1,6 +1,7 @@
-"""Markdown report: per experiment, a compact main table over arms (runs that differ only in seed),
-a detailed table, CSV files with every number, a LaTeX version of the main table, and the figures
-of :mod:`lsgd.analysis.plots`.
+"""The report, as Markdown (report.md) and as one self-contained HTML page (report.html: the same
+text, tables and figures embedded, :func:`markdown_to_html`): per experiment, a compact main table
+over arms (runs that differ only in seed), a detailed table, CSV files with every number, a LaTeX
+version of the main table, and the figures of :mod:`lsgd.analysis.plots`.
 
 Arms and seeds (:mod:`lsgd.analysis.arms`, :mod:`lsgd.analysis.stats`): every number in a table is
 the mean over the arm's runs (n, one per seed) with the half-width h of the 95% confidence interval
@@ -71,8 +72,11 @@ Batch scaling (:func:`batch_scaling_table`): when an experiment's runs differ in
 
 from __future__ import annotations
 
+import base64
+import html
 import math
 import os
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,10 +90,10 @@ from lsgd.analysis.arms import (
     arm_labels,
     config_differences,
     key_name,
-    label_keys,
     order_key,
     seed_keys,
     select_runs,
+    written_label_keys,
 )
 from lsgd.analysis.load import (
     ENV_COLUMNS,
@@ -105,13 +109,14 @@ from lsgd.analysis.load import (
     summaries_frame,
     world_sizes,
 )
-from lsgd.analysis.plots import eval_metric, plot_frames, safe_name
+from lsgd.analysis.plots import check_width, eval_metric, plot_frames, safe_name
 from lsgd.analysis.stats import CONFIDENCE, aggregate_seeds, paired_differences
 
 #: ``algo.name`` of the default baseline the speedups are relative to (``--baseline`` chooses another).
 BASELINE_ALGO = "ddp"
 
 REPORT_FILE = "report.md"
+HTML_FILE = "report.html"
 FIGURES_DIR = "figures"
 
 #: Header of the tables' bytes column (``gb_sent_per_worker``: wire bytes per worker, workers only).
@@ -217,7 +222,7 @@ class ExperimentTable:
         baseline: the selector the speedups used (``"ddp"`` by default).
         differences: :func:`lsgd.analysis.arms.config_differences` of the runs (what differs,
             seeds included).
-        label_keys: the keys written in the arm labels (:func:`lsgd.analysis.arms.label_keys`).
+        label_keys: the keys written in the arm labels (:func:`lsgd.analysis.arms.written_label_keys`).
     """
 
     experiment: str
@@ -451,7 +456,7 @@ def experiment_table(
                                       is_base, f"final_{metric}"),
         baseline=str(baseline),
         differences=config_differences(summaries, keys),
-        label_keys=label_keys(summaries, keys),
+        label_keys=written_label_keys(summaries, keys),
     )
 
 
@@ -1041,6 +1046,69 @@ def _rel(path: Path, start: Path) -> str:
     return Path(os.path.relpath(path, start)).as_posix()
 
 
+def write_atomic(path: PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same folder renamed over
+    it (:func:`os.replace`): a reader sees the old file or the new one, never a half-written one.
+    Returns the path."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+#: Style of report.html: readable tables (borders, zebra rows, wide ones scroll), figures at most
+#: the page's width.
+HTML_STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; margin: 2em auto;
+       max-width: 1400px; padding: 0 1em; line-height: 1.45; color: #1b1b1b; background: #fff; }
+h1, h2, h3 { line-height: 1.2; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 0.85em; display: block; overflow-x: auto; }
+th, td { border: 1px solid #bbb; padding: .25em .55em; white-space: nowrap; }
+th { background: #eef0f3; } tr:nth-child(even) td { background: #f8f9fa; }
+img { max-width: 100%; height: auto; display: block; margin: 1em 0 .3em; }
+code { background: #f1f1f1; padding: 0 .2em; border-radius: 3px; }
+"""
+
+
+def _data_uri(path: Path) -> str:
+    kind = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
+    mime = kind.get(path.suffix.lower(), "application/octet-stream")
+    return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
+
+
+def markdown_to_html(text: str, base: PathLike, title: str = "lsgd report") -> str:
+    """A self-contained HTML page of the Markdown ``text`` (report.md): rendered by markdown-it-py
+    (CommonMark with GitHub's tables; raw HTML in the text is escaped, not passed through), every
+    image whose source is a relative path under ``base`` embedded as a base64 ``data:`` URI, so
+    the page shows its tables and figures with no other file; links (SVG, PDF, CSV, LaTeX) stay
+    relative to ``base``. Styles inline (:data:`HTML_STYLE`), no script.
+
+    Raises:
+        FileNotFoundError: an image the text names is missing under ``base``.
+    """
+    from markdown_it import MarkdownIt
+
+    base = Path(base)
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    tokens = md.parse(text)
+    for token in tokens:
+        for child in token.children or []:
+            src = child.attrGet("src") if child.type == "image" else None
+            if src and "://" not in src and not src.startswith(("data:", "/")):
+                child.attrSet("src", _data_uri(base / src))
+    body = md.renderer.render(tokens, md.options, {})
+    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+            f"<title>{html.escape(title)}</title>\n<style>{HTML_STYLE}</style>\n</head>\n<body>\n{body}</body>\n</html>\n")
+
+
 #: Files written next to report.md per experiment: the main table in LaTeX, every number per arm
 #: and per run in CSV (``{name}``: the experiment's :func:`lsgd.analysis.plots.safe_name`).
 LATEX_FILE, ARMS_CSV, RUNS_CSV = "{name}_main.tex", "{name}_arms.csv", "{name}_runs.csv"
@@ -1051,8 +1119,12 @@ def write_report(
     out_dir: PathLike,
     baseline: str = BASELINE_ALGO,
     threshold: float | None = None,
+    width: str | None = None,
 ) -> Path:
-    """Write ``out_dir/report.md`` comparing the runs in ``paths``, with figures in ``out_dir/figures``.
+    """Write ``out_dir/report.md`` comparing the runs in ``paths``, with figures in ``out_dir/figures``,
+    and ``out_dir/report.html``, the same report as one self-contained page (tables, and the
+    figures embedded as base64 PNG: :func:`markdown_to_html`) to open in a browser or send as one
+    file. Both are written atomically (:func:`write_atomic`).
 
     The report says once what produced its runs (:func:`environment_note`: the shared torch,
     commit and CPU capability, or the groups where runs differ), states its definitions once
@@ -1079,19 +1151,22 @@ def write_report(
             arm label (``"local SGD, H=8"``) or ``key=value`` pairs joined by commas.
         threshold: T for every experiment, in its metric's unit (test accuracy in [0, 1], or test
             perplexity); None: from each experiment's runs (module docstring).
+        width: the figures' size: None (the default, 7 x 4.5 in) or a paper width, ``"one"``
+            (3.25 in) / ``"two"`` (6.75 in) columns (:func:`lsgd.analysis.plots.plot_runs`).
 
     Returns:
         The path of report.md.
 
     Raises:
         FileNotFoundError: a path does not exist or holds no run folder.
-        ValueError: no paths, or an unreadable run file.
+        ValueError: no paths, an unreadable run file, or an unknown ``width``.
     """
+    check_width(width)
     out_dir = Path(out_dir)
     runs = read_runs(paths)
     records, summaries = runs_frame(runs), summaries_frame(runs)
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures = plot_frames(records, summaries, out_dir / FIGURES_DIR, compression_frame(runs))
+    figures = plot_frames(records, summaries, out_dir / FIGURES_DIR, compression_frame(runs), width=width)
     tables = tables_from_frames(records, summaries, baseline=baseline, threshold=threshold)
 
     given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
@@ -1181,6 +1256,6 @@ def write_report(
                 links = " · ".join(f"[{ext[1:].upper()}]({_rel(by[ext], out_dir)})" for ext in (".svg", ".pdf") if ext in by)
                 lines += [f"![{title}]({_rel(by['.png'], out_dir)})", "",
                           f"*{name}: {title}.* {links}", ""]
-    path = out_dir / REPORT_FILE
-    path.write_text("\n".join(lines).rstrip() + "\n")
-    return path
+    text = "\n".join(lines).rstrip() + "\n"
+    write_atomic(out_dir / HTML_FILE, markdown_to_html(text, out_dir))
+    return write_atomic(out_dir / REPORT_FILE, text)

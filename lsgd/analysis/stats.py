@@ -199,6 +199,7 @@ def aggregate_curves(
     y: str,
     arms: Mapping[str, str],
     confidence: float = CONFIDENCE,
+    gaps: bool = False,
 ) -> pd.DataFrame:
     """Mean curve of ``y`` against ``x`` per arm, with a band, from the runs' metrics records.
 
@@ -216,6 +217,10 @@ def aggregate_curves(
         arms: ``{run_dir: arm label}`` (:func:`lsgd.analysis.arms.arm_labels`); fixes the arms'
             order. Runs not in ``arms`` are ignored.
         confidence: level of the t interval.
+        gaps: keep the records whose ``y`` is missing (NaN) as points of the run's curve: the
+            arm's mean and band are NaN at a point where any of its runs lacks ``y`` (interpolated
+            points next to one included), so a line drawn from the result breaks there instead
+            of joining the points either side.
 
     Returns:
         Long frame, one row per arm and point: ``arm``, ``x``, ``mean`` (mean of y over the runs),
@@ -231,8 +236,9 @@ def aggregate_curves(
     for label, dirs in members.items():
         curves = []
         for d in dirs:
-            r = records.loc[records["run_dir"] == d, [x, y]].apply(pd.to_numeric, errors="coerce").dropna()
-            if len(r):
+            r = records.loc[records["run_dir"] == d, [x, y]].apply(pd.to_numeric, errors="coerce")
+            r = r.dropna(subset=[x]) if gaps else r.dropna()
+            if len(r) and r[y].notna().any():
                 curves.append((r[x].to_numpy(float), r[y].to_numpy(float)))
         if not curves:
             continue
@@ -251,6 +257,9 @@ def aggregate_curves(
             {"point": np.tile(np.arange(len(grid)), len(ys)), "x": np.tile(grid, len(ys)), "y": np.concatenate(ys)}
         )
         agg = aggregate_seeds(long, by=["point"], values=["y"], confidence=confidence)
+        if gaps:  # a point some run did not measure: no mean, no band (the line breaks)
+            missing = np.isnan(np.vstack(ys)).any(axis=0)
+            agg.loc[missing, ["y_mean", "y_ci", "y_min", "y_max"]] = np.nan
         n = len(ys)
         if n >= MIN_RUNS_FOR_CI_BAND:
             band, low, high = "ci", agg["y_mean"] - agg["y_ci"], agg["y_mean"] + agg["y_ci"]

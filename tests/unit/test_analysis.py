@@ -446,6 +446,7 @@ def test_language_model_threshold_uses_perplexity(tmp_path):
     assert {p.name for p in files} >= {"wt2_test_ppl_vs_comm_bytes.png", "wt2_test_ppl_vs_wall_time_s.svg"}
 
 
+@pytest.mark.filterwarnings("ignore:bytes per worker")  # the fake async runs record no comm_bytes_workers
 def test_perplexity_vs_server_updates_for_sync_diloco_and_async_runs(tmp_path):
     """issue 13's figure: records carrying ``server_updates`` (async_local_sgd's server; diloco's
     rounds) give a test_ppl vs server_updates figure with one line per arm at the recorded counts;
@@ -645,7 +646,7 @@ def test_bytes_vs_dense(results, tmp_path, no_figures):
     main, details = parse_markdown_tables(write_report(results, tmp_path / "r1").read_text())
     for table in (main, details):
         rows = {r["method"]: r for r in table}
-        assert rows["compressed"]["bytes vs dense"] == "0.1" and rows["DDP"]["bytes vs dense"] == "1"
+        assert rows["compressed, top-k, CF=10"]["bytes vs dense"] == "0.1" and rows["DDP"]["bytes vs dense"] == "1"
 
     # two dense runs (ddp at batch 32 and 64): each run is compared with the one of its own batch size;
     # compressor=none is dense too
@@ -666,7 +667,7 @@ def test_bytes_vs_dense(results, tmp_path, no_figures):
     t = experiment_tables([results / EXP / "run_h8", results / EXP / "run_topk"])[EXP].table
     assert t["bytes_vs_dense"].isna().all() and t["dense_run"].isna().all()
     rows = parse_markdown_tables(write_report([results / EXP / "run_h8"], tmp_path / "r2").read_text())[0]
-    assert rows[0]["method"] == "local SGD" and rows[0]["bytes vs dense"] == "n/a"
+    assert rows[0]["method"] == "local SGD, H=8" and rows[0]["bytes vs dense"] == "n/a"  # H defines local SGD
 
 
 def test_gb_sent_per_worker_counts_the_wire_of_workers_only(tmp_path, no_figures):
@@ -785,7 +786,7 @@ def test_compression_figure(results, tmp_path, monkeypatch):
     assert len(files) == 3 * (len(FIGURES) + 1)  # PNG, SVG and PDF
     assert (out / f"{EXP}_compression.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     svg = (out / f"{EXP}_compression.svg").read_text()
-    assert "GraVAC (n=1)" in svg and "Accordion (n=1)" in svg and "cf_candidate" in svg
+    assert "GraVAC, DGC (n=1)" in svg and "Accordion, top-k (n=1)" in svg and "cf_candidate" in svg
     assert "DDP" not in svg  # no compression rows
     # referenced from the report (only the compression figure drawn again, to keep the test fast)
     monkeypatch.setattr("lsgd.analysis.plots.plot_experiment", lambda *args, **kwargs: {})
@@ -827,7 +828,7 @@ def test_bytes_per_worker_vs_workers_and_consensus_figures(tmp_path):
     files = {p.name for p in plot_runs(root, tmp_path / "plots")}
     assert {f"{EXP}_wire_bytes_per_step_vs_nodes.svg", f"{EXP}_consensus_distance_vs_step.svg"} <= files
     svg = (tmp_path / "plots" / f"{EXP}_wire_bytes_per_step_vs_nodes.svg").read_text()
-    assert "DDP (n=1)" in svg and "SwarmSGD (n=1)" in svg and "world_size" not in svg and "workers=" not in svg
+    assert "DDP (n=1)" in svg and "SwarmSGD, H=1 (n=1)" in svg and "world_size" not in svg and "workers=" not in svg
     assert "ddp_4" not in svg  # one line per method: no run ids
     # one set of runs at one world size: no scaling figure
     single = tmp_path / "single"
@@ -1074,9 +1075,46 @@ def test_readable_labels():
     )
     frame.attrs["config_keys"] = ["algo.name", "algo.compressor", "algo.cf", "algo.blocking", "seed"]
     assert arm_labels(frame) == {
-        "a": "compressed, CF=10", "b": "compressed, CF=100", "c": "GraVAC", "d": "SwarmSGD, blocking",
+        "a": "compressed, top-k, CF=10", "b": "compressed, top-k, CF=100", "c": "GraVAC, DGC", "d": "SwarmSGD, blocking",
         "e": "SwarmSGD, non-blocking", "f": "DDP",
     }  # fmt: skip
+
+
+def test_labels_show_what_defines_each_method():
+    """Issue 24: "local SGD" and "SlowMo" hid H and "compressed" hid top-k 100x. A label writes the
+    keys that tell arms apart and the keys that define the run's method (H, the compressor and its
+    CF, the topology), and no key that neither varies nor defines the method."""
+    from lsgd.analysis.arms import config_label, written_label_keys
+
+    frame = pd.DataFrame(
+        {
+            "run_dir": list("abcdefg"),
+            "algo.name": ["ddp", "local_sgd", "slowmo", "compressed", "compressed", "dpsgd", "compressed"],
+            "algo.local_steps": [None, 8, 12, None, None, None, None],
+            # differs between local SGD and SlowMo, but only as their defaults: neither varies it
+            "algo.buffer_policy": [None, "maintain", "reset", None, None, None, None],
+            "algo.compressor": [None, None, None, "topk", "powersgd", None, "fp16"],
+            "algo.cf": [None, None, None, 100, 10, None, 10],
+            "algo.rank": [None, None, None, 2, 2, None, 2],
+            "algo.topology": [None, None, None, None, None, "ring", None],
+            "optim.lr": [0.1] * 7,  # one value: never written
+            "seed": [0] * 7,
+        }
+    )
+    frame.attrs["config_keys"] = [c for c in frame.columns if c != "run_dir"]
+    assert arm_labels(frame) == {
+        "a": "DDP", "b": "local SGD, H=8", "c": "SlowMo, H=12", "d": "compressed, top-k, CF=100",
+        "e": "compressed, PowerSGD, rank=2", "f": "D-PSGD, ring", "g": "compressed, fp16",
+    }  # fmt: skip
+    assert written_label_keys(frame) == ["algo.name", "algo.local_steps", "algo.compressor", "algo.cf", "algo.rank",
+                                         "algo.topology"]  # fmt: skip
+    # a key that varies within a method is written too: H of local SGD next to its lr sweep
+    two = frame.iloc[[1, 1]].assign(run_dir=["x", "y"], **{"optim.lr": [0.1, 0.2]})
+    assert arm_labels(two) == {"x": "local SGD, H=8, lr=0.1", "y": "local SGD, H=8, lr=0.2"}
+    # one run from its config alone (a logger's run name): the method and what defines it
+    assert config_label({"algo": {"name": "local_sgd", "local_steps": 8}, "seed": 1}, extra=["seed"]) == "local SGD, H=8, seed=1"
+    assert config_label({"algo.name": "compressed", "algo.compressor": "topk", "algo.cf": 100}) == "compressed, top-k, CF=100"
+    assert config_label({"algo": {"name": "ddp", "bucket_cap_mb": 25}}) == "DDP"
 
 
 # -- environment.json: what produced the runs ------------------------------------------------------
@@ -1176,3 +1214,321 @@ def test_a_curve_at_zero_bytes_is_drawn_on_the_log_bytes_axis(tmp_path, monkeypa
     assert ax.get_title() == ""  # the report's caption names the figure, as a paper's does
     drawn = {line.get_label().split(" (n=")[0]: list(line.get_xdata()) for line in ax.get_lines()}
     assert drawn["DiLoCo, H=100"] == [0.0, 0.0, 0.0] and drawn["ddp"] == [1e7, 2e7, 3e7]
+
+
+# -- figures a paper can use (issue 24) ------------------------------------------------------------
+def _capture_figures(monkeypatch) -> dict:
+    """Replace plots._save: {file stem: Figure} of every figure drawn, nothing written."""
+    figures = {}
+    monkeypatch.setattr("lsgd.analysis.plots._save", lambda fig, stem: figures.setdefault(stem.name, fig) and [])
+    return figures
+
+
+def _lines(ax) -> dict:
+    """{arm label without its "(n=...)": Line2D} of an axes' solid arm lines."""
+    return {line.get_label().split(" (n=")[0]: line for line in ax.get_lines() if not line.get_label().startswith("_")}
+
+
+def test_consensus_distance_breaks_where_a_point_is_missing(tmp_path, monkeypatch):
+    """The line breaks at an evaluation that has no consensus distance (or 0, not drawable on the log
+    axis) instead of joining its neighbours: the straight segment looked like a measured V."""
+    from lsgd.analysis import plots
+
+    # consensus at the evaluations (every 10 steps): none at step 30, 0 at step 50 (replicas equal)
+    at_eval = {10: 0.4, 20: 0.2, 30: None, 40: 0.1, 50: 0.0, 60: 0.05}
+    rows = []
+    for run, scale in (("s0", 1.0), ("s1", 2.0)):  # two seeds of one arm: the mean is 1.5 x at_eval
+        for step in range(5, 65, 5):
+            rec = {"run_dir": run, "step": step, "train_loss": 1.0}
+            if step % 10 == 0:
+                rec.update(test_loss=1.0, test_acc=step / 100)
+                if at_eval[step] is not None:
+                    rec["consensus_distance"] = at_eval[step] * scale
+            rows.append(rec)
+    # a run that measures it at every record (consensus_every_record), missing at step 25 only
+    for step in range(5, 65, 5):
+        rows.append({"run_dir": "every", "step": step, "train_loss": 1.0,
+                     **({} if step == 25 else {"consensus_distance": 1.0 / step}),
+                     **({"test_loss": 1.0, "test_acc": 0.5} if step % 10 == 0 else {})})  # fmt: skip
+    figures = _capture_figures(monkeypatch)
+    plots.plot_experiment(pd.DataFrame(rows), {"s0": "SwarmSGD", "s1": "SwarmSGD", "every": "D-PSGD"}, tmp_path, "x_")
+    ax = figures["x_consensus_distance_vs_step"].axes[0]
+    lines = _lines(ax)
+    swarm = lines["SwarmSGD"]
+    assert list(swarm.get_xdata()) == [10, 20, 30, 40, 50, 60]
+    expected = [1.5 * v if v else math.nan for v in at_eval.values()]
+    assert list(swarm.get_ydata()) == pytest.approx(expected, nan_ok=True)
+    assert swarm.get_marker() == "o"  # the point between the two gaps (step 40) still shows
+    every = lines["D-PSGD"]
+    assert list(every.get_xdata()) == list(range(5, 65, 5))
+    assert [math.isnan(v) for v in every.get_ydata()] == [step == 25 for step in range(5, 65, 5)]
+    # the min-max band of the two seeds breaks at the same points
+    band = ax.collections[0].get_paths()
+    assert len(band) == 3  # steps 10-20, 40 alone, 60 alone
+
+
+def test_an_arm_has_one_color_in_every_figure_and_experiment(tmp_path, monkeypatch):
+    """Two experiments (a study's two levels), the second without DDP: local SGD and SlowMo keep
+    their colors; in the bytes-per-worker-vs-workers figure each method has the color of its arms'
+    first (in the figures' order)."""
+    root = tmp_path / "res"
+    for exp, runs in (("level_a", (DDP, H8, H16)), ("level_b", (H8, H16))):
+        for run in runs:
+            write_run(root, f"{exp}_{run[0]}", *run[1:], experiment=exp)
+    for world in (4, 8):
+        write_run(root, f"ddp_{world}", {"name": "ddp"}, 0.01, 0.5, 0.5, world=world, experiment="scaling")
+        write_run(root, f"h8_{world}", {"name": "local_sgd", "local_steps": 8}, 0.01, 0.5, 0.5, world=world,
+                  experiment="scaling", bytes_per_round=PARAM_BYTES // 8)  # fmt: skip
+    figures = _capture_figures(monkeypatch)
+    plot_runs(root, tmp_path / "plots")
+    colors: dict[str, set] = {}
+    for stem, fig in figures.items():
+        if stem.endswith("vs_nodes"):
+            continue
+        for arm, line in _lines(fig.axes[0]).items():
+            colors.setdefault(arm, set()).add(tuple(line.get_color()))
+    assert {arm for arm in colors if "workers" not in arm} == {"DDP", "local SGD, H=8", "local SGD, H=16"}
+    assert all(len(c) == 1 for c in colors.values())  # one color per arm, whatever the figure or experiment
+    assert len({next(iter(c)) for c in colors.values()}) == len(colors)  # distinct arms, distinct colors
+    scaling = {c.get_label().split(" (n=")[0]: c.lines[0] for c in figures["scaling_wire_bytes_per_step_vs_nodes"].axes[0].containers}
+    assert sorted(scaling) == ["DDP", "local SGD, H=8"]
+    for method, line in scaling.items():
+        arms = [a for a in colors if a.startswith(method + ", workers=")]
+        assert len(arms) == 2 and tuple(line.get_color()) in {next(iter(colors[a])) for a in arms}
+
+
+@pytest.mark.parametrize("width, inches", [("one", 3.25), ("two", 6.75)])
+def test_paper_widths_give_figures_exactly_one_or_two_columns_wide(results, tmp_path, width, inches):
+    """--width one / two: the PDF page is exactly 3.25 / 6.75 in wide (ICML's column and text
+    widths) with TrueType fonts, the PNG that many inches at 300 dpi, no text under 7 pt at that
+    size, and the legend inside the page."""
+    from matplotlib.text import Text
+
+    from lsgd.analysis import plots
+
+    write_run(results, "run_slowmo", {"name": "slowmo", "local_steps": 12}, 0.0087, 0.5, 0.5)
+    figures = {}
+    real_save = plots._save
+
+    def save(fig, stem):  # one figure's files written (the others only drawn: a cheaper test)
+        figures[stem.name] = fig
+        return real_save(fig, stem) if stem.name.endswith("test_acc_vs_comm_bytes") else []
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(plots, "_save", save):
+        files = plot_runs(results, tmp_path / "p", width=width)
+    pdfs = [p for p in files if p.suffix == ".pdf"]
+    assert len(figures) == len(FIGURES) and len(pdfs) == 1
+    for pdf in pdfs:
+        box = re.search(rb"/MediaBox \[\s*0 0 ([\d.]+) ([\d.]+)\s*\]", pdf.read_bytes())
+        assert float(box.group(1)) == pytest.approx(72 * inches, abs=0.01), pdf.name  # points
+        fonts = set(re.findall(rb"/Subtype /(\w+)", pdf.read_bytes()))
+        assert b"Type3" not in fonts and b"CIDFontType2" in fonts  # TrueType, as IEEE / ACM checks want
+    from PIL import Image
+
+    for png in (p for p in files if p.suffix == ".png"):
+        assert Image.open(png).size[0] == round(300 * inches)
+    for stem, fig in figures.items():
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+        assert min(t.get_fontsize() for t in texts) >= 7, stem
+        page = fig.bbox
+        for legend in fig.legends:
+            box = legend.get_window_extent(renderer)
+            assert page.x0 - 1 <= box.x0 and box.x1 <= page.x1 + 1 and page.y0 - 1 <= box.y0, stem
+        ax_box = fig.axes[0].get_window_extent(renderer)
+        assert ax_box.height / fig.dpi >= 1.5 and ax_box.width / fig.dpi >= 0.6 * inches, stem
+    with pytest.raises(ValueError, match="one, two"):
+        plot_runs(results, tmp_path / "bad", width="three")
+
+
+def test_default_figure_size_is_unchanged(results, tmp_path, monkeypatch):
+    figures = _capture_figures(monkeypatch)
+    plot_runs(results, tmp_path / "p")
+    assert {tuple(fig.get_size_inches()) for fig in figures.values()} == {(7.0, 4.5)}
+    assert all(fig.get_layout_engine() is None for fig in figures.values())  # cropped tight on save
+
+
+def test_bytes_axis_is_the_workers_own_bytes_in_a_run_with_a_server(tmp_path, monkeypatch):
+    """A parameter-server run (1 server + 2 workers): its records' comm_bytes averages the server's N
+    messages per step in; the bytes figure's x is comm_bytes_workers, what one worker sent, as the
+    report's bytes column (issue 22 item 6). A server run that lacks it is left out with a warning."""
+    n = PARAM_BYTES
+    ps = write_run(tmp_path / "r", "ps", {"name": "param_server"}, 0.009, 1.0, 1.0, world=3)
+    lines = [json.loads(line) for line in (ps / "metrics.jsonl").read_text().splitlines()]
+    for rec in lines:  # per step: the server sends 2 n, each worker n -> all-rank mean 4n/3, workers' n
+        rec["comm_bytes"] = rec["step"] * 4 * n / 3
+        rec["comm_bytes_workers"] = rec["step"] * n
+    (ps / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    summary = json.loads((ps / "summary.json").read_text())
+    (ps / "summary.json").write_text(json.dumps({**summary, "num_workers": 2}))
+    write_run(tmp_path / "r", "ddp", {"name": "ddp"}, 0.009, 1.0, 1.0, world=2)
+    old = write_run(tmp_path / "r", "old_ps", {"name": "param_server"}, 0.009, 1.0, 1.0, world=3)
+    figures = _capture_figures(monkeypatch)
+    with pytest.warns(UserWarning, match="old_ps"):
+        plot_runs(tmp_path / "r", tmp_path / "p")
+    lines = _lines(figures[f"{EXP}_test_acc_vs_comm_bytes"].axes[0])
+    steps = list(range(EVAL_EVERY, STEPS + 1, EVAL_EVERY))
+    by_label = {lab: line for lab, line in lines.items()}
+    ps_line = next(line for lab, line in by_label.items() if "world" not in lab and lab.startswith("parameter server"))
+    assert list(ps_line.get_xdata()) == [step * n for step in steps]  # not 4n/3 per step
+    assert list(by_label["DDP"].get_xdata()) == [step * n for step in steps]  # every rank a worker: comm_bytes
+    assert len(by_label) == 2 and old.exists()  # the run without comm_bytes_workers is not drawn
+
+
+#: Debian's Chromium (package ``chromium``; `make test` installs it as root), started as the machine
+#: notes say: headless, no sandbox (root), nothing that reaches the network.
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars", "--force-device-scale-factor=1"]  # fmt: skip
+
+#: Injected into a copy of report.html: once the page has loaded, each image and table records its
+#: box in page pixels and each image its decoded (natural) size, for --dump-dom to print.
+PROBE = """<script>
+window.addEventListener("load", () => {
+  for (const el of document.querySelectorAll("img, table")) {
+    const r = el.getBoundingClientRect();
+    el.setAttribute("data-box", [r.left, r.top + window.scrollY, r.width, r.height].map(Math.round).join(","));
+    if (el.tagName === "IMG") el.setAttribute("data-natural", el.naturalWidth + "x" + el.naturalHeight);
+  }
+  document.body.setAttribute("data-probed", "1");
+});
+</script>"""
+
+
+def chromium(tmp_path, *args) -> str:
+    import shutil
+    import subprocess
+    import tempfile
+
+    exe = shutil.which("chromium")
+    if exe is None:
+        pytest.fail("Debian's chromium is not installed: `make test` installs it as root "
+                    "(apt-get install chromium), or install it yourself")  # fmt: skip
+    profile = tempfile.mkdtemp(dir=tmp_path)  # a new empty profile per start
+    res = subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout
+
+
+def test_report_html_is_self_contained_and_renders_in_chromium(results, tmp_path):
+    """report.html beside report.md: one page with the tables and the figures (embedded, no other
+    file needed), written atomically; headless Chromium loads it, decodes every figure at the PNG's
+    own size, and its screenshot shows the first table's text and the first figure's colored lines."""
+    import base64
+    from html.parser import HTMLParser
+
+    import numpy as np
+    from PIL import Image
+
+    out = tmp_path / "report"
+    write_report(results, out)
+    page = (out / "report.html").read_text()
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+    class Parts(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.imgs, self.tables, self.scripts, self.links, self.cells, self._cell = [], 0, 0, [], [], None
+
+        def handle_starttag(self, tag, attrs):
+            attrs = dict(attrs)
+            if tag == "img":
+                self.imgs.append(attrs["src"])
+            self.tables += tag == "table"
+            self.scripts += tag == "script"
+            if tag == "link":
+                self.links.append(attrs)
+            if tag in ("td", "th"):
+                self._cell = ""
+
+        def handle_data(self, data):
+            if self._cell is not None:
+                self._cell += data
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th"):
+                self.cells.append(self._cell.strip())
+                self._cell = None
+
+    parts = Parts()
+    parts.feed(page)
+    md = (out / "report.md").read_text()
+    pngs = re.findall(r"!\[[^\]]*\]\((figures/[^)]+\.png)\)", md)
+    assert len(pngs) == len(FIGURES) and parts.tables == len(parse_markdown_tables(md)) == 2
+    assert parts.scripts == 0 and parts.links == []  # nothing loaded from elsewhere
+    # each figure embedded as its PNG file's own bytes, in the report's order
+    prefix = "data:image/png;base64,"
+    assert all(src.startswith(prefix) for src in parts.imgs) and len(parts.imgs) == len(pngs)
+    assert [base64.b64decode(src[len(prefix):]) for src in parts.imgs] == [(out / p).read_bytes() for p in pngs]
+    main = parse_markdown_tables(md)[0]
+    for row in main:  # the main table's cells, as in report.md
+        assert all(cell.replace("\\|", "|") in parts.cells for cell in row.values())
+
+    # rendered: every image decoded at its PNG's size; boxes of the images and tables
+    (out / "probe.html").write_text(page.replace("</body>", PROBE + "</body>"))
+    dom = chromium(tmp_path, "--window-size=1200,1600", "--virtual-time-budget=5000", "--dump-dom",
+                   (out / "probe.html").as_uri())  # fmt: skip
+    assert 'data-probed="1"' in dom
+    natural = re.findall(r'data-natural="(\d+)x(\d+)"', dom)
+    assert [(int(w), int(h)) for w, h in natural] == [Image.open(out / p).size for p in pngs]
+    boxes = [tuple(map(int, b.split(","))) for b in re.findall(r'data-box="([-\d,]+)"', dom)]
+    table_box, image_box = boxes[0], boxes[2]  # the main table, the first figure
+    assert table_box[2] > 300 and table_box[3] > 20 * (len(main) + 1) and image_box[3] > 200
+
+    bottom = image_box[1] + image_box[3] + 20
+    shot = tmp_path / "shot.png"
+    chromium(tmp_path, f"--window-size=1200,{bottom}", f"--screenshot={shot}", (out / "report.html").as_uri())
+    pixels = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    assert pixels.shape[:2] == (bottom, 1200)
+
+    def region(box):
+        x, y, w, h = box
+        return pixels[y : y + h, x : x + w]
+
+    table = region(table_box)
+    assert (table.max(axis=2) < 90).sum() > 500  # its text
+    figure = region(image_box)
+    colored = (figure.max(axis=2) - figure.min(axis=2)) > 100  # the arms' lines (tab10), not gray text
+    assert colored.sum() > 1000
+    assert (pixels[:, :, :].std() > 20)  # not a blank page
+
+
+def test_width_option_of_lsgd_plot_and_report(results, tmp_path, monkeypatch, capsys):
+    """`lsgd plot|report --width one|two` reaches the figures; another value is refused by argparse."""
+    seen = []
+    monkeypatch.setattr("lsgd.analysis.report.plot_frames", lambda *a, width=None, **k: seen.append(width) or {})
+    monkeypatch.setattr("lsgd.analysis.plots.plot_frames", lambda *a, width=None, **k: seen.append(width) or {})
+    assert lsgd_cli(["report", str(results), "--out", str(tmp_path / "r"), "--width", "two"]) == 0
+    assert (tmp_path / "r" / "report.html").exists() and "report.html" in capsys.readouterr().out
+    assert lsgd_cli(["plot", str(results), "--out", str(tmp_path / "p"), "--width", "one"]) == 0
+    assert lsgd_cli(["plot", str(results), "--out", str(tmp_path / "p")]) == 0
+    assert seen == ["two", "one", None]
+    with pytest.raises(SystemExit):
+        lsgd_cli(["plot", str(results), "--width", "three"])
+    assert "invalid choice: 'three'" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:bytes per worker")  # the fake records carry no comm_bytes_workers
+def test_bytes_per_worker_vs_workers_counts_the_workers_of_a_server_run(tmp_path, monkeypatch):
+    """Parameter-server runs of 1 server + 2 and 1 + 4 workers: the scaling figure puts them at 2 and
+    4 workers with what one worker puts on the wire per step (n per step: its gradient), not at 3 and
+    5 ranks with the all-rank mean (the server's N messages averaged in)."""
+    n = PARAM_BYTES
+    for workers in (2, 4):
+        run = write_run(tmp_path / "r", f"ps{workers}", {"name": "param_server"}, 0.009, 1.0, 1.0, world=workers + 1)
+        summary = json.loads((run / "summary.json").read_text())
+        summary.update(num_workers=workers, wire_bytes=STEPS * (workers * n + workers * n) / (workers + 1),
+                       wire_bytes_workers=STEPS * n)  # fmt: skip
+        (run / "summary.json").write_text(json.dumps(summary))
+    figures = _capture_figures(monkeypatch)
+    plot_runs(tmp_path / "r", tmp_path / "p")
+    (container,) = figures[f"{EXP}_wire_bytes_per_step_vs_nodes"].axes[0].containers
+    line = container.lines[0]
+    assert list(line.get_xdata()) == [2, 4] and list(line.get_ydata()) == [n, n]
