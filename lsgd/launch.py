@@ -295,16 +295,22 @@ class _MainSignals:
     which only a finished agent loop does: so both waited the full 30 s, then SIGKILL."""
 
     HANDLED = (signal.SIGINT, signal.SIGTERM)
+    #: loggers that report the workers' exit after an interrupt as errors, with tracebacks: quiet then
+    QUIET = ("torch.distributed.elastic", "torch.multiprocessing")
 
     def __init__(self, stop):
         self.stop = stop
         self.signal: int | None = None
         self._previous: dict = {}
+        self._levels: dict[str, int] = {}
 
     def _handle(self, signum, frame) -> None:
         if self.signal is None:
             self.signal = signum
             self.stop.set(signum)
+            for name in self.QUIET:
+                self._levels.setdefault(name, logging.getLogger(name).level)
+                logging.getLogger(name).setLevel(logging.CRITICAL)
             return
         import multiprocessing
 
@@ -320,6 +326,8 @@ class _MainSignals:
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        for name, level in self._levels.items():
+            logging.getLogger(name).setLevel(level)
 
 
 def spawn_local(cfg: dict, run_dir: Path) -> int | None:
@@ -537,7 +545,9 @@ def _stop_line(summary: dict, run_dir: Path) -> str:
     """``interrupted (SIGINT) at step 8, checkpoint saved; resume: lsgd train resume=<run_dir>``."""
     last = Path(run_dir) / "checkpoints" / "last.json"
     saved = json.loads(last.read_text())["step"] if last.exists() else None
-    head = f"{summary['status']} ({summary.get('signal') or 'signal'}) at step {summary.get('steps')}"
+    head = f"{summary['status']} ({summary.get('signal') or 'signal'})"
+    if summary.get("steps") is not None:
+        head += f" at step {summary['steps']}"
     if saved is None:
         return f"{head}; no checkpoint to resume from: {run_dir}"
     at = "checkpoint saved" if saved == summary.get("steps") else f"last checkpoint at step {saved}"
