@@ -22,6 +22,7 @@ import shutil
 import signal
 import socket
 import sys
+import types
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -350,6 +351,7 @@ def spawn_local(cfg: dict, run_dir: Path) -> int | None:
     from lsgd.trainer import worker_main
 
     nproc = int(cfg["launcher"]["nproc_per_node"])
+    interrupts = bool(cfg["launcher"].get("interrupts", True))
     threads = cfg["launcher"].get("threads_per_worker") or threads_per_worker(nproc)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     config = LaunchConfig(
@@ -364,10 +366,11 @@ def spawn_local(cfg: dict, run_dir: Path) -> int | None:
         monitor_interval=0.2,
         start_method="spawn",
         local_addr="127.0.0.1",
-        signals_to_handle="SIGHUP,SIGQUIT",  # SIGINT / SIGTERM are _MainSignals'
+        # SIGINT / SIGTERM are _MainSignals' (launcher.interrupts=false: elastic's, which stop the workers)
+        signals_to_handle="SIGHUP,SIGQUIT" if interrupts else "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
     )
     stop = StopFlag()
-    with _MainSignals(stop) as signals:
+    with _MainSignals(stop) if interrupts else contextlib.nullcontext(types.SimpleNamespace(signal=None)) as signals:
         try:
             elastic_launch(config, worker_main)(cfg, str(run_dir), stop)
         except ChildFailedError:

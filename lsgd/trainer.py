@@ -107,7 +107,8 @@ def worker_main(cfg: dict, run_dir: str | None, stop: StopFlag | None = None) ->
         threads = threads_per_worker(local_world)
     if threads:
         torch.set_num_threads(threads)
-    watch = PreemptionWatch(cfg["launcher"].get("preemption", "off"), interrupts=True, stop=stop)
+    watch = PreemptionWatch(cfg["launcher"].get("preemption", "off"), stop=stop,
+                            interrupts=bool(cfg["launcher"].get("interrupts", True)))
     with watch:  # a signal from here on becomes a checkpoint and a stop, not an abrupt death
         # the rendezvous store under a prefix of its own for every run this process joins: the runs
         # of a `-m` sweep under torchrun share torchrun's agent store, where the previous run's keys
