@@ -210,13 +210,15 @@ class TensorBoardLogger:
 
 def _session_end(status: str | None):
     """The HParams session-end summary (as ``torch.utils.tensorboard.summary.hparams`` builds it)
-    with the run's status: success for ``completed``, aborted otherwise."""
+    with the run's status: success for ``completed``, failure for ``failed`` and ``diverged``, unknown
+    for a stopped run (``preempted``, ``interrupted``: it goes on after a resume)."""
     from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
     from tensorboard.plugins.hparams.api_pb2 import Status
     from tensorboard.plugins.hparams.metadata import PLUGIN_DATA_VERSION, PLUGIN_NAME, SESSION_END_INFO_TAG
     from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData, SessionEndInfo
 
-    info = SessionEndInfo(status=Status.Value("STATUS_SUCCESS" if status == "completed" else "STATUS_ABORTED"))
+    name = {"completed": "STATUS_SUCCESS", "failed": "STATUS_FAILURE", "diverged": "STATUS_FAILURE"}.get(status, "STATUS_UNKNOWN")
+    info = SessionEndInfo(status=Status.Value(name))
     content = HParamsPluginData(session_end_info=info, version=PLUGIN_DATA_VERSION)
     meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME,
                                                                   content=content.SerializeToString()))
