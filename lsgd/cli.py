@@ -318,6 +318,16 @@ def version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``lsgd ARGV``; returns the exit code. Ctrl-C outside a run's training loop (which stops at
+    its next step with a checkpoint: lsgd.preemption) prints one line and returns 130."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("lsgd: interrupted (SIGINT)", file=sys.stderr, flush=True)
+        return 130
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)

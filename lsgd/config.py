@@ -123,6 +123,9 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
     from lsgd.models import check_compatible
     from lsgd.optim import LR_SCALINGS, OPTIMIZERS, SCHEDULES
 
+    from lsgd.loggers import logger_names
+
+    logger_names(cfg.get("logger") or {})  # ConfigError for an unknown logger.name
     int_at_least(cfg, "batch_size", 1)
     int_at_least(cfg, "epochs", 1)
     if cfg.get("max_steps") is not None:
@@ -133,6 +136,8 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
     choice(cfg, "eval_unit", ("epoch", "step"), "")
     choice(cfg, "eval_workers", (False, True), "")
     choice(cfg, "consensus_every_record", (False, True), "")
+    if "interrupts" in (cfg.get("launcher") or {}):
+        choice(cfg["launcher"], "interrupts", (False, True), "launcher.")
     if cfg.get("eval_workers_samples") is not None:
         int_at_least(cfg, "eval_workers_samples", 1)
     if cfg.get("eval_bleu_samples") is not None:

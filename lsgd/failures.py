@@ -81,7 +81,7 @@ def record_failure(run_dir: Path | None, rank: int, exc: BaseException) -> None:
         summary = run_dir / "summary.json"
         if summary.exists():
             state = json.loads(summary.read_text())
-            if state.get("status") in ("completed", "diverged", "preempted") or rank != 0:
+            if state.get("status") in ("completed", "diverged", "preempted", "interrupted") or rank != 0:
                 return  # a final summary stands; rank 0's failed summary is only refined by rank 0
         else:
             config = run_dir / "config.yaml"

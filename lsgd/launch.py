@@ -19,8 +19,10 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
+import types
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -165,7 +167,7 @@ def _submitit_env(env: Mapping[str, str]) -> LaunchEnv:
 #: Keys a resumed run may change from its saved config.yaml (they do not change what is trained
 #: before the end: how long it runs, where its logs go, how long a collective may wait).
 RESUME_SAFE_KEYS = ("resume", "epochs", "max_steps", "target_acc", "results_dir", "logger", "launcher.timeout_s",
-                    "launcher.preemption")
+                    "launcher.preemption", "launcher.interrupts")
 
 
 #: Keys a resumed run takes from this command line, never from the saved config (a testing aid).
@@ -292,19 +294,83 @@ def _ensure_cpu_calibration(cfg: dict, launch_env: LaunchEnv | None) -> None:
     ensure_cpu_profile(int(threads), calibrate=launch_env is None)
 
 
-def spawn_local(cfg: dict, run_dir: Path) -> None:
+class RunInterrupted(Exception):
+    """A local launch stopped by a signal whose workers did not all stop cleanly (a second signal
+    killed them, or one arrived before they watched for it); ``signum``: the first signal."""
+
+    def __init__(self, signum: int):
+        from lsgd.preemption import signal_name
+
+        self.signum = signum
+        super().__init__(f"interrupted by {signal_name(signum)}")
+
+
+class _MainSignals:
+    """SIGINT / SIGTERM in the main process of a local launch (:mod:`lsgd.preemption`): the first
+    is passed to the workers through ``stop`` (they checkpoint at their next step and return); a
+    second kills the workers (SIGKILL) at once. torch elastic's own handlers for these two are left
+    out (``LaunchConfig.signals_to_handle``): they raise ``SignalException`` in the agent, which
+    then signals the workers and waits up to 30 s for them to exit, while a worker that returns
+    waits for the agent to read its result (``queue_finished_reading_event`` in elastic's ``_wrap``),
+    which only a finished agent loop does: so both waited the full 30 s, then SIGKILL."""
+
+    HANDLED = (signal.SIGINT, signal.SIGTERM)
+    #: loggers that report the workers' exit after an interrupt as errors, with tracebacks: quiet then
+    QUIET = ("torch.distributed.elastic", "torch.multiprocessing")
+
+    def __init__(self, stop):
+        self.stop = stop
+        self.signal: int | None = None
+        self._previous: dict = {}
+        self._levels: dict[str, int] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.signal is None:
+            self.signal = signum
+            self.stop.set(signum)
+            for name in self.QUIET:
+                self._levels.setdefault(name, logging.getLogger(name).level)
+                logging.getLogger(name).setLevel(logging.CRITICAL)
+            return
+        import multiprocessing
+
+        for child in multiprocessing.active_children():  # the workers elastic started
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)
+
+    def __enter__(self):
+        for sig in self.HANDLED:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        for name, level in self._levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def spawn_local(cfg: dict, run_dir: Path) -> int | None:
     """Start ``launcher.nproc_per_node`` workers through ``torch.distributed.launcher.api.elastic_launch``.
+
+    Returns the signal that interrupted the run (SIGINT / SIGTERM to this process; the workers
+    stopped at one step with a checkpoint, see :mod:`lsgd.preemption`), None when none did.
 
     Raises:
         torch.distributed.elastic.multiprocessing.errors.ChildFailedError: a worker failed (all
         others were stopped by the agent).
+        RunInterrupted: a signal stopped the run but some worker did not return (killed by a
+            second signal, or interrupted before it watched for signals).
     """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from lsgd.config import threads_per_worker
+    from lsgd.preemption import StopFlag
     from lsgd.trainer import worker_main
 
     nproc = int(cfg["launcher"]["nproc_per_node"])
+    interrupts = bool(cfg["launcher"].get("interrupts", True))
     threads = cfg["launcher"].get("threads_per_worker") or threads_per_worker(nproc)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     config = LaunchConfig(
@@ -319,8 +385,18 @@ def spawn_local(cfg: dict, run_dir: Path) -> None:
         monitor_interval=0.2,
         start_method="spawn",
         local_addr="127.0.0.1",
+        # SIGINT / SIGTERM are _MainSignals' (launcher.interrupts=false: elastic's, which stop the workers)
+        signals_to_handle="SIGHUP,SIGQUIT" if interrupts else "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
     )
-    elastic_launch(config, worker_main)(cfg, str(run_dir))
+    stop = StopFlag()
+    with _MainSignals(stop) if interrupts else contextlib.nullcontext(types.SimpleNamespace(signal=None)) as signals:
+        try:
+            elastic_launch(config, worker_main)(cfg, str(run_dir), stop)
+        except ChildFailedError:
+            if signals.signal is not None:
+                raise RunInterrupted(signals.signal) from None
+            raise
+    return signals.signal
 
 
 def run(cfg_node) -> dict | None:
@@ -340,11 +416,14 @@ def run(cfg_node) -> dict | None:
       afresh there is refused (it would train beside the old checkpoints).
     * A preempted run (:mod:`lsgd.preemption`) exits through ``SystemExit``: code 0 after its SLURM
       job was requeued, 143 otherwise, so that submitit records no result for the interrupted attempt.
+    * An interrupted run (SIGINT / SIGTERM: status ``interrupted``, a checkpoint at the step where
+      the workers stopped) prints one line, the command that resumes it, and exits through
+      ``SystemExit`` with 128 + the signal (130 for Ctrl-C, 143 for SIGTERM).
 
     Raises:
         ConfigError: invalid configuration (before any worker starts).
         ChildFailedError: a worker failed.
-        SystemExit: the run was preempted.
+        SystemExit: the run was preempted or interrupted.
     """
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
@@ -383,7 +462,7 @@ def run(cfg_node) -> dict | None:
     if launch_env is not None and launch_env.rank != 0:
         from lsgd.trainer import worker_main
 
-        _exit_if_preempted(worker_main(cfg, None), cfg, launch_env.rank)
+        _exit_if_stopped(worker_main(cfg, None), cfg, launch_env.rank, None)
         return None
 
     run_dir = hydra_dir
@@ -418,25 +497,31 @@ def run(cfg_node) -> dict | None:
     print(f"lsgd: {_job_tag()}run folder {run_dir}", file=sys.stderr, flush=True)
     try:
         prepare(cfg["dataset"])
+    except KeyboardInterrupt:  # Ctrl-C before any worker started: nothing to checkpoint
+        _mark_interrupted(run_dir, cfg, signal.SIGINT)
+        raise
     except BaseException as exc:  # the folder exists now: it says failed, not running forever
         _mark_failed(run_dir, cfg, exc)
         raise
     if launch_env is not None:
         from lsgd.trainer import worker_main
 
-        _exit_if_preempted(worker_main(cfg, str(run_dir)), cfg, 0)
+        _exit_if_stopped(worker_main(cfg, str(run_dir)), cfg, 0, run_dir)
     else:
         try:
             spawn_local(cfg, run_dir)
+        except RunInterrupted as exc:  # killed by a second signal: interrupted, not failed
+            _mark_interrupted(run_dir, cfg, exc.signum)
+            _exit_if_stopped(json.loads((run_dir / "summary.json").read_text()), cfg, None, run_dir)
         except Exception as exc:
             _mark_failed(run_dir, cfg, exc)
             _print_first_failure(run_dir)
             raise
     summary = run_dir / "summary.json"
     result = json.loads(summary.read_text()) if summary.exists() else None
+    if result is not None and result.get("status") in ("preempted", "interrupted"):
+        _exit_if_stopped(result, cfg, None, run_dir)
     print(f"lsgd: {_job_tag()}{(result or {}).get('status', 'ended')}: {run_dir}", file=sys.stderr, flush=True)
-    if result is not None and result.get("status") == "preempted":
-        _exit_if_preempted(result, cfg, None)
     return result
 
 
@@ -457,19 +542,39 @@ def _job_tag() -> str:
     return f"[{int(job.num) + 1}{total}] {' '.join(HydraConfig.get().overrides.task)}: "
 
 
-def _exit_if_preempted(summary: dict | None, cfg: dict, rank: int | None) -> None:
-    """After a preempted run: rank 0 requeues the SLURM job (``launcher.preemption=requeue``), then
-    the process leaves through ``SystemExit`` (see :func:`run`). ``rank`` None: the main process of
-    a local launch."""
-    if summary is None or summary.get("status") != "preempted":
+def _exit_if_stopped(summary: dict | None, cfg: dict, rank: int | None, run_dir: Path | None) -> None:
+    """After a preempted or interrupted run (:mod:`lsgd.preemption`): the process that holds the
+    run folder (``run_dir`` given) prints one line with the command that resumes the run; a
+    preempted run's rank 0 requeues the SLURM job (``launcher.preemption=requeue``); then the
+    process leaves through ``SystemExit`` (see :func:`run`). ``rank`` None: the main process of a
+    local launch."""
+    status = (summary or {}).get("status")
+    if status not in ("preempted", "interrupted"):
         return
-    from lsgd.preemption import CHECKPOINT_EXIT_CODE, requeue_slurm_job
+    from lsgd.preemption import CHECKPOINT_EXIT_CODE, exit_code, requeue_slurm_job
 
+    if run_dir is not None:
+        print(f"lsgd: {_job_tag()}{_stop_line(summary, run_dir)}", file=sys.stderr, flush=True)
+    if status == "interrupted":
+        raise SystemExit(exit_code(getattr(signal, str(summary.get("signal")), signal.SIGINT)))
     if cfg["launcher"]["preemption"] == "requeue":
         if rank == 0 and not requeue_slurm_job():
             raise SystemExit(CHECKPOINT_EXIT_CODE)
         raise SystemExit(0)
     raise SystemExit(CHECKPOINT_EXIT_CODE)
+
+
+def _stop_line(summary: dict, run_dir: Path) -> str:
+    """``interrupted (SIGINT) at step 8, checkpoint saved; resume: lsgd train resume=<run_dir>``."""
+    last = Path(run_dir) / "checkpoints" / "last.json"
+    saved = json.loads(last.read_text())["step"] if last.exists() else None
+    head = f"{summary['status']} ({summary.get('signal') or 'signal'})"
+    if summary.get("steps") is not None:
+        head += f" at step {summary['steps']}"
+    if saved is None:
+        return f"{head}; no checkpoint to resume from: {run_dir}"
+    at = "checkpoint saved" if saved == summary.get("steps") else f"last checkpoint at step {saved}"
+    return f"{head}, {at}; resume: lsgd train resume={run_dir}"
 
 
 def _join_mode(cfg_node) -> bool:
@@ -521,12 +626,36 @@ def _print_first_failure(run_dir: Path) -> None:
               f"({run_dir})", file=sys.stderr, flush=True)
 
 
+#: statuses a run's summary.json keeps: the launcher never overwrites them
+FINAL_STATUSES = ("completed", "diverged", "preempted", "interrupted")
+
+
+def _mark_interrupted(run_dir: Path, cfg: dict, signum: int) -> None:
+    """Write ``summary.json`` with status ``interrupted`` (and the signal's name) unless it holds a
+    final status: the workers were killed before they all stopped at one step, so its ``steps``
+    is the last checkpoint's (null without one)."""
+    from lsgd.preemption import signal_name
+
+    summary = run_dir / "summary.json"
+    state = json.loads(summary.read_text()) if summary.exists() else {
+        "run_id": cfg["run_id"], "experiment_name": cfg["experiment_name"], "algo": cfg["algo"]["name"]}
+    if state.get("status") in FINAL_STATUSES:
+        return
+    last = run_dir / "checkpoints" / "last.json"
+    state.update(status="interrupted", signal=signal_name(signum), error=None,
+                 steps=json.loads(last.read_text())["step"] if last.exists() else None)
+    state.pop("failed_rank", None)
+    state.pop("failed_ranks", None)
+    write_atomic(summary, json.dumps(state, indent=2))
+
+
 def _mark_failed(run_dir: Path, cfg: dict, exc: BaseException) -> None:
-    """Write ``summary.json`` with status ``failed`` unless rank 0 already wrote a final summary."""
+    """Write ``summary.json`` with status ``failed`` unless a final summary is there
+    (:data:`FINAL_STATUSES`)."""
     summary = run_dir / "summary.json"
     if summary.exists():
         state = json.loads(summary.read_text())
-        if state.get("status") in ("completed", "diverged"):
+        if state.get("status") in FINAL_STATUSES:
             return
     else:
         state = {"run_id": cfg["run_id"], "experiment_name": cfg["experiment_name"], "algo": cfg["algo"]["name"]}

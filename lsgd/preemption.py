@@ -1,5 +1,17 @@
-"""Preemption: a run that gets SIGTERM, SIGUSR1 or SIGUSR2 checkpoints at the next step and stops;
-under SLURM it then requeues its job, and the requeued job resumes the same run folder.
+"""Preemption and interrupts: a run that gets SIGTERM, SIGUSR1 or SIGUSR2 (preemption) or SIGINT
+(Ctrl-C) checkpoints at the next step and stops; under SLURM a preempted run then requeues its job,
+and the requeued job resumes the same run folder.
+
+Interrupts (whatever ``launcher.preemption`` says): SIGINT, and SIGTERM where preemption is ``off``,
+stop the run at the next step boundary with a checkpoint there and status ``interrupted``; the
+process exits with 128 + the signal (130 for SIGINT, 143 for SIGTERM) and ``lsgd`` prints one line,
+the command that resumes the run (``lsgd train resume=<run folder>``). In a local launch the main
+process also receives the signal (alone, from ``kill``, or with its whole process group, from a
+terminal's Ctrl-C): it passes it to the workers through a shared integer (:class:`StopFlag`), so a
+signal to the main process alone stops them too, and a second signal kills the workers at once.
+Algorithms whose server keeps the books alone (``bookkeeping = "server"``: no collective to agree
+on a step) cannot checkpoint on a signal: their workers exit at once (status ``interrupted``, no
+checkpoint).
 
 ``launcher.preemption``:
 
@@ -7,7 +19,7 @@ under SLURM it then requeues its job, and the requeued job resumes the same run 
 * ``requeue``: checkpoint, write ``summary.json`` with status ``preempted``, then rank 0 runs
   ``scontrol requeue $SLURM_JOB_ID`` and every rank exits with code 0 (a SLURM job only);
 * ``checkpoint``: checkpoint, status ``preempted``, exit code 143 (128 + SIGTERM);
-* ``off``: the signals keep their default action.
+* ``off``: SIGUSR1 / SIGUSR2 keep their default action; SIGTERM is an interrupt (above).
 
 How a signal becomes a stop: the handler only sets a flag. At every step's bookkeeping (after that
 step's record, so the resumed run starts exactly after it) the ranks all-reduce the flag (MAX, an
@@ -38,12 +50,49 @@ import torch
 log = logging.getLogger("lsgd")
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+#: signals that interrupt a run (checkpoint, status ``interrupted``) when they are not preemption's
+INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 MODES = ("auto", "requeue", "checkpoint", "off")
 CHECKPOINT_EXIT_CODE = 128 + signal.SIGTERM
 
+file_log = logging.getLogger("lsgd.file")  # train.log only (lsgd.trainer.setup_logging)
 
-class Preempted(Exception):
-    """Raised inside the training loop once every rank agreed to stop (the checkpoint is written)."""
+
+class Stopped(Exception):
+    """Raised inside the training loop once every rank agreed to stop at ``step`` (the checkpoint
+    is written); ``signum`` is the signal that caused it."""
+
+    status = "stopped"
+
+    def __init__(self, step: int, signum: int):
+        self.step, self.signum = step, signum
+        super().__init__(f"{self.status} at step {step}: checkpoint written, stopping ({signal_name(signum)})")
+
+
+class Preempted(Stopped):
+    """A preemption signal (``launcher.preemption`` ``checkpoint`` or ``requeue``)."""
+
+    status = "preempted"
+
+
+class Interrupted(Stopped):
+    """An interrupt (SIGINT, or SIGTERM with preemption off)."""
+
+    status = "interrupted"
+
+
+def signal_name(signum: int | None) -> str:
+    """``SIGINT`` for 2, etc.; ``signal <n>`` for a number that names no signal."""
+    try:
+        return signal.Signals(int(signum)).name
+    except (TypeError, ValueError):
+        return f"signal {signum}"
+
+
+def exit_code(signum: int | None) -> int:
+    """The shell's code for a process stopped by ``signum``: 128 + its number (130 for SIGINT,
+    143 for SIGTERM; SIGINT when unknown)."""
+    return 128 + int(signum or signal.SIGINT)
 
 
 def resolve_mode(mode: str, launch_source: str | None) -> str:
@@ -62,31 +111,69 @@ def resolve_mode(mode: str, launch_source: str | None) -> str:
     return mode
 
 
+class StopFlag:
+    """The main process's signal, shared with the workers of a local launch: a ``RawValue('i')``
+    of the spawn context (0: none, else the signal number), passed to each worker as an argument.
+    Reading it is one load from shared memory, no lock."""
+
+    def __init__(self):
+        import multiprocessing
+
+        self.value = multiprocessing.get_context("spawn").RawValue("i", 0)
+
+    @property
+    def signum(self) -> int:
+        return int(self.value.value)
+
+    def set(self, signum: int) -> None:
+        if not self.value.value:
+            self.value.value = int(signum)
+
+
 class PreemptionWatch:
-    """Signal handlers that note SIGTERM/SIGUSR1/SIGUSR2 (``mode != 'off'``) and the per-step agreement.
+    """Signal handlers that note SIGTERM/SIGUSR1/SIGUSR2 (``mode != 'off'``) and, with
+    ``interrupts``, SIGINT and SIGTERM, and the per-step agreement. ``stop``: the main process's
+    :class:`StopFlag` (a local launch), read as a signal received here.
 
     Use as a context manager around the training loop; the previous handlers come back on exit.
     """
 
-    def __init__(self, mode: str):
+    def __init__(self, mode: str, interrupts: bool = False, stop: StopFlag | None = None):
         self.mode = mode
+        self.interrupts = interrupts
+        self.stop = stop
         self.signal: int | None = None  # the first signal received
         self._previous: dict[int, object] = {}
 
     @property
     def enabled(self) -> bool:
+        """Preemption signals checkpoint (``requeue`` or ``checkpoint``)."""
         return self.mode in ("requeue", "checkpoint")
 
+    @property
+    def active(self) -> bool:
+        """Some signal is watched: the ranks agree at every step."""
+        return self.enabled or self.interrupts
+
+    def is_preemption(self, signum: int) -> bool:
+        return self.enabled and signum in SIGNALS
+
     def _handle(self, signum, frame) -> None:
-        if self.signal is None:
-            self.signal = signum
+        if self.signal is not None:
+            return  # a second Ctrl-C reaches the workers with the main process, which kills them
+        self.signal = signum
+        if self.is_preemption(signum):
             log.warning("got %s: checkpointing at the next step, then stopping (launcher.preemption=%s)",
                         signal.Signals(signum).name, self.mode)
+        else:
+            file_log.warning("got %s: checkpointing at the next step, then stopping", signal.Signals(signum).name)
 
     def __enter__(self):
-        if self.enabled:
-            for sig in SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
+        sigs = set(SIGNALS) if self.enabled else set()
+        if self.interrupts:
+            sigs.update(INTERRUPT_SIGNALS)
+        for sig in sorted(sigs):
+            self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -94,13 +181,43 @@ class PreemptionWatch:
             signal.signal(sig, handler)
         self._previous.clear()
 
-    def agreed(self, comm, device: torch.device) -> bool:
-        """True on every rank when some rank got a signal (an uncounted all-reduce MAX of the flag)."""
-        if not self.enabled:
-            return False
-        flag = torch.tensor([1 if self.signal is not None else 0], dtype=torch.int32, device=device)
+    def without_interrupts(self) -> None:
+        """No agreement is possible (server bookkeeping): an interrupt ends this process at once
+        (exit code 128 + signal, no traceback; the main process reports the run interrupted), and
+        so does one that arrived already."""
+        if not self.interrupts:
+            return
+        self.interrupts = False
+        for sig in INTERRUPT_SIGNALS:
+            if sig in self._previous and not self.is_preemption(sig):
+                signal.signal(sig, _exit_now)
+        if self.signal is not None and not self.is_preemption(self.signal):
+            _exit_now(self.signal, None)
+
+    def agreed(self, comm, device: torch.device) -> Stopped | None:
+        """Whether some rank got a signal (an uncounted all-reduce MAX of a code: preemption over
+        interrupt, then the larger signal number), as the exception to raise at progress ``step``
+        (set by the caller); None on every rank when none did."""
+        if not self.active:
+            return None
+        signum = self.signal or (self.stop.signum if self.stop is not None else 0)
+        code = 0
+        if signum and (self.interrupts or self.is_preemption(signum)):
+            code = (2 if self.is_preemption(signum) else 1) * 100 + signum
+        flag = torch.tensor([code], dtype=torch.int32, device=device)
         comm.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, count=False)
-        return bool(flag.item())
+        code = int(flag.item())
+        if not code:
+            return None
+        kind, signum = divmod(code, 100)
+        return (Preempted if kind == 2 else Interrupted)(-1, signum)
+
+
+def _exit_now(signum, frame) -> None:
+    import sys
+
+    sys.stderr.flush()
+    os._exit(exit_code(signum))
 
 
 def requeue_slurm_job() -> bool:

@@ -352,6 +352,10 @@ class Recorder:
             "step_to_target": hit.get("step"),
             "error": error,
         }
+        if getattr(trainer, "stop_signal", None):  # preempted / interrupted: by which signal
+            from lsgd.preemption import signal_name
+
+            summary["signal"] = signal_name(trainer.stop_signal)
         if self.is_main:
             write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         return summary

@@ -39,11 +39,12 @@ from lsgd.config import default_dtype, resolve_backend, resolve_device, threads_
 from lsgd.data import ShardedLoader, build_datasets, dataset_info
 from lsgd.models import build_model
 from lsgd.optim import build_optimizer, build_scheduler, lr_decay_steps, scaled_lr
-from lsgd.preemption import Preempted, PreemptionWatch
+from lsgd.preemption import PreemptionWatch, StopFlag, Stopped
 from lsgd.provenance import record_workers
 from lsgd.services import Checkpointer, Evaluator, Recorder, loss_fn
 
 log = logging.getLogger("lsgd")
+file_log = logging.getLogger("lsgd.file")  # train.log only (setup_logging)
 _PROCESS_RUNS = itertools.count()  # runs this process has joined (a -m sweep joins one per arm)
 
 
@@ -73,16 +74,19 @@ def setup_logging(run_dir: Path | None, rank: int) -> None:
 
 
 @record
-def worker_main(cfg: dict, run_dir: str | None) -> dict | None:
+def worker_main(cfg: dict, run_dir: str | None, stop: StopFlag | None = None) -> dict | None:
     """Entry point of one worker. ``run_dir`` is None on ranks that learn it from rank 0, as they
-    learn rank 0's ``resume`` decision (a requeued SLURM job resumes its own folder).
+    learn rank 0's ``resume`` decision (a requeued SLURM job resumes its own folder). ``stop``: the
+    main process's signal in a local launch (:mod:`lsgd.preemption`: SIGINT / SIGTERM stop the run
+    at the next step with a checkpoint).
 
     The process group gets ``launcher.timeout_s`` as collective timeout, so a collective whose peer
     died raises instead of hanging forever. A rank that raises records its error in
     ``failures/rank<r>.json`` and ``summary.json`` names the first failing rank
     (:func:`lsgd.failures.record_failure`).
 
-    Returns this rank's summary dict (status ``completed``, ``diverged`` or ``preempted``).
+    Returns this rank's summary dict (status ``completed``, ``diverged``, ``preempted`` or
+    ``interrupted``).
 
     Raises:
         RuntimeError: this rank cannot see the run folder rank 0 created (no shared filesystem).
@@ -103,7 +107,8 @@ def worker_main(cfg: dict, run_dir: str | None) -> dict | None:
         threads = threads_per_worker(local_world)
     if threads:
         torch.set_num_threads(threads)
-    watch = PreemptionWatch(cfg["launcher"].get("preemption", "off"))
+    watch = PreemptionWatch(cfg["launcher"].get("preemption", "off"), stop=stop,
+                            interrupts=bool(cfg["launcher"].get("interrupts", True)))
     with watch:  # a signal from here on becomes a checkpoint and a stop, not an abrupt death
         # the rendezvous store under a prefix of its own for every run this process joins: the runs
         # of a `-m` sweep under torchrun share torchrun's agent store, where the previous run's keys
@@ -213,6 +218,8 @@ class Trainer:
         )
         self.algorithm = build_algorithm(cfg["algo"], self.comm)
         self.net = self.algorithm.setup(self.model, self.optimizer, self.ctx)
+        if self.algorithm.bookkeeping == "server":  # no collective to agree on a step to stop at
+            self.watch.without_interrupts()
         local_steps = cfg["algo"].get("local_steps")
         if (self.is_main and isinstance(local_steps, int) and local_steps > self.total_steps
                 and not cfg["algo"].get("warmup_steps")):
@@ -233,6 +240,7 @@ class Trainer:
         self.compute_time_s = 0.0
         self.wall_offset_s = 0.0
         self.diverged = False
+        self.stop_signal: int | None = None  # the signal that stopped the run (preempted / interrupted)
         self.start_time = time.perf_counter()
         self.step_compute_s = (0.0, 0.0)  # (modeled, measured) forward + backward of the current step
 
@@ -271,9 +279,9 @@ class Trainer:
             if self.diverged:
                 status = "diverged"
             self.comm.quiesce()
-        except Preempted as exc:
-            status = "preempted"
-            log.warning("%s", exc)
+        except Stopped as exc:  # preempted or interrupted: every rank at the same step, checkpoint written
+            status, self.stop_signal = exc.status, exc.signum
+            (log.warning if status == "preempted" else file_log.info)("%s", exc)
         except BaseException as exc:
             # record the failure (rank 0) and always finish the W&B run, then let the launcher see
             # it; a resume that fails before its checkpoint is loaded leaves the run's summary as it was
@@ -285,7 +293,9 @@ class Trainer:
             self.recorder.close()
         summary = self.recorder.write_summary(self, status)
         self.recorder.finish(summary)
-        log.info("finished: status %s, final test metrics %s", status, self.recorder.last_eval)
+        # an interrupt's console line is the main process's (the resume command); train.log has this one
+        (file_log if status == "interrupted" else log).info("finished: status %s, final test metrics %s", status,
+                                                           self.recorder.last_eval)
         return summary
 
     def _worker_step_s(self, cluster: dict, workers: list[int], seed: int) -> tuple[float, ...] | None:
@@ -442,8 +452,9 @@ class Trainer:
         same counts); returns True when training must stop (diverged).
 
         Raises:
-            Preempted: some rank got a preemption signal (lsgd.preemption); this step's record and
-            a checkpoint at this step are written first, so a resumed run continues right after it.
+            Stopped: some rank got a preemption signal or an interrupt (lsgd.preemption:
+            ``Preempted`` / ``Interrupted``); this step's record and a checkpoint at this step are
+            written first, so a resumed run continues right after it.
         """
         step = self.algorithm.progress(self.step)
         if step == self.bookkept:  # progress did not move (a round of local steps under way)
@@ -462,11 +473,12 @@ class Trainer:
             self.bookkept = at
             if stop:
                 return True
-            if at < self.total_steps and not local and self.watch.agreed(self.comm, self.device):
+            stop = self.watch.agreed(self.comm, self.device) if at < self.total_steps and not local else None
+            if stop is not None:
                 if not saved:
                     self.comm.quiesce()
                     self.save_checkpoint(at)
-                raise Preempted(f"preempted at step {at}: checkpoint written, stopping")
+                raise type(stop)(at, stop.signum)
         self.bookkept = step
         return False
 

@@ -7,6 +7,7 @@ import signal
 import time
 
 import pytest
+import torch
 
 from lsgd.cli import run_id
 from lsgd.config import cuda_device_index
@@ -131,3 +132,36 @@ def test_resume_true_finds_this_jobs_own_folder(tmp_path):
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "last.json").write_text("{}")
     assert find_resume_dir({"resume": True, "results_dir": str(tmp_path), "experiment_name": "exp"}, run) == run
+
+
+class _OneRank:
+    """A communicator of one rank: the all-reduce leaves the tensor as it is."""
+
+    def all_reduce(self, tensor, op=None, count=True):
+        assert count is False  # the agreement is never counted as training traffic
+        return tensor
+
+
+def test_interrupts_are_noted_not_raised_and_agree_on_their_kind():
+    """SIGINT inside the watch sets the flag (no KeyboardInterrupt) and agrees as an interrupt;
+    SIGTERM is a preemption under launcher.preemption=checkpoint, an interrupt under off; the main
+    process's StopFlag counts as a signal received; handlers come back afterwards."""
+    from lsgd.preemption import Interrupted, Preempted, StopFlag
+
+    before = signal.getsignal(signal.SIGINT)
+    with PreemptionWatch("off", interrupts=True) as watch:
+        assert watch.agreed(_OneRank(), torch.device("cpu")) is None
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        stop = watch.agreed(_OneRank(), torch.device("cpu"))
+        assert type(stop) is Interrupted and stop.signum == signal.SIGINT
+    assert signal.getsignal(signal.SIGINT) is before
+    flag = StopFlag()
+    flag.set(signal.SIGTERM)
+    flag.set(signal.SIGINT)  # the first signal stands
+    assert flag.signum == signal.SIGTERM
+    for mode, kind in (("checkpoint", Preempted), ("off", Interrupted)):
+        with PreemptionWatch(mode, interrupts=True, stop=flag) as watch:
+            stop = watch.agreed(_OneRank(), torch.device("cpu"))
+            assert type(stop) is kind and stop.signum == signal.SIGTERM and str(kind(7, 15)).startswith(
+                f"{kind.status} at step 7: checkpoint written")
