@@ -21,7 +21,7 @@ The rules (times in modeled seconds; workers indexed 0..W-1 among the workers):
    ``r_i = max(a_i, r_{i-1} + pull_s[w_{i-1}])`` (it was busy sending the previous model back),
    applies the outer step (no modeled time), and sends the new model back, which the worker has
    at ``r_i + pull_s[w]``: it starts its next task then, from the server's model after arrival
-   ``i``. These are exactly the cluster clock's point-to-point rules (:mod:`lsgd.comm`), so the
+   ``i``. These are exactly the cluster clock's point-to-point rules (:mod:`lsgd.clock`), so the
    processes' clocks follow the plan.
 3. Staleness of arrival ``i`` = the server's version now minus the version the worker started
    from: the outer steps the server took between the worker's pull and this push. Without FedBuff
@@ -106,7 +106,7 @@ messages travel on one 2-rank process group per (server, worker) pair, so a work
 never wait behind another worker's.
 
 The cluster clock follows the plan: a push is received at ``max(server ready, a)`` and a send
-starts when the previous one ended (:mod:`lsgd.comm`'s point-to-point rules), which are the
+starts when the previous one ended (:mod:`lsgd.clock`'s point-to-point rules), which are the
 ``r`` and ``s`` above; records are uncounted and move no clock.
 
 The learning-rate schedule of a worker follows the network's average local step count at the

@@ -15,7 +15,7 @@ equals DDP's minibatch SGD up to the summation order of the gradient average.
 
 Bytes (``comm_bytes``, all ``p2p``): a worker sends n (+ b for worker 0) per step; the server sends
 N (n + b) per step, n = parameter bytes, b = floating-buffer bytes. Clock: messages follow the
-point-to-point rule of :mod:`lsgd.comm` (received at max(receiver ready, sender start + cost)); the
+point-to-point rule of :mod:`lsgd.clock` (received at max(receiver ready, sender start + cost)); the
 server's link is not modeled as shared by the N incoming messages.
 
 Source: Li et al., "Scaling Distributed Machine Learning with the Parameter Server", OSDI 2014
