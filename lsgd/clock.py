@@ -24,9 +24,44 @@ and the communicator by communication, with these rules (``cost`` = alpha-beta c
   and waits for nothing, so measurement never moves modeled time; a checkpoint saves an operation
   in flight with its end (:meth:`lsgd.comm.Handle.state_dict`) and the resumed run waits for it
   (:meth:`lsgd.comm.Communicator.resumed`) where the uninterrupted run does;
-* a message (point to point) is received at ``max(receiver ready, sender start + cost)``; the
-  sender's start time travels with the message (an uncounted float64 message after the payload),
-  and the send completes at ``sender start + cost``.
+* a message (point to point) occupies ports (below): it starts at
+  ``start = max(issue, sender's egress free)``, the send completes at ``start + cost``, and it is
+  received at ``max(start, receiver's ingress free) + cost`` (the receiver's clock then moves to
+  ``max(now, that)`` when it waits); ``start`` travels with the message (an uncounted float64
+  message after the payload).
+
+Ports (LogGP)
+-------------
+Each worker has an egress and an ingress port per link kind (``inter``: its NIC; ``intra``: the
+link inside a node of ``cluster.gpus_per_node`` > 1 workers), full duplex: sending and receiving
+do not share a port. One NIC per worker (GPU) for the inter-node link: rail-optimised DGX-style
+nodes give every GPU its own NIC; a NIC shared by several ranks of a node would need state shared
+across processes, which the clock (one per process) does not have. ``network.ports`` (lanes,
+integer >= 1, default 1) is how many messages one port carries at once; a message takes the
+earliest-free lane. This is a conservative LogGP (Alexandrov, Ionescu, Schauser and Scheiman,
+"LogGP: Incorporating Long Messages into the LogP Model", SPAA 1995) with gap ``g = alpha``, gap
+per byte ``G = beta`` and overhead ``o = 0``: a message holds both its sender's egress and its
+receiver's ingress for its whole cost ``alpha + n beta``, so
+
+* the sends of one exchange serialize on the sender's egress, in a deterministic order: by
+  ``(peer - rank) mod p`` (the shift order of pairwise exchanges, so that in a regular graph the
+  ``j``-th message every worker sends is the ``j``-th every worker receives and nobody's ingress
+  is a hot spot); ``k`` sends cost ``k (alpha + n beta)``;
+* the receives serialize on the receiver's ingress, in order of the sender's start stamp, then
+  peer rank (per clock entry), each in the order the worker completes its operations;
+* the sender is not held back by a busy receiver (its send completes at ``start + cost``: the
+  data waits at the receiver), and a paired exchange (both directions at once) costs
+  ``alpha + n beta`` (full duplex);
+* a collective keeps its formula and occupies its members' ports of its link: it starts at the
+  max over its members of ``(issue, stream free, egress free, ingress free)`` (the members'
+  earliest-free lanes, folded into the settlement's MAX all-reduce) and holds those lanes of
+  every member until its end;
+* a parameter server's incast of ``N`` messages costs ``N (alpha + n beta)`` at its ingress, its
+  broadcast the same at its egress.
+
+So for operations that do not overlap, the clock's communication time equals the communicator's
+tallies, ``NetworkModel.cost(model_alpha_terms, model_beta_bytes)``. Port free times are part of
+the clock's state (:meth:`Clock.state_dict`).
 
 The clock is a vector: entry 0 is the configured network; entries 1.. are *what-if* networks (the
 inter-node link replaced by each of ``network.report_gbps``), advanced by the same events, so
@@ -244,20 +279,26 @@ class Network:
     intra: NetworkModel | None = None
     gpus_per_node: int = 1
     report_gbps: tuple[float, ...] = ()
+    ports: int = 1
 
     def __post_init__(self):
         if self.intra is None:
             self.intra = self.inter
+        if isinstance(self.ports, bool) or int(self.ports) != self.ports or self.ports < 1:
+            raise ValueError(f"network.ports must be an integer >= 1, got {self.ports!r}")
+        self.ports = int(self.ports)
         self.report_gbps = tuple(float(b) for b in self.report_gbps)
 
     @classmethod
     def from_config(cls, network: Mapping, gpus_per_node: int = 1) -> Network:
         """Build from the ``network`` config group (``bandwidth_gbps``, ``latency_us``: the inter-node
-        link; ``intra_node``: ``{bandwidth_gbps, latency_us}``; ``report_gbps``: what-if list)."""
+        link; ``intra_node``: ``{bandwidth_gbps, latency_us}``; ``report_gbps``: what-if list; ``ports``:
+        lanes per port, default 1)."""
         inter = NetworkModel(float(network["bandwidth_gbps"]), float(network["latency_us"]))
         intra_cfg = network.get("intra_node") or None
         intra = NetworkModel(float(intra_cfg["bandwidth_gbps"]), float(intra_cfg["latency_us"])) if intra_cfg else None
-        return cls(inter, intra, int(gpus_per_node or 1), tuple(network.get("report_gbps") or ()))
+        return cls(inter, intra, int(gpus_per_node or 1), tuple(network.get("report_gbps") or ()),
+                   int(network.get("ports") or 1))
 
     @property
     def k(self) -> int:
@@ -276,10 +317,65 @@ class Network:
             return [self.intra] * self.k
         return [self.inter] + [NetworkModel(b, what_if_latency_us(b, self.inter.latency_us)) for b in self.report_gbps]
 
+    def costs(self, link: str, kind: str, nbytes: float, p: int) -> np.ndarray:
+        """Seconds (shape ``[k]``, one per clock entry) of operation ``kind`` of ``nbytes`` on
+        ``p`` workers on ``link`` (:func:`cost_terms`)."""
+        a, b = cost_terms(kind, nbytes, p)
+        return np.array([m.cost(a, b) for m in self.models(link)])
+
 
 # --------------------------------------------------------------------------------------------
 # the clock
 # --------------------------------------------------------------------------------------------
+LINKS = ("inter", "intra")
+DIRECTIONS = ("egress", "ingress")
+
+
+class Ports:
+    """One worker's ports: an egress and an ingress per link kind (:data:`LINKS`), each with
+    ``lanes`` lanes (``network.ports``), as the free time of every lane, shape ``[lanes, k]``
+    (seconds, one column per clock entry). Every entry is its own simulation: a lane is chosen per
+    entry. See the module docstring (LogGP)."""
+
+    def __init__(self, k: int = 1, lanes: int = 1):
+        self.k, self.lanes = int(k), int(lanes)
+        self.free = {(link, d): np.zeros((self.lanes, self.k)) for link in LINKS for d in DIRECTIONS}
+
+    def free_at(self, link: str, direction: str) -> np.ndarray:
+        """When the earliest-free lane of a port is free (shape ``[k]``)."""
+        return self.free[(link, direction)].min(axis=0)
+
+    def occupy(self, link: str, direction: str, ready: np.ndarray, cost: np.ndarray,
+               entries: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """A message of ``cost`` seconds, ready at ``ready``, takes the earliest-free lane of a port:
+        returns its ``(start, end)`` = ``(max(ready, lane free), start + cost)`` and holds the lane
+        until ``end``. ``entries``: only these clock entries (``ready`` and ``cost`` then have their
+        length)."""
+        f = self.free[(link, direction)]
+        cols = np.arange(self.k) if entries is None else np.asarray(entries)
+        lane = f[:, cols].argmin(axis=0)
+        start = np.maximum(ready, f[lane, cols])
+        end = start + cost
+        f[lane, cols] = end
+        return start, end
+
+    def hold(self, link: str, until: np.ndarray) -> None:
+        """A collective: the earliest-free lane of both ports of ``link`` is busy until ``until``."""
+        cols = np.arange(self.k)
+        for d in DIRECTIONS:
+            f = self.free[(link, d)]
+            lane = f.argmin(axis=0)
+            f[lane, cols] = np.maximum(f[lane, cols], until)
+
+    def state_dict(self) -> dict:
+        return {"lanes": self.lanes, "free": {f"{link}/{d}": v.tolist() for (link, d), v in self.free.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.lanes = int(state["lanes"])
+        self.free = {tuple(key.split("/")): np.asarray(v, dtype=np.float64) for key, v in state["free"].items()}
+        self.k = next(iter(self.free.values())).shape[1]
+
+
 class Clock:
     """One worker's virtual clock, in seconds, for ``k`` networks at once (entry 0: the configured one).
 
@@ -293,9 +389,10 @@ class Clock:
     hides behind the compute that follows (the optimizer step and the next forward pass).
     """
 
-    def __init__(self, k: int = 1):
+    def __init__(self, k: int = 1, lanes: int = 1):
         self.k = int(k)
         self._now = np.zeros(self.k)
+        self._ports = Ports(self.k, lanes)
         self._deferred: list[Callable[[], None]] = []
         self.compute_s = 0.0          # modeled compute seconds so far
         self._bwd_start = np.zeros(self.k)
@@ -346,18 +443,33 @@ class Clock:
         self._advance_to(t)
 
     @property
+    def ports(self) -> Ports:
+        """This worker's ports (:class:`Ports`), after every deferred settlement."""
+        self.resolve()
+        return self._ports
+
+    def set_lanes(self, lanes: int) -> None:
+        """Give the ports ``lanes`` lanes (``network.ports``); all free at time 0."""
+        if int(lanes) != self._ports.lanes:
+            self._ports = Ports(self.k, lanes)
+
+    @property
     def time_s(self) -> float:
         """Entry 0: the modeled time on the configured cluster."""
         return float(self.now[0])
 
     def state_dict(self) -> dict:
-        return {"now": self.now.tolist(), "compute_s": self.compute_s}
+        return {"now": self.now.tolist(), "compute_s": self.compute_s, "ports": self.ports.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self._deferred.clear()
         self._now = np.asarray(state["now"], dtype=np.float64)
         self.k = self._now.shape[0]
         self.compute_s = float(state["compute_s"])
+        if "ports" in state:  # checkpoints written before ports: all free
+            self._ports.load_state_dict(state["ports"])
+        else:
+            self._ports = Ports(self.k, self._ports.lanes)
 
 
 def stream_end(stream_free: np.ndarray, issue: np.ndarray, cost: np.ndarray) -> np.ndarray:

@@ -121,7 +121,9 @@ class Handle:
         # clock: collectives settle through the communicator's stream, messages on their own
         self.issue: np.ndarray | Callable[[], np.ndarray] | None = None
         self.cost: np.ndarray | None = None
-        self.messages: list[tuple[str, np.ndarray, torch.Tensor | None]] = []  # (send|recv, cost, clock buf)
+        # point-to-point messages: ("send", end, None, link, peer) or ("recv", cost, stamp buf, link, peer)
+        self.messages: list[tuple[str, np.ndarray, torch.Tensor | None, str, int]] = []
+        self.message_end: np.ndarray | None = None  # the messages' end, once settled (Communicator._settle_messages)
         self.overlapped: bool | None = False  # None: neither timed nor clocked (count=False)
         self.deferred = False                 # clocked at the next settle(), not at wait()
         self.works_done = False
@@ -177,8 +179,8 @@ class Handle:
             clock.resolve()
             if self.end is not None:
                 ends.append(self.end)
-        for direction, cost, buf in self.messages:
-            ends.append(self.issue + cost if direction == "send" else buf.cpu().numpy() + cost)
+        if self.messages:
+            ends.append(self.comm._settle_messages(self))
         return np.maximum.reduce(ends) if ends else None
 
     def state_dict(self) -> dict:
@@ -262,6 +264,8 @@ class Communicator:
             self.global_ranks, self._rank = [0], 0
         self.link = link or self._s.network.link(self.global_ranks)
         self._models = self._s.network.models(self.link)
+        if _shared.clock is not None:
+            _shared.clock.set_lanes(_shared.network.ports)
         self._stream_free = np.zeros(self._s.network.k)
         self._pending: list[Handle] = []  # collectives issued, clock not yet settled (FIFO)
         self._s.comms.append(self)
@@ -358,7 +362,7 @@ class Communicator:
             s.wire_bytes += wire_bytes(kind, nbytes, p, self._rank, root)
             s.model_alpha_terms += a
             s.model_beta_bytes += b
-        return np.array([m.cost(a, b) for m in self._models])
+        return self._s.network.costs(self.link, kind, nbytes, p)
 
     def add_time(self, seconds: float, overlapped: bool = False) -> None:
         """Add measured communication seconds; ``overlapped`` time (in flight during compute) is not
@@ -436,8 +440,12 @@ class Communicator:
                 return
             i = self._pending.index(handle)
             batch, self._pending = self._pending[: i + 1], self._pending[i + 1 :]
-        issues = np.stack([h.issue() if callable(h.issue) else h.issue for h in batch])
         clock = self._s.clock
+        # a collective also waits for this member's ports (lsgd.clock, Ports): their earliest-free
+        # lanes, read after every earlier settlement, travel in the same MAX all-reduce
+        ports = clock.ports
+        busy = np.maximum(ports.free_at(self.link, "egress"), ports.free_at(self.link, "ingress"))
+        issues = np.stack([np.maximum(h.issue() if callable(h.issue) else h.issue, busy) for h in batch])
         if self.world_size == 1:
             self._apply_settled(batch, issues)
             return
@@ -452,9 +460,11 @@ class Communicator:
 
     def _apply_settled(self, batch: list[Handle], issues: np.ndarray) -> None:
         """Run the settled operations through this group's stream: their ends (no clock moves)."""
+        ports = self._s.clock._ports  # inside Clock.resolve: not through the resolving property
         for h, issue in zip(batch, issues):
             self._stream_free = stream_end(self._stream_free, issue, h.cost)
             h.end = self._stream_free.copy()
+            ports.hold(self.link, h.end)
 
     @contextlib.contextmanager
     def overlap(self, issue_at: np.ndarray | Callable[[], np.ndarray] | None) -> Iterator[None]:
@@ -485,11 +495,8 @@ class Communicator:
             self._settle_ends_through(handle)
             # in order after the settlement that computes the end (Clock.defer)
             clock.defer(lambda: handle.end is not None and clock._advance_to(handle.end))
-        for direction, cost, buf in handle.messages:
-            if direction == "send":
-                clock.wait_until(handle.issue + cost)
-            else:
-                clock.wait_until(buf.cpu().numpy() + cost)
+        if handle.messages:
+            clock.wait_until(self._settle_messages(handle))
 
     def _collective(self, kind: str, nbytes: int, op: Callable[[], object], async_op: bool, count: bool,
                     finish: Callable[[], object] | None = None, root: int = 0) -> Handle:
@@ -638,7 +645,9 @@ class Communicator:
 
         Both ends must post matching calls (same sizes, and, between one pair, the same order of
         messages). Counted as one ``p2p`` per non-empty send. Clock: each send completes at
-        ``start + cost``; each receive at ``max(ready, sender's start + cost)``, the sender's start
+        ``start + cost``, ``start = max(issue, egress free)``, the sends taking this worker's egress
+        one after another in the order ``(peer - rank) mod p``; each receive at
+        ``max(sender's start, ingress free) + cost`` (:mod:`lsgd.clock`, Ports), the sender's start
         travelling as an uncounted float64 message after the payload.
 
         Returns None, or a :class:`Handle` with ``async_op`` (the received tensors are valid after
@@ -660,23 +669,28 @@ class Communicator:
         # measured time: an asynchronous caller computes while the messages travel
         handle.overlapped = bool(async_op) if count else None
         handle.issue = self._now()
-        stamp = torch.from_numpy(handle.issue).to(self.device) if clock is not None else None
         send_ops, recv_ops = [], []
-        for peer, t in sends.items():
+        p = self.world_size
+        # the egress takes the sends one after another, in the shift order of pairwise exchanges
+        for peer in sorted(sends, key=lambda q: (q - self._rank) % p):
+            t = sends[peer]
             dst = self.global_ranks[peer]
             send_ops.append((dist.isend, t, dst))
-            if clock is not None:
-                send_ops.append((dist.isend, stamp, dst))
             if count:
                 cost = self._p2p_cost(peer, tensor_bytes(t))
-                handle.messages.append(("send", cost, None))
+            if clock is not None:
+                link = self._pair_link(self._rank, peer)
+                start, end = clock.ports.occupy(link, "egress", handle.issue, cost)
+                send_ops.append((dist.isend, torch.from_numpy(start).to(self.device), dst))
+                handle.messages.append(("send", end, None, link, peer))
         for peer, t in recvs.items():
             src = self.global_ranks[peer]
             recv_ops.append((dist.irecv, t, src))
             if clock is not None:
                 buf = torch.empty(self._s.network.k, dtype=torch.float64, device=self.device)
                 recv_ops.append((dist.irecv, buf, src))
-                handle.messages.append(("recv", self._p2p_link_cost(peer, tensor_bytes(t)), buf))
+                handle.messages.append(("recv", self._p2p_link_cost(peer, tensor_bytes(t)), buf,
+                                        self._pair_link(self._rank, peer), peer))
         if self._batched:
             self._warm_up()
             handle.works = dist.batch_isend_irecv([dist.P2POp(f, t, r, self.group) for f, t, r in recv_ops + send_ops])
@@ -706,9 +720,32 @@ class Communicator:
         """Modeled seconds (shape ``[k]``, one per clock entry) of one message of ``nbytes``
         between group ranks ``i`` and ``j`` on their link (a paired exchange costs the same: both
         directions travel at once); nothing is counted."""
-        link = self._s.network.link([self.global_ranks[i], self.global_ranks[j]])
-        a, b = cost_terms("p2p", nbytes, 2)
-        return np.array([m.cost(a, b) for m in self._s.network.models(link)])
+        return self._s.network.costs(self._pair_link(i, j), "p2p", nbytes, 2)
+
+    def _pair_link(self, i: int, j: int) -> str:
+        return self._s.network.link([self.global_ranks[i], self.global_ranks[j]])
+
+    def _settle_messages(self, handle: Handle) -> np.ndarray:
+        """The end (shape ``[k]``) of ``handle``'s messages, computed once (its transfer complete:
+        the senders' stamps are in), moving no clock: a send ends where its egress lane let it
+        (:meth:`exchange`); the receives take this worker's ingress in order of the senders'
+        stamps, then peer rank, each clock entry on its own (:meth:`lsgd.clock.Ports.occupy`)."""
+        if handle.message_end is None:
+            handle.complete_data()
+            ports = self._s.clock.ports
+            ends = [end for d, end, _, _, _ in handle.messages if d == "send"]
+            recvs = [(buf.cpu().numpy(), cost, link, peer)
+                     for d, cost, buf, link, peer in handle.messages if d == "recv"]
+            if recvs:
+                k = self._s.network.k
+                end = np.zeros(k)
+                for e in range(k):
+                    for stamp, cost, link, _ in sorted(recvs, key=lambda m: (m[0][e], m[3])):
+                        _, done = ports.occupy(link, "ingress", stamp[e : e + 1], cost[e : e + 1], entries=[e])
+                        end[e] = max(end[e], done[0])
+                ends.append(end)
+            handle.message_end = np.maximum.reduce(ends)
+        return handle.message_end
 
     def _p2p_link_cost(self, peer: int, nbytes: int) -> np.ndarray:
         return self.pair_cost(self._rank, peer, nbytes)
