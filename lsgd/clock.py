@@ -18,11 +18,12 @@ and the communicator by communication, with these rules (``cost`` = alpha-beta c
   compute done before its :meth:`lsgd.comm.Handle.wait`, which moves the clock to ``max(now, end)``;
   DDP's buckets are asynchronous operations issued during backward (at the point of backward where
   the bucket is ready, :meth:`Clock.backward_point`), so only their exposed part adds to the step;
-* *settling* an operation computes its end and moves no clock: only a wait (:meth:`lsgd.comm.Handle.wait`,
-  or :meth:`lsgd.comm.Communicator.settle`, the wait of every collective issued so far) moves this worker's
-  clock to the end. :meth:`lsgd.comm.Communicator.quiesce` (before evaluation, checkpoints and exit) settles
-  and waits for nothing, so measurement never moves modeled time; a checkpoint saves an operation
-  in flight with its end (:meth:`lsgd.comm.Handle.state_dict`) and the resumed run waits for it
+* *settling* an operation computes its end and moves no clock: only a wait
+  (:meth:`lsgd.comm.Handle.wait`, or :meth:`lsgd.comm.Communicator.settle`, the wait of every
+  collective issued so far) moves this worker's clock to the end.
+  :meth:`lsgd.comm.Communicator.quiesce` (before evaluation, checkpoints and exit) settles and
+  waits for nothing, so measurement never moves modeled time; a checkpoint saves an operation in
+  flight with its end (:meth:`lsgd.comm.Handle.state_dict`) and the resumed run waits for it
   (:meth:`lsgd.comm.Communicator.resumed`) where the uninterrupted run does;
 * a message (point to point) occupies ports (below): it starts at
   ``start = max(issue, sender's egress free)``, the send completes at ``start + cost``, and it is
@@ -62,6 +63,13 @@ receiver's ingress for its whole cost ``alpha + n beta``, so
 So for operations that do not overlap, the clock's communication time equals the communicator's
 tallies, ``NetworkModel.cost(model_alpha_terms, model_beta_bytes)``. Port free times are part of
 the clock's state (:meth:`Clock.state_dict`).
+
+When the ports are read and taken: a send takes its egress lane when it is issued; a receive takes
+its ingress lane when its operation's end is first computed (its wait, or a checkpoint's
+:meth:`lsgd.comm.Handle.state_dict`: the senders' stamps must have arrived); a collective reads
+its members' ports when it is settled and holds them from then on. Each in this worker's program
+order of those events: an approximation where an asynchronous collective stays unsettled while
+later point-to-point messages of the same worker use the ports (they are not delayed by it).
 
 The clock is a vector: entry 0 is the configured network; entries 1.. are *what-if* networks (the
 inter-node link replaced by each of ``network.report_gbps``), advanced by the same events, so
