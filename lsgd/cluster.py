@@ -1,6 +1,6 @@
 """The compute model of the cluster clock: how long one local step takes on the target cluster.
 
-Every worker carries a virtual clock (``modeled_time_s``, see ``lsgd.comm``). Its communication
+Every worker carries a virtual clock (``modeled_time_s``, see ``lsgd.clock``). Its communication
 advances by the alpha-beta cost of each collective; its compute advances, once per local step, by
 the :class:`StepTime` that :class:`ComputeModel` returns here. This module models compute only,
 from the ``cluster:`` config block:

@@ -1,5 +1,5 @@
-"""The accounting communicator and the cluster clock: the only caller of torch.distributed
-communication in lsgd (process-group setup aside).
+"""The accounting communicator: the only caller of torch.distributed communication in lsgd
+(process-group setup aside).
 
 Every collective, point-to-point message and subgroup operation of an algorithm goes through
 :class:`Communicator`, which
@@ -7,71 +7,19 @@ Every collective, point-to-point message and subgroup operation of an algorithm 
 * counts ``comm_bytes``: payload bytes this worker hands to a collective or sends point to point
   (``numel * element_size``; what papers report as "floats sent x 4"),
 * counts ``wire_bytes``: bytes this worker puts on the wire under the standard algorithm of the
-  collective (table below),
+  collective (:func:`lsgd.clock.wire_bytes`),
 * counts ``comm_rounds`` when the algorithm marks a synchronization (:meth:`Communicator.round`),
 * measures ``comm_time_s`` (wall-clock seconds this process spent in communication),
-* advances this worker's :class:`Clock` (the *cluster clock*, ``modeled_time_s``) by the alpha-beta
-  cost of the operation on the configured cluster.
+* reports the operation to this worker's :class:`lsgd.clock.Clock` (the *cluster clock*,
+  ``modeled_time_s``), which prices it on the configured cluster.
 
-The cluster clock
------------------
-Every worker carries a virtual clock in seconds (:class:`Clock`). The trainer advances it by each
-step's compute time (from a FLOP profile of the target device, or measured; :mod:`lsgd.cluster`),
-and the communicator by communication, with these rules (``cost`` = alpha-beta cost below):
-
-* a collective ends for all its participants at ``max_i(start_i) + cost`` (the starts are
-  exchanged with an uncounted MAX all-reduce of the participants' clocks);
-* collectives of one communicator run one after another on its *stream*: an operation starts at
-  ``max(participants' issue times, end of the previous operation)``;
-* an asynchronous operation (``async_op=True``) starts at its issue time and runs alongside the
-  compute done before its :meth:`Handle.wait`, which moves the clock to ``max(now, end)``;
-  DDP's buckets are asynchronous operations issued during backward (at the point of backward where
-  the bucket is ready, :meth:`Clock.backward_point`), so only their exposed part adds to the step;
-* *settling* an operation computes its end and moves no clock: only a wait (:meth:`Handle.wait`,
-  or :meth:`Communicator.settle`, the wait of every collective issued so far) moves this worker's
-  clock to the end. :meth:`Communicator.quiesce` (before evaluation, checkpoints and exit) settles
-  and waits for nothing, so measurement never moves modeled time; a checkpoint saves an operation
-  in flight with its end (:meth:`Handle.state_dict`) and the resumed run waits for it
-  (:meth:`Communicator.resumed`) where the uninterrupted run does;
-* a message (point to point) is received at ``max(receiver ready, sender start + cost)``; the
-  sender's start time travels with the message (an uncounted float64 message after the payload),
-  and the send completes at ``sender start + cost``.
-
-The clock is a vector: entry 0 is the configured network; entries 1.. are *what-if* networks (the
-inter-node link replaced by each of ``network.report_gbps``), advanced by the same events, so
-the report's modeled times at other bandwidths stay right for overlapped and asynchronous runs.
-(Methods whose event order depends on virtual time follow the order of entry 0.) The what-if link
-at X Gbps is the shipped network preset of that bandwidth (``conf/network/*.yaml``: 1 Gbps 50 us,
-10 Gbps 10 us, 100 Gbps 2 us): its bandwidth *and* its latency, so a 10 Gbps run's 1 Gbps entry is
-the ``network=1gbps`` preset's time (:func:`what_if_latency_us`). A bandwidth without a preset keeps
-the configured inter-node latency (``network.latency_us``). The intra-node link stays as configured.
-
-Alpha-beta cost model
----------------------
-``p`` workers, ``n`` payload bytes, ``alpha`` = latency (s), ``beta`` = 8 / bandwidth (s/byte).
-Sources: Thakur, Rabenseifner and Gropp, "Optimization of Collective Communication Operations in
-MPICH", IJHPCA 2005 (Sec. 4); Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for
-clusters of workstations", JPDC 2009:
-
-==============  ==============================================  ===================================
-operation       modeled time                                     wire bytes this worker sends
-==============  ==============================================  ===================================
-all-reduce      2 (p-1) alpha + 2 (p-1)/p n beta   (ring)        2 (p-1)/p n
-all-gather      (p-1) alpha + (p-1) n beta         (ring)        (p-1) n       (n = input bytes)
-reduce-scatter  (p-1) alpha + (p-1)/p n beta       (ring)        (p-1)/p n     (n = input bytes)
-broadcast       short (n < 12288 B or p < 8): binomial tree      short: n x (children in the tree)
-                ceil(log2 p) (alpha + n beta); long: binomial    long: scatter share + (p-1)/p n
-                scatter + ring all-gather
-                (ceil(log2 p) + p - 1) alpha + 2 (p-1)/p n beta
-p2p             alpha + n beta                                    n
-==============  ==============================================  ===================================
-
-A group whose ranks all sit on one node (``cluster.gpus_per_node``) is priced on the intra-node
-link, any other on the inter-node link. Every cost has the form ``a * alpha + b * beta``; the
-communicator also sums ``a`` (``model_alpha_terms``) and ``b`` (``model_beta_bytes``): the cost of
-the operations on their own, without overlap or waiting. With ``p = 1`` every cost is zero.
-Operations issued with ``count=False`` (metric reductions, evaluation, checkpoint barriers) are
-executed but neither counted nor clocked: they are measurement, not training.
+The model of time (the clock's rules, the cost table, ports) lives in :mod:`lsgd.clock`; this
+module reports to it what happened (issued, waited, sent, received, sizes, group, link). Every
+cost has the form ``a * alpha + b * beta`` (:func:`lsgd.clock.cost_terms`); the communicator also
+sums ``a`` (``model_alpha_terms``) and ``b`` (``model_beta_bytes``): the cost of the operations on
+their own, without overlap or waiting. Operations issued with ``count=False`` (metric reductions,
+evaluation, checkpoint barriers) are executed but neither counted nor clocked: they are
+measurement, not training.
 
 Backends: works on gloo and NCCL alike: point-to-point uses neither tags nor any-source receives;
 on NCCL the sends and receives of one exchange go in one ``batch_isend_irecv``; on gloo sends are
@@ -82,12 +30,10 @@ hooks complete on gloo's threads). Clock buffers live on the communicator's ``de
 from __future__ import annotations
 
 import contextlib
-import functools
-import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -95,155 +41,20 @@ import torch.distributed as dist
 
 from lsgd.blocked import BlockedTime
 
-#: Messages shorter than this (bytes) are broadcast along a binomial tree (MPICH's
-#: ``MPIR_CVAR_BCAST_SHORT_MSG_SIZE``; Thakur et al. 2005, Sec. 4.1), as are all messages on fewer
-#: than :data:`BCAST_MIN_PROCS` ranks.
-BCAST_SHORT_MSG_BYTES = 12288
-BCAST_MIN_PROCS = 8
-
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "p2p")
-
-
-@functools.lru_cache(maxsize=1)
-def preset_latencies_us() -> dict[float, float]:
-    """``{bandwidth_gbps: latency_us}`` of the inter-node links of the shipped network presets
-    (``conf/network/*.yaml`` of the installed config package)."""
-    import importlib.resources
-
-    import yaml
-
-    out: dict[float, float] = {}
-    for entry in sorted((importlib.resources.files("lsgd.conf") / "network").iterdir(), key=lambda e: e.name):
-        if entry.name.endswith(".yaml"):
-            preset = yaml.safe_load(entry.read_text()) or {}
-            bw = float(preset["bandwidth_gbps"])
-            if bw in out and out[bw] != float(preset["latency_us"]):
-                raise ValueError(f"network presets disagree on the latency at {bw:g} Gbps")
-            out[bw] = float(preset["latency_us"])
-    return out
-
-
-def what_if_latency_us(bandwidth_gbps: float, configured_latency_us: float) -> float:
-    """Latency (us) of the clock's what-if inter-node link at ``bandwidth_gbps``: the network preset
-    of that bandwidth (:func:`preset_latencies_us`: 1 Gbps 50 us, 10 Gbps 10 us, 100 Gbps 2 us) where
-    one exists, else ``configured_latency_us`` (the run's ``network.latency_us``)."""
-    return preset_latencies_us().get(float(bandwidth_gbps), float(configured_latency_us))
-
-
-@dataclass
-class NetworkModel:
-    """Alpha-beta parameters of one link.
-
-    Args:
-        bandwidth_gbps: link bandwidth in gigabits per second (1e9 bits/s).
-        latency_us: per-message latency alpha in microseconds.
-    """
-
-    bandwidth_gbps: float = 10.0
-    latency_us: float = 10.0
-
-    @property
-    def alpha(self) -> float:
-        """Latency in seconds."""
-        return self.latency_us * 1e-6
-
-    @property
-    def beta(self) -> float:
-        """Seconds per byte."""
-        return 8.0 / (self.bandwidth_gbps * 1e9)
-
-    def cost(self, alpha_terms: float, beta_bytes: float) -> float:
-        """Seconds of ``alpha_terms`` latencies plus ``beta_bytes`` bytes at this bandwidth."""
-        return alpha_terms * self.alpha + beta_bytes * self.beta
-
-    def all_reduce(self, nbytes: int, p: int) -> float:
-        """Modeled seconds of a ring all-reduce of ``nbytes`` payload bytes over ``p`` workers."""
-        return self.cost(*cost_terms("all_reduce", nbytes, p))
-
-    def all_gather(self, nbytes: int, p: int) -> float:
-        """Modeled seconds of a ring all-gather where each worker contributes ``nbytes``."""
-        return self.cost(*cost_terms("all_gather", nbytes, p))
-
-    def broadcast(self, nbytes: int, p: int) -> float:
-        """Modeled seconds of MPICH's broadcast of ``nbytes`` (binomial tree, or scatter + all-gather)."""
-        return self.cost(*cost_terms("broadcast", nbytes, p))
-
-    def p2p(self, nbytes: int, p: int = 2) -> float:
-        """Modeled seconds of one point-to-point message of ``nbytes``."""
-        return self.cost(*cost_terms("p2p", nbytes, p))
-
-
-def _check_kind(kind: str) -> None:
-    if kind not in COLLECTIVES:
-        raise ValueError(f"unknown collective {kind!r}; allowed: {', '.join(COLLECTIVES)}")
-
-
-def _bcast_is_short(nbytes: float, p: int) -> bool:
-    return nbytes < BCAST_SHORT_MSG_BYTES or p < BCAST_MIN_PROCS
-
-
-def cost_terms(kind: str, nbytes: float, p: int) -> tuple[float, float]:
-    """(latency terms ``a``, bandwidth bytes ``b``) of operation ``kind``: its cost is ``a alpha + b beta``.
-
-    Raises:
-        ValueError: unknown ``kind`` (allowed: all_reduce, all_gather, broadcast, p2p).
-    """
-    _check_kind(kind)
-    if p <= 1:
-        return 0.0, 0.0
-    if kind == "all_reduce":
-        return 2 * (p - 1), 2 * (p - 1) / p * nbytes
-    if kind == "all_gather":
-        return p - 1, (p - 1) * nbytes
-    if kind == "reduce_scatter":
-        return p - 1, (p - 1) / p * nbytes
-    if kind == "broadcast":
-        steps = math.ceil(math.log2(p))
-        if _bcast_is_short(nbytes, p):
-            return steps, steps * nbytes
-        return steps + p - 1, 2 * (p - 1) / p * nbytes
-    return 1, nbytes
-
-
-def _binomial_children(vrank: int, p: int) -> list[int]:
-    """Relative ranks that relative rank ``vrank`` sends to in MPICH's binomial tree rooted at 0."""
-    top = 1 << max(0, math.ceil(math.log2(p)))
-    low = (vrank & -vrank) if vrank else top
-    out, mask = [], low >> 1
-    while mask:
-        if vrank + mask < p:
-            out.append(vrank + mask)
-        mask >>= 1
-    return out
-
-
-def wire_bytes(kind: str, nbytes: float, p: int, rank: int = 0, root: int = 0) -> float:
-    """Bytes group rank ``rank`` sends on the wire for operation ``kind`` with payload ``nbytes``.
-
-    Broadcast depends on the rank (``root`` sends the most); the others do not.
-
-    Raises:
-        ValueError: unknown ``kind`` (allowed: all_reduce, all_gather, broadcast, p2p).
-    """
-    _check_kind(kind)
-    if p <= 1:
-        return 0.0
-    if kind == "all_reduce":
-        return 2 * (p - 1) / p * nbytes
-    if kind == "all_gather":
-        return (p - 1) * nbytes
-    if kind == "reduce_scatter":
-        return (p - 1) / p * nbytes
-    if kind == "broadcast":
-        vrank = (rank - root) % p
-        children = _binomial_children(vrank, p)
-        if _bcast_is_short(nbytes, p):
-            return float(len(children) * nbytes)
-        # binomial scatter: the subtree of child c holds ranks [c, min(c + (c - vrank), p)) ... of p chunks
-        chunk = nbytes / p
-        scatter = sum((min(c + (c - vrank), p) - c) * chunk for c in children)
-        return scatter + (p - 1) * chunk
-    return float(nbytes)
+# the model of time lives in lsgd.clock; its public names stay importable from here
+from lsgd.clock import (  # noqa: F401
+    BCAST_MIN_PROCS,
+    BCAST_SHORT_MSG_BYTES,
+    COLLECTIVES,
+    Clock,
+    Network,
+    NetworkModel,
+    cost_terms,
+    preset_latencies_us,
+    stream_end,
+    what_if_latency_us,
+    wire_bytes,
+)
 
 
 def tensor_bytes(tensors: torch.Tensor | Sequence[torch.Tensor]) -> int:
@@ -252,140 +63,6 @@ def tensor_bytes(tensors: torch.Tensor | Sequence[torch.Tensor]) -> int:
         tensors = [tensors]
     return sum(t.numel() * t.element_size() for t in tensors)
 
-
-# --------------------------------------------------------------------------------------------
-# the cluster: links and placement
-# --------------------------------------------------------------------------------------------
-@dataclass
-class Network:
-    """The cluster's links: ``inter`` between nodes, ``intra`` inside a node of ``gpus_per_node``
-    workers (global ranks ``i * gpus_per_node ..`` form node ``i``), and the what-if inter-node
-    bandwidths of the clock's extra entries (``report_gbps``).
-
-    ``models(link)`` gives the K link models of the clock entries: the configured link first, then
-    (inter-node only) the what-if link at each bandwidth, with the latency of that bandwidth's
-    network preset (:func:`what_if_latency_us`; the configured latency where no preset has that
-    bandwidth).
-    """
-
-    inter: NetworkModel = field(default_factory=NetworkModel)
-    intra: NetworkModel | None = None
-    gpus_per_node: int = 1
-    report_gbps: tuple[float, ...] = ()
-
-    def __post_init__(self):
-        if self.intra is None:
-            self.intra = self.inter
-        self.report_gbps = tuple(float(b) for b in self.report_gbps)
-
-    @classmethod
-    def from_config(cls, network: Mapping, gpus_per_node: int = 1) -> Network:
-        """Build from the ``network`` config group (``bandwidth_gbps``, ``latency_us``: the inter-node
-        link; ``intra_node``: ``{bandwidth_gbps, latency_us}``; ``report_gbps``: what-if list)."""
-        inter = NetworkModel(float(network["bandwidth_gbps"]), float(network["latency_us"]))
-        intra_cfg = network.get("intra_node") or None
-        intra = NetworkModel(float(intra_cfg["bandwidth_gbps"]), float(intra_cfg["latency_us"])) if intra_cfg else None
-        return cls(inter, intra, int(gpus_per_node or 1), tuple(network.get("report_gbps") or ()))
-
-    @property
-    def k(self) -> int:
-        """Number of clock entries: 1 + len(report_gbps)."""
-        return 1 + len(self.report_gbps)
-
-    def node(self, global_rank: int) -> int:
-        return global_rank // self.gpus_per_node
-
-    def link(self, global_ranks: Sequence[int]) -> str:
-        """'intra' when all ``global_ranks`` sit on one node, else 'inter'."""
-        return "intra" if len({self.node(r) for r in global_ranks}) <= 1 else "inter"
-
-    def models(self, link: str) -> list[NetworkModel]:
-        if link == "intra":
-            return [self.intra] * self.k
-        return [self.inter] + [NetworkModel(b, what_if_latency_us(b, self.inter.latency_us)) for b in self.report_gbps]
-
-
-# --------------------------------------------------------------------------------------------
-# the clock
-# --------------------------------------------------------------------------------------------
-class Clock:
-    """One worker's virtual clock, in seconds, for ``k`` networks at once (entry 0: the configured one).
-
-    ``now`` is a float64 array of shape ``[k]``. Compute advances every entry equally; the
-    communicator advances entries by their own network's costs.
-
-    Settling a collective's clock needs the participants' start times (an uncounted MAX
-    all-reduce); the communicator issues it asynchronously and :meth:`defer` s its effect, which is
-    applied, in order, the next time the clock is read or advanced. Every read goes through
-    :attr:`now`, so the values are exactly those of an eager clock; the exchange's latency just
-    hides behind the compute that follows (the optimizer step and the next forward pass).
-    """
-
-    def __init__(self, k: int = 1):
-        self.k = int(k)
-        self._now = np.zeros(self.k)
-        self._deferred: list[Callable[[], None]] = []
-        self.compute_s = 0.0          # modeled compute seconds so far
-        self._bwd_start = np.zeros(self.k)
-        self._bwd_s = 0.0
-
-    @property
-    def now(self) -> np.ndarray:
-        """The clock (shape ``[k]``), after every deferred settlement."""
-        self.resolve()
-        return self._now
-
-    @now.setter
-    def now(self, value: np.ndarray) -> None:
-        self.resolve()
-        self._now = np.asarray(value, dtype=np.float64)
-
-    def defer(self, apply: Callable[[], None]) -> None:
-        """Queue a settlement (it calls :meth:`_advance_to`) to run before the next read."""
-        self._deferred.append(apply)
-
-    def resolve(self) -> None:
-        """Apply the queued settlements, oldest first."""
-        while self._deferred:
-            self._deferred.pop(0)()
-
-    def _advance_to(self, t: np.ndarray) -> None:
-        np.maximum(self._now, t, out=self._now)
-
-    def compute(self, seconds: float) -> None:
-        """Advance by ``seconds`` of compute."""
-        self.now += seconds
-        self.compute_s += seconds
-
-    def backward(self, seconds: float) -> None:
-        """Advance by a backward pass of ``seconds``, remembering its window for
-        :meth:`backward_point` (asynchronous operations issued during backward)."""
-        self._bwd_start = self.now.copy()
-        self._bwd_s = float(seconds)
-        self.compute(seconds)
-
-    def backward_point(self, fraction: float) -> np.ndarray:
-        """The time at ``fraction`` (0..1) of the last backward pass."""
-        return self._bwd_start + float(fraction) * self._bwd_s
-
-    def wait_until(self, t: np.ndarray) -> None:
-        """Move to ``max(now, t)`` entrywise (waiting for communication or for others)."""
-        self.resolve()
-        self._advance_to(t)
-
-    @property
-    def time_s(self) -> float:
-        """Entry 0: the modeled time on the configured cluster."""
-        return float(self.now[0])
-
-    def state_dict(self) -> dict:
-        return {"now": self.now.tolist(), "compute_s": self.compute_s}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._deferred.clear()
-        self._now = np.asarray(state["now"], dtype=np.float64)
-        self.k = self._now.shape[0]
-        self.compute_s = float(state["compute_s"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -447,7 +124,9 @@ class Handle:
         # clock: collectives settle through the communicator's stream, messages on their own
         self.issue: np.ndarray | Callable[[], np.ndarray] | None = None
         self.cost: np.ndarray | None = None
-        self.messages: list[tuple[str, np.ndarray, torch.Tensor | None]] = []  # (send|recv, cost, clock buf)
+        # point-to-point messages: ("send", end, None, link, peer) or ("recv", cost, stamp buf, link, peer)
+        self.messages: list[tuple[str, np.ndarray, torch.Tensor | None, str, int]] = []
+        self.message_end: np.ndarray | None = None  # the messages' end, once settled (Communicator._settle_messages)
         self.overlapped: bool | None = False  # None: neither timed nor clocked (count=False)
         self.deferred = False                 # clocked at the next settle(), not at wait()
         self.works_done = False
@@ -504,8 +183,8 @@ class Handle:
             clock.resolve()
             if self.end is not None:
                 ends.append(self.end)
-        for direction, cost, buf in self.messages:
-            ends.append(self.issue + cost if direction == "send" else buf.cpu().numpy() + cost)
+        if self.messages:
+            ends.append(self.comm._settle_messages(self))
         return np.maximum.reduce(ends) if ends else None
 
     def state_dict(self) -> dict:
@@ -589,6 +268,8 @@ class Communicator:
             self.global_ranks, self._rank = [0], 0
         self.link = link or self._s.network.link(self.global_ranks)
         self._models = self._s.network.models(self.link)
+        if _shared.clock is not None:
+            _shared.clock.set_lanes(_shared.network.ports)
         self._stream_free = np.zeros(self._s.network.k)
         self._pending: list[Handle] = []  # collectives issued, clock not yet settled (FIFO)
         self._s.comms.append(self)
@@ -685,7 +366,7 @@ class Communicator:
             s.wire_bytes += wire_bytes(kind, nbytes, p, self._rank, root)
             s.model_alpha_terms += a
             s.model_beta_bytes += b
-        return np.array([m.cost(a, b) for m in self._models])
+        return self._s.network.costs(self.link, kind, nbytes, p)
 
     def add_time(self, seconds: float, overlapped: bool = False) -> None:
         """Add measured communication seconds (``comm_time_s``: time in flight); ``overlapped`` time
@@ -786,8 +467,12 @@ class Communicator:
                 return
             i = self._pending.index(handle)
             batch, self._pending = self._pending[: i + 1], self._pending[i + 1 :]
-        issues = np.stack([h.issue() if callable(h.issue) else h.issue for h in batch])
         clock = self._s.clock
+        # a collective also waits for this member's ports (lsgd.clock, Ports): their earliest-free
+        # lanes, read after every earlier settlement, travel in the same MAX all-reduce
+        ports = clock.ports
+        busy = np.maximum(ports.free_at(self.link, "egress"), ports.free_at(self.link, "ingress"))
+        issues = np.stack([np.maximum(h.issue() if callable(h.issue) else h.issue, busy) for h in batch])
         if self.world_size == 1:
             self._apply_settled(batch, issues)
             return
@@ -803,10 +488,11 @@ class Communicator:
 
     def _apply_settled(self, batch: list[Handle], issues: np.ndarray) -> None:
         """Run the settled operations through this group's stream: their ends (no clock moves)."""
+        ports = self._s.clock._ports  # inside Clock.resolve: not through the resolving property
         for h, issue in zip(batch, issues):
-            start = np.maximum(issue, self._stream_free)
-            self._stream_free = start + h.cost
+            self._stream_free = stream_end(self._stream_free, issue, h.cost)
             h.end = self._stream_free.copy()
+            ports.hold(self.link, h.end)
 
     @contextlib.contextmanager
     def overlap(self, issue_at: np.ndarray | Callable[[], np.ndarray] | None) -> Iterator[None]:
@@ -837,11 +523,8 @@ class Communicator:
             self._settle_ends_through(handle)
             # in order after the settlement that computes the end (Clock.defer)
             clock.defer(lambda: handle.end is not None and clock._advance_to(handle.end))
-        for direction, cost, buf in handle.messages:
-            if direction == "send":
-                clock.wait_until(handle.issue + cost)
-            else:
-                clock.wait_until(buf.cpu().numpy() + cost)
+        if handle.messages:
+            clock.wait_until(self._settle_messages(handle))
 
     def _collective(self, kind: str, nbytes: int, op: Callable[[], object], async_op: bool, count: bool,
                     finish: Callable[[], object] | None = None, root: int = 0) -> Handle:
@@ -992,7 +675,9 @@ class Communicator:
 
         Both ends must post matching calls (same sizes, and, between one pair, the same order of
         messages). Counted as one ``p2p`` per non-empty send. Clock: each send completes at
-        ``start + cost``; each receive at ``max(ready, sender's start + cost)``, the sender's start
+        ``start + cost``, ``start = max(issue, egress free)``, the sends taking this worker's egress
+        one after another in the order ``(peer - rank) mod p``; each receive at
+        ``max(sender's start, ingress free) + cost`` (:mod:`lsgd.clock`, Ports), the sender's start
         travelling as an uncounted float64 message after the payload.
 
         Returns None, or a :class:`Handle` with ``async_op`` (the received tensors are valid after
@@ -1014,23 +699,28 @@ class Communicator:
         # measured time: an asynchronous caller computes while the messages travel
         handle.overlapped = bool(async_op) if count else None
         handle.issue = self._now()
-        stamp = torch.from_numpy(handle.issue).to(self.device) if clock is not None else None
         send_ops, recv_ops = [], []
-        for peer, t in sends.items():
+        p = self.world_size
+        # the egress takes the sends one after another, in the shift order of pairwise exchanges
+        for peer in sorted(sends, key=lambda q: (q - self._rank) % p):
+            t = sends[peer]
             dst = self.global_ranks[peer]
             send_ops.append((dist.isend, t, dst))
-            if clock is not None:
-                send_ops.append((dist.isend, stamp, dst))
             if count:
                 cost = self._p2p_cost(peer, tensor_bytes(t))
-                handle.messages.append(("send", cost, None))
+            if clock is not None:
+                link = self._pair_link(self._rank, peer)
+                start, end = clock.ports.occupy(link, "egress", handle.issue, cost)
+                send_ops.append((dist.isend, torch.from_numpy(start).to(self.device), dst))
+                handle.messages.append(("send", end, None, link, peer))
         for peer, t in recvs.items():
             src = self.global_ranks[peer]
             recv_ops.append((dist.irecv, t, src))
             if clock is not None:
                 buf = torch.empty(self._s.network.k, dtype=torch.float64, device=self.device)
                 recv_ops.append((dist.irecv, buf, src))
-                handle.messages.append(("recv", self._p2p_link_cost(peer, tensor_bytes(t)), buf))
+                handle.messages.append(("recv", self._p2p_link_cost(peer, tensor_bytes(t)), buf,
+                                        self._pair_link(self._rank, peer), peer))
         with self._s.blocked.region():  # posting is communication too (lsgd.blocked)
             if self._batched:
                 self._warm_up()
@@ -1061,9 +751,32 @@ class Communicator:
         """Modeled seconds (shape ``[k]``, one per clock entry) of one message of ``nbytes``
         between group ranks ``i`` and ``j`` on their link (a paired exchange costs the same: both
         directions travel at once); nothing is counted."""
-        link = self._s.network.link([self.global_ranks[i], self.global_ranks[j]])
-        a, b = cost_terms("p2p", nbytes, 2)
-        return np.array([m.cost(a, b) for m in self._s.network.models(link)])
+        return self._s.network.costs(self._pair_link(i, j), "p2p", nbytes, 2)
+
+    def _pair_link(self, i: int, j: int) -> str:
+        return self._s.network.link([self.global_ranks[i], self.global_ranks[j]])
+
+    def _settle_messages(self, handle: Handle) -> np.ndarray:
+        """The end (shape ``[k]``) of ``handle``'s messages, computed once (its transfer complete:
+        the senders' stamps are in), moving no clock: a send ends where its egress lane let it
+        (:meth:`exchange`); the receives take this worker's ingress in order of the senders'
+        stamps, then peer rank, each clock entry on its own (:meth:`lsgd.clock.Ports.occupy`)."""
+        if handle.message_end is None:
+            handle.complete_data()
+            ports = self._s.clock.ports
+            ends = [end for d, end, _, _, _ in handle.messages if d == "send"]
+            recvs = [(buf.cpu().numpy(), cost, link, peer)
+                     for d, cost, buf, link, peer in handle.messages if d == "recv"]
+            if recvs:
+                k = self._s.network.k
+                end = np.zeros(k)
+                for e in range(k):
+                    for stamp, cost, link, _ in sorted(recvs, key=lambda m: (m[0][e], m[3])):
+                        _, done = ports.occupy(link, "ingress", stamp[e : e + 1], cost[e : e + 1], entries=[e])
+                        end[e] = max(end[e], done[0])
+                ends.append(end)
+            handle.message_end = np.maximum.reduce(ends)
+        return handle.message_end
 
     def _p2p_link_cost(self, peer: int, nbytes: int) -> np.ndarray:
         return self.pair_cost(self._rank, peer, nbytes)

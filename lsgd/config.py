@@ -169,6 +169,8 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
     if intra is not None:
         positive(intra, "bandwidth_gbps", "network.intra_node.")
         number_at_least(intra, "latency_us", 0, "network.intra_node.")
+    if cfg["network"].get("ports") is not None:  # lanes per port (lsgd.clock.Ports)
+        int_at_least(cfg["network"], "ports", 1, "network.")
     report = cfg["network"].get("report_gbps") or []
     if not isinstance(report, (list, tuple)) or any(isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0 for b in report):
         raise ConfigError(f"network.report_gbps must be a list of bandwidths > 0 (Gbps), got {report!r}")

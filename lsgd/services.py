@@ -244,7 +244,7 @@ class Recorder:
         beside the first four; ``modeled_time_s`` is the maximum of the ranks' clocks (the run's
         time on the configured cluster) with ``modeled_time_s_mean`` beside it, and
         ``modeled_time_<bw>gbps_s`` the maximum at each what-if bandwidth (``network.report_gbps``; the
-        network preset's link of that bandwidth, latency included: :func:`lsgd.comm.what_if_latency_us`).
+        network preset's link of that bandwidth, latency included: :func:`lsgd.clock.what_if_latency_us`).
         In a run with server ranks (``num_workers`` < world size) ``comm_bytes_workers`` and
         ``wire_bytes_workers`` are the means over the worker ranks alone (what one worker sends;
         absent where no worker's values are at hand: ``gather=False`` on a server).

@@ -34,7 +34,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from lsgd.algorithms import ALGORITHMS, build_algorithm
 from lsgd.algorithms.base import RunContext
 from lsgd.cluster import ComputeModel, resolve_speeds
-from lsgd.comm import Clock, Communicator, Network
+from lsgd.clock import Clock, Network
+from lsgd.comm import Communicator
 from lsgd.config import default_dtype, resolve_backend, resolve_device, threads_per_worker
 from lsgd.data import ShardedLoader, build_datasets, dataset_info
 from lsgd.models import build_model

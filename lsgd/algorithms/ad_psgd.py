@@ -36,12 +36,15 @@ Pairing (``algo.pairing``):
      seeded by ``(seed, worker, its step)``) and sends it its model; the two average, and the
      active worker has the average at ``x + c`` (``c`` = the modeled cost of one message of the
      model on the pair's link, both directions at once), applies its gradient and starts its next
-     step then. It never waits for the passive worker's compute.
+     step then. It never waits for the passive worker's compute. The passive worker's ports
+     (:mod:`lsgd.clock`, Ports) carry one averaging at a time (``network.ports`` lanes): a request
+     reaching it while an earlier averaging holds them starts when that one ends (``s =
+     max(x, ports free)``), and the active worker has the average at ``s + c``.
   3. The passive side answers when the request reaches it, whatever it is doing (in the paper a
      separate thread does the atomic averaging; its compute is not interrupted): its reply is
      stamped ``x`` on the cluster clock, and it applies its own gradient, taken at the model it
      read before the averagings, once its compute is done and the averagings that reached it during
-     the step are complete: at ``max(its compute end, x + c)``. A passive worker may average any
+     the step are complete: at ``max(its compute end, s + c)``. A passive worker may average any
      number of times in one step (each with the model the previous one left), or none; a request
      that reaches it after its compute, while an averaging is still completing, joins that step.
   4. In the processes, every averaging of a worker's step runs in that step's
@@ -156,7 +159,7 @@ class VirtualNode:
 
 
 def virtual_plan(topology: Topology, seed: int, step_s: Sequence[float], cost_s: Callable[[int, int], float],
-                 total_steps: int) -> list[VirtualNode]:
+                 total_steps: int, lanes: int = 1) -> list[VirtualNode]:
     """The asynchronous AD-PSGD schedule of every worker (module docstring, ``pairing=virtual_time``):
     an event simulation in virtual-time order (ties: active workers' requests before passive
     workers' step ends, then by worker id), then the record levels (a fixpoint of min-propagation).
@@ -169,6 +172,7 @@ def virtual_plan(topology: Topology, seed: int, step_s: Sequence[float], cost_s:
         step_s: modeled compute seconds per local step of each worker (> 0).
         cost_s: ``(active, passive) -> c``: modeled seconds of one averaging (both models travel at once).
         total_steps: the run's length in progress units (average local steps per worker, >= 1).
+        lanes: ``network.ports``: averagings one passive worker's ports carry at once (rule 2).
 
     Returns:
         One :class:`VirtualNode` per worker.
@@ -184,6 +188,7 @@ def virtual_plan(topology: Topology, seed: int, step_s: Sequence[float], cost_s:
     events: list[tuple[float, int, int, int, int]] = []         # (x, active, its step, passive, its step)
     bound = [float(step_s[i]) for i in range(n)]                # passive: when its current step ends (so far)
     heap = [(float(step_s[i]), side[i], i, 1) for i in range(n)]  # (time, 0 active / 1 passive, worker, step)
+    ports = [[0.0] * int(lanes) for _ in range(n)]            # passive: when each lane of its ports is free
     heapq.heapify(heap)
     smallest: list[float] = []                                  # max-heap (negated) of the n x total smallest ends
 
@@ -206,10 +211,13 @@ def virtual_plan(topology: Topology, seed: int, step_s: Sequence[float], cost_s:
             p = nbrs[i][int(rng.integers(len(nbrs[i])))]
             c = float(cost_s(i, p))
             events.append((t, i, k, p, len(times[p]) + 1))  # the passive's step under way (its end is >= t)
-            bound[p] = max(bound[p], t + c)                   # it applies its gradient once the averaging is done
+            lane = min(range(len(ports[p])), key=lambda q: (ports[p][q], q))  # its earliest-free lane
+            done = max(t, ports[p][lane]) + c                 # the passive's ports: one averaging at a time
+            ports[p][lane] = done
+            bound[p] = max(bound[p], done)                    # it applies its gradient once the averaging is done
             heapq.heappush(heap, (bound[p], 1, p, len(times[p]) + 1))
-            ended(i, t + c)
-            heapq.heappush(heap, (t + c + float(step_s[i]), 0, i, k + 1))
+            ended(i, done)
+            heapq.heappush(heap, (done + float(step_s[i]), 0, i, k + 1))
         elif k == len(times[i]) + 1 and t == bound[i]:  # a passive worker's step ends (stale entries skipped)
             ended(i, t)
             bound[i] = t + float(step_s[i])
@@ -330,7 +338,8 @@ class ADPSGD(Gossip):
                               "every worker) and a known run length")
         nbytes = sum(t.numel() * t.element_size() for t in self.mixed_tensors())
         return virtual_plan(self.topology, self.seed, step_s,
-                            lambda a, p: float(self.comm.pair_cost(a, p, nbytes)[0]), total)
+                            lambda a, p: float(self.comm.pair_cost(a, p, nbytes)[0]), total,
+                            self.comm.network_config.ports)
 
     def progress(self, step: int) -> int:
         if self.virtual:
@@ -351,7 +360,7 @@ class ADPSGD(Gossip):
     def _answering_at(self, x: float):
         """A passive worker's reply to a request sent at virtual time ``x`` (rule 3): within the
         block the clock reads ``x`` (every entry moved back by the same amount), so the reply
-        leaves at ``x`` and the averaging completes at ``x + c``; afterwards the clock is the later
+        leaves at ``max(x, ports free)`` and the averaging completes ``c`` later; afterwards the clock is the later
         of where it was and that completion."""
         clock = self.comm.clock
         if clock is None:

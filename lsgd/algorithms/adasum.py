@@ -381,9 +381,10 @@ def adasum_reduce_(tensors: list[Tensor], comm: Communicator | None = None) -> N
 
     Communication: every message is a :meth:`Communicator.sendrecv` with a group rank, counted on
     ``comm`` as one ``p2p`` per non-empty send (bytes = ``numel * element_size``), its measured
-    seconds added to ``comm_time_s`` and, with a clock, priced on the pair's link: a send completes
-    at ``start + cost``, a receive at ``max(ready, sender's start + cost)``, receive-only waits
-    (the folded ranks waiting for the result) included. Bytes sent by one rank ``r < q``::
+    seconds added to ``comm_time_s`` and, with a clock, priced on the pair's link and the ranks'
+    ports (:mod:`lsgd.clock`): a send completes at ``start + cost``, a receive at
+    ``max(sender's start, ingress free) + cost``, receive-only waits (the folded ranks waiting for
+    the result) included. Bytes sent by one rank ``r < q``::
 
         sum_{k=0}^{L-1} m_k * b          (halving sends m_k - m_{k+1}, the all-gather m_{k+1})
         + L (L + 1) / 2 * 3 * num_tensors * 8      (dot-product exchanges)

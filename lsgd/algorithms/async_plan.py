@@ -17,11 +17,14 @@ The rules (times in modeled seconds; workers indexed 0..W-1 among the workers):
    ``start + j x step_s[w]`` (j = 1..H_w), the last one is the task's *finish* ``f``; the push of
    the pseudo-gradient reaches the server at ``a = f + push_s[w]`` (its *arrival*).
 2. The server takes arrivals in order of ``(a, w)`` (virtual finish time, ties by worker id). It
-   handles one at a time on its single link: it receives arrival ``i`` at
-   ``r_i = max(a_i, r_{i-1} + pull_s[w_{i-1}])`` (it was busy sending the previous model back),
+   handles one at a time: it receives arrival ``i`` at
+   ``r_i = max(e_i, r_{i-1} + pull_s[w_{i-1}])`` (it was busy sending the previous model back),
+   ``e_i = max(f_i, e_{i-1}) + push_s[w_i]`` the push's end on the server's ingress port (pushes
+   take the port one at a time, :mod:`lsgd.clock` Ports; ``e_i = a_i`` unless the previous push
+   still held it),
    applies the outer step (no modeled time), and sends the new model back, which the worker has
    at ``r_i + pull_s[w]``: it starts its next task then, from the server's model after arrival
-   ``i``. These are exactly the cluster clock's point-to-point rules (:mod:`lsgd.comm`), so the
+   ``i``. These are exactly the cluster clock's point-to-point rules (:mod:`lsgd.clock`), so the
    processes' clocks follow the plan.
 3. Staleness of arrival ``i`` = the server's version now minus the version the worker started
    from: the outer steps the server took between the worker's pull and this push. Without FedBuff
@@ -38,10 +41,11 @@ The rules (times in modeled seconds; workers indexed 0..W-1 among the workers):
    further arrival with ``a <= r_i0 + g`` joins its group (in ``(a, w)`` order; those that reached
    the server while it was still sending join too; a worker is in a group at most once, as its
    next task starts after the group). The group's pushes are received back to back,
-   ``r_k = max(a_k, r_{k-1})``, each applied in turn with its own staleness (rule 3: the second
+   ``r_k = max(e_k, r_{k-1})`` (``e_k`` as in rule 2: near-simultaneous pushes serialize on the
+   server's ingress), each applied in turn with its own staleness (rule 3: the second
    member of a group is at least 1 stale, the first member's update being applied before it).
    Only then does the server send the model after the whole group to each member, in the group's
-   order, on its single link: member ``k`` has it at ``s_k = s_{k-1} + pull_s[w_k]`` (``s`` of
+   order, one at a time on its egress port: member ``k`` has it at ``s_k = s_{k-1} + pull_s[w_k]`` (``s`` of
    the first member = ``r`` of the last + its pull cost) and restarts then. Only the group's last
    arrival advances progress: every other member's progress is the progress before the group
    (rule 4 applied to the last member counts the whole group's steps). The run ends with the first
@@ -106,7 +110,7 @@ messages travel on one 2-rank process group per (server, worker) pair, so a work
 never wait behind another worker's.
 
 The cluster clock follows the plan: a push is received at ``max(server ready, a)`` and a send
-starts when the previous one ended (:mod:`lsgd.comm`'s point-to-point rules), which are the
+starts when the previous one ended (:mod:`lsgd.clock`'s point-to-point rules), which are the
 ``r`` and ``s`` above; records are uncounted and move no clock.
 
 The learning-rate schedule of a worker follows the network's average local step count at the
@@ -332,9 +336,10 @@ def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[f
     arrivals: list[Arrival] = []
     applied_steps = 0
     server_free = 0.0
+    ingress_free = 0.0  # the server's ingress port (lsgd.clock, Ports): one push at a time
     while True:
         group = [heapq.heappop(heap)]  # (arrive, worker, finish) in (a, w) order
-        r = max(group[0][0], server_free)
+        r = max(max(group[0][2], ingress_free) + float(push_s[group[0][1]]), server_free)
         if grace_s > 0:
             window = r + grace_s
             while heap and heap[0][0] <= window:
@@ -343,7 +348,8 @@ def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[f
         before_group = arrivals[-1].progress if arrivals else 0
         received = []
         for i, (arrive, w, finish) in enumerate(group, start=first):
-            r = max(arrive, r)  # pushes received back to back
+            ingress_free = max(finish, ingress_free) + float(push_s[w])  # its push on the server's ingress
+            r = max(ingress_free, r)  # pushes received back to back
             applied_steps += hs[w]
             progress = min(total_steps, applied_steps // n) if i == last else before_group
             staleness = version - pulled[w]

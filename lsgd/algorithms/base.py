@@ -40,7 +40,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lsgd.comm import Clock, Communicator
+from lsgd.clock import Clock
+from lsgd.comm import Communicator
 from lsgd.errors import ConfigError
 
 ROLES = ("worker", "server")
@@ -60,7 +61,7 @@ class RunContext:
             data shard it reads); ``worker_index`` is None on a server.
         steps_per_epoch, total_steps: local steps per epoch and in the run.
         batch_size: local batch (samples per worker per step).
-        clock: this process's cluster clock (:class:`lsgd.comm.Clock`).
+        clock: this process's cluster clock (:class:`lsgd.clock.Clock`).
         device: where the model lives.
         data: the worker's :class:`lsgd.data.ShardedLoader` (None on a server).
         train_set: the whole training set (every rank, servers included; the same object the

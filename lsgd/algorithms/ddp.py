@@ -10,7 +10,7 @@ broadcast from rank 0 after every step's backward (before the next forward), thr
 communicator so they are counted. DDP's own broadcast is disabled (``forward_sync_buffers=False``) to avoid doing it twice.
 
 Timing: a bucket's in-flight time goes to ``comm_time_s`` but is not subtracted from the step's
-measured ``compute_time_s`` (it overlaps backward). On the cluster clock (:mod:`lsgd.comm`) each
+measured ``compute_time_s`` (it overlaps backward). On the cluster clock (:mod:`lsgd.clock`) each
 bucket is an asynchronous all-reduce issued when DDP launches it: once its last gradient is
 computed, at the fraction of backward's FLOPs done by then (counted per parameter on the first
 batch, :meth:`lsgd.cluster.ComputeModel.count_grad_ready`: the demo CNN's fc layers, 94% of its

@@ -15,8 +15,11 @@ equals DDP's minibatch SGD up to the summation order of the gradient average.
 
 Bytes (``comm_bytes``, all ``p2p``): a worker sends n (+ b for worker 0) per step; the server sends
 N (n + b) per step, n = parameter bytes, b = floating-buffer bytes. Clock: messages follow the
-point-to-point rule of :mod:`lsgd.comm` (received at max(receiver ready, sender start + cost)); the
-server's link is not modeled as shared by the N incoming messages.
+point-to-point rules of :mod:`lsgd.clock`, with ports (LogGP): the N gradients serialize on the
+server's ingress (the incast of N messages of cost c = alpha + n beta ends N c after they start,
+taken in order of their senders' start, then worker rank) and the N models on its egress (worker
+``j`` of ``1..N`` has its model ``j c`` after the server starts sending), so a step costs more as N
+grows, as on one server NIC.
 
 Source: Li et al., "Scaling Distributed Machine Learning with the Parameter Server", OSDI 2014
 (synchronous mode); torchft's ``ParameterServer`` for the pattern of a server rank.

@@ -53,10 +53,10 @@ Communication, per run:
 - modeled time at 1 and 10 Gbps = the cluster clock's what-if entries ``modeled_time_1gbps_s``,
   ``modeled_time_10gbps_s`` (the same run's events priced on the inter-node link of the network
   preset of that bandwidth, ``network=1gbps`` / ``network=10gbps``: its bandwidth and its latency,
-  50 / 10 us; overlap and waiting included; :mod:`lsgd.comm`), from summary.json, else from the
+  50 / 10 us; overlap and waiting included; :mod:`lsgd.clock`), from summary.json, else from the
   last metrics record. Runs recorded before the cluster clock fall back to ``compute_time_s`` +
   ``NetworkModel(bandwidth_gbps, latency).cost(model_alpha_terms, model_beta_bytes)`` (no overlap)
-  with the same latency (:func:`lsgd.comm.what_if_latency_us`; a bandwidth without a preset: the
+  with the same latency (:func:`lsgd.clock.what_if_latency_us`; a bandwidth without a preset: the
   run's ``network.latency_us``, else 10 us); blank for runs that lack those keys.
 
 Environment (:func:`environment_table`, :func:`environment_note`): what produced the runs, from
@@ -111,6 +111,7 @@ from lsgd.analysis.load import (
 )
 from lsgd.analysis.plots import check_width, eval_metric, plot_frames, safe_name
 from lsgd.analysis.stats import CONFIDENCE, aggregate_seeds, paired_differences
+from lsgd.clock import NetworkModel, what_if_latency_us
 
 #: ``algo.name`` of the default baseline the speedups are relative to (``--baseline`` chooses another).
 BASELINE_ALGO = "ddp"
@@ -138,13 +139,11 @@ def modeled_time_at(
     compute_time_s: float, alpha_terms: float, beta_bytes: float, bandwidth_gbps: float, latency_us: float
 ) -> float:
     """Seconds of a run on another network: measured ``compute_time_s`` + the alpha-beta cost
-    ``alpha_terms`` latencies + ``beta_bytes`` bytes (:meth:`lsgd.comm.NetworkModel.cost`).
+    ``alpha_terms`` latencies + ``beta_bytes`` bytes (:meth:`lsgd.clock.NetworkModel.cost`).
     NaN if an argument is missing."""
     values = [_num(v) for v in (compute_time_s, alpha_terms, beta_bytes, bandwidth_gbps, latency_us)]
     if not all(math.isfinite(v) for v in values):
         return math.nan
-    from lsgd.comm import NetworkModel  # imports torch: only when needed
-
     compute, a, b, bw, lat = values
     return compute + NetworkModel(bandwidth_gbps=bw, latency_us=lat).cost(a, b)
 
@@ -268,8 +267,6 @@ def _clock_time_at(s: pd.Series, last: pd.Series | None, bw: float, compute: flo
             return _num(src.get(key))
     if not all(math.isfinite(_num(v)) for v in (compute, alpha_terms, beta_bytes)):
         return math.nan
-    from lsgd.comm import what_if_latency_us  # imports torch: only when needed
-
     return modeled_time_at(compute, alpha_terms, beta_bytes, bw, what_if_latency_us(bw, latency))
 
 

@@ -251,3 +251,142 @@ def test_local_sgd_averaging_time_is_communication_not_compute(tmp_path):
     comm = (CNN_PARAMS + CNN_FLOAT_BUFFERS) * 4 * beta
     assert last["modeled_time_s"] == pytest.approx(rounds * (H * S + comm), rel=1e-9)
     assert last["modeled_compute_s"] == pytest.approx(steps * S, rel=1e-9)
+
+
+# -- ports (LogGP, issue 22): a worker's sends share its egress, its receives its ingress -------------
+def _ports_cases(rank, world, out):
+    """On one gloo group of 4, each case with a fresh clock (no compute, 4000-byte messages):
+
+    * ``gossip_k``: k = 1: every rank sends to its successor and receives from its predecessor
+      (one peer); k = 2: both ring neighbours; k = 3: every other rank (complete graph);
+    * ``incast_N``: ranks 1..N send one message each to rank 0 (a server), which then sends one
+      back to each (a parameter server step without compute);
+    * ``fanout_L``: rank 0 sends to ranks 1 and 2 with ``network.ports`` = L lanes;
+    * ``tallies``: a sequence of blocking exchanges and collectives (no overlap).
+    """
+    res = {}
+    x = torch.ones(1000)
+    for k in (1, 2, 3):
+        comm = Communicator(Network(LINK), clock=Clock(1))
+        ring = [(rank + 1) % world, (rank - 1) % world]
+        out_peers, in_peers = {1: ([(rank + 1) % world], [(rank - 1) % world]), 2: (ring, ring),
+                               3: ([r for r in range(world) if r != rank],) * 2}[k]
+        comm.exchange({q: x.clone() for q in out_peers}, {q: torch.zeros(1000) for q in in_peers})
+        res[f"gossip_{k}"] = comm.clock.time_s
+    for n_workers in (1, 2, 3):
+        comm = Communicator(Network(LINK), clock=Clock(1))
+        workers = list(range(1, n_workers + 1))
+        if rank == 0:
+            comm.exchange(recvs={w: torch.zeros(1000) for w in workers})
+            res[f"incast_{n_workers}_server_in"] = comm.clock.time_s
+            comm.exchange(sends={w: x.clone() for w in workers})
+            res[f"incast_{n_workers}_server"] = comm.clock.time_s
+        elif rank in workers:
+            comm.sendrecv(x.clone(), None, 0)
+            comm.sendrecv(None, torch.zeros(1000), 0)
+            res[f"incast_{n_workers}_worker"] = comm.clock.time_s
+    for lanes in (1, 2):
+        comm = Communicator(Network(LINK, ports=lanes), clock=Clock(1))
+        if rank == 0:
+            comm.exchange(sends={1: x.clone(), 2: x.clone()})
+        elif rank in (1, 2):
+            comm.exchange(recvs={0: torch.zeros(1000)})
+        res[f"fanout_{lanes}"] = comm.clock.time_s
+    comm = Communicator(Network(LINK), clock=Clock(1))
+    ring = [(rank + 1) % world, (rank - 1) % world]
+    comm.exchange({q: x.clone() for q in ring}, {q: torch.zeros(1000) for q in ring})
+    comm.all_reduce(torch.ones(250_000))
+    comm.sendrecv(x.clone(), torch.zeros(1000), rank ^ 1)
+    comm.broadcast_([torch.ones(5000)], src=0)
+    comm.all_gather(torch.ones(300))
+    everyone = [r for r in range(world) if r != rank]
+    comm.exchange({q: x.clone() for q in everyone}, {q: torch.zeros(1000) for q in everyone})
+    res["tallies"] = (comm.clock.time_s, LINK.cost(comm.stats.model_alpha_terms, comm.stats.model_beta_bytes))
+    torch.save(res, out / f"{rank}.pt")
+
+
+@pytest.fixture(scope="module")
+def ports_cases(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ports")
+    run_gloo(_ports_cases, 4, out)
+    return [torch.load(out / f"{r}.pt") for r in range(4)]
+
+
+C = ALPHA + 4000 * BETA  # one message of 1000 float32
+
+
+def test_gossip_to_k_peers_costs_k_messages(ports_cases):
+    """Each rank sends k messages and receives k: its egress takes the sends one after another
+    (shift order: the j-th send of every rank goes to its j-th successor, so every rank's j-th
+    receive has stamp (j - 1) c), its ingress the receives: the exchange ends at k (alpha + n beta)
+    on every rank. Before ports (issue 22) every k gave one c: a complete graph cost one ring step."""
+    for k in (1, 2, 3):
+        assert [g[f"gossip_{k}"] for g in ports_cases] == pytest.approx([k * C] * 4, rel=1e-12)
+
+
+def test_parameter_server_incast_and_broadcast_serialize(ports_cases):
+    """N workers push one message each to the server at time 0: its ingress takes them one at a
+    time (in worker order: equal stamps, then rank), so it has them all at N c; it then sends N
+    models one after another on its egress: worker j (1..N) has its model at N c + j c, and the
+    server's last send ends at 2 N c. Before ports the incast ended at c and every worker at 2c,
+    whatever N."""
+    srv = ports_cases[0]
+    for n in (1, 2, 3):
+        assert srv[f"incast_{n}_server_in"] == pytest.approx(n * C, rel=1e-12)
+        assert srv[f"incast_{n}_server"] == pytest.approx(2 * n * C, rel=1e-12)
+        for j in range(1, n + 1):
+            assert ports_cases[j][f"incast_{n}_worker"] == pytest.approx((n + j) * C, rel=1e-12)
+
+
+def test_two_lanes_halve_the_serialization_of_two_sends(ports_cases):
+    """network.ports = 1: rank 0's two sends take its egress one after the other (2c; rank 2, the
+    second in shift order, has its message at 2c); 2 lanes carry both at once (c everywhere)."""
+    assert [ports_cases[r]["fanout_1"] for r in range(3)] == pytest.approx([2 * C, C, 2 * C], rel=1e-12)
+    assert [ports_cases[r]["fanout_2"] for r in range(3)] == pytest.approx([C, C, C], rel=1e-12)
+
+
+def test_clock_equals_the_tallies_without_overlap(ports_cases):
+    """Blocking exchanges (ring, pairs, complete graph) and collectives (all-reduce, broadcast,
+    all-gather), no compute: the clock's time equals NetworkModel.cost(model_alpha_terms,
+    model_beta_bytes) on every rank. Before ports the clock priced a k-peer exchange at one
+    message while the tallies counted k."""
+    for g in ports_cases:
+        clock_s, tallies_s = g["tallies"]
+        assert clock_s == pytest.approx(tallies_s, rel=1e-12)
+
+
+def test_ports_are_part_of_the_clock_state():
+    clock = Clock(2, lanes=2)
+    clock.ports.occupy("inter", "egress", np.array([0.0, 0.0]), np.array([1.0, 3.0]))
+    clock.ports.hold("intra", np.array([2.0, 2.0]))
+    other = Clock(2)
+    other.load_state_dict(clock.state_dict())
+    assert other.ports.lanes == 2
+    for key, free in clock.ports.free.items():
+        assert other.ports.free[key].tolist() == free.tolist()
+    # the other lane is still free at 0: a second message starts at once
+    start, end = other.ports.occupy("inter", "egress", np.array([0.5, 0.5]), np.array([1.0, 1.0]))
+    assert start.tolist() == [0.5, 0.5] and end.tolist() == [1.5, 1.5]
+
+
+def test_dpsgd_gossip_is_priced_per_message_sent(tmp_path):
+    """D-PSGD (atc) on 4 workers, 2 steps, 1 Gbps / 10 us: each step is S of compute, then one
+    gossip exchange of the model (parameters and BatchNorm buffers, n bytes) with k neighbours:
+    k (alpha + n beta) on the ports, k = 1 (one-peer exponential), 2 (ring), 3 (complete). So the
+    communication times are in the ratio 1 : 2 : 3 of the messages each node sends, and the
+    complete graph, which sends 3 n per step against ring all-reduce's 1.5 n, costs more than DDP.
+    Before ports (issue 22) all three were one message (0.0676 s each in the issue's runs) and the
+    complete graph was modeled 34% cheaper than DDP."""
+    alpha, beta = 10e-6, 8 / 1e9
+    n = (CNN_PARAMS + CNN_FLOAT_BUFFERS) * 4
+    common = ["max_steps=2", "network.bandwidth_gbps=1", "network.latency_us=10", f"cluster.step_time_s={S}"]
+    comm_s = {}
+    for topology, k in (("one_peer_exponential", 1), ("ring", 2), ("complete", 3)):
+        recs, _ = train(tmp_path, ["algo=dpsgd", f"algo.topology={topology}", "algo.variant=atc", *common], 4, topology)
+        assert recs[-1]["comm_bytes"] == 2 * k * n  # k messages of the model per step
+        for r in recs:
+            assert r["modeled_time_s"] == pytest.approx(r["step"] * (S + k * (alpha + n * beta)), rel=1e-9)
+        comm_s[k] = recs[-1]["modeled_time_s"] - 2 * S
+    assert [comm_s[k] / comm_s[1] for k in (2, 3)] == pytest.approx([2.0, 3.0], rel=1e-9)
+    ddp, _ = train(tmp_path, ["algo=ddp", *common], 4, "ddp")
+    assert recs[-1]["modeled_time_s"] > ddp[-1]["modeled_time_s"]

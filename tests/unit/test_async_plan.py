@@ -147,14 +147,18 @@ def test_random_plans_keep_every_rank_in_one_global_order(seed, grace):
 
 def _plan_before_grace_periods(step_s, hs, push_s, pull_s, total):
     """The arrival rules as they were before grace periods (rules 1-4 of async_plan, one arrival
-    at a time): (worker, task, staleness, finish, arrive, apply, progress, restart) per arrival."""
+    at a time): (worker, task, staleness, finish, arrive, apply, progress, restart) per arrival.
+    With the server's ingress port (issue 22, LogGP): a push occupies it for its whole cost, so it
+    is received at max(finish, end of the previous push) + push, not at finish + push, when the
+    previous push (of a slower link: push_s differ by worker) still held the port."""
     n, heap, out = len(step_s), [], []
-    tasks, pulled, applied, free = [0] * n, [0] * n, 0, 0.0
+    tasks, pulled, applied, free, ingress = [0] * n, [0] * n, 0, 0.0, 0.0
     for w in range(n):
         heapq.heappush(heap, (0.0 + hs[w] * step_s[w] + push_s[w], w, 0.0 + hs[w] * step_s[w]))
     while True:
         arrive, w, finish = heapq.heappop(heap)
-        apply = max(arrive, free)
+        ingress = max(finish, ingress) + push_s[w]
+        apply = max(ingress, free)
         applied += hs[w]
         progress = min(total, applied // n)
         i = len(out)

@@ -130,6 +130,8 @@ def test_slurm_launcher_composes():
         (["cluster.compute=simulated"], "cluster.compute"),
         (["cluster.speeds=[1.0]"], "cluster.speeds"),
         (["network.report_gbps=[0]"], "network.report_gbps"),
+        (["network.ports=0"], "network.ports"),
+        (["network.ports=1.5"], "network.ports"),
         (["optim.lr_scaling=cubic"], "optim.lr_scaling"),
         (["schedule=inverse_sqrt", "schedule.warmup_steps=0"], "schedule.warmup_steps"),
         (["schedule=step", "schedule.warmup_epochs=-1"], "schedule.warmup_epochs"),
