@@ -384,6 +384,31 @@ def _signals_blocked():
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+@contextlib.contextmanager
+def _signals_raise():
+    """SIGTERM and SIGHUP with their default action (death without a ``finally``) raise SystemExit
+    (128 + signal) instead while the cluster exists, so its teardown runs; handlers that others set
+    (torch elastic's agent sets its own while it runs) are left alone. Main thread only."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    old = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            old[sig] = signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
 _warned_latency = False
 
 
@@ -416,7 +441,9 @@ def cluster(cfg: dict, nproc: int) -> Iterator[Plan]:
                 rate_bit=int(round(float(net["bandwidth_gbps"]) * 1e9)), latency_us=latency if netem else 0.0)
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     _state_path(run).write_text(json.dumps({"pid": os.getpid(), "start": _proc_start(os.getpid()), **asdict(plan)}))
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(_teardown_quietly, run)  # runs last, after the signal handlers are restored
+        stack.enter_context(_signals_raise())
         try:
             _setup(plan, netem)
         except RuntimeError as exc:
@@ -425,9 +452,11 @@ def cluster(cfg: dict, nproc: int) -> Iterator[Plan]:
                  run, nodes, gpn, subnet, plan.rate_bit / 1e6,
                  f", {latency:g} us one way" if netem else "")
         yield plan
-    finally:
-        with _signals_blocked():
-            _teardown(run)
+
+
+def _teardown_quietly(run: str) -> None:
+    with _signals_blocked():
+        _teardown(run)
 
 
 def enter_netns(name: str) -> None:

@@ -15,6 +15,7 @@ directions at once, so it takes the same time as an ``n``-byte transfer.
 from __future__ import annotations
 
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -36,29 +37,59 @@ def _require_root():
 SCHEDULE = [(50, 3), (200, 3), (1000, 5)]
 
 
+def _rows(r: dict) -> list[tuple[str, float, str]]:
+    """(op, error, table line) of one cap's measurement."""
+    predicted = MB16 * 8 * 1514 / 1448 / (r["cap_mbit"] * 1e6)
+    out = []
+    for op in ("p2p", "allreduce"):
+        median = statistics.median(r[op])
+        error = median / predicted - 1
+        line = (f"{r['cap_mbit']:5g} Mbit/s {op:9s} predicted {predicted:.3f} s measured {median:.3f} s "
+                f"({', '.join(f'{t:.3f}' for t in r[op])}) error {error:+.1%} "
+                f"wire/payload {r[op + '_wire_factor']:.4f}")
+        ok = abs(error) <= 0.10 and 1.0 < r[op + "_wire_factor"] < 1.10
+        out.append((op, ok, line))
+    return out
+
+
 def test_transfers_take_the_time_the_cap_predicts():
     """16 MiB point to point and a 16 MiB all-reduce between 2 emulated nodes at 50, 200 and 1000
     Mbit/s (one pair of processes, the cap changed in place): the median of the repeats is within
-    10% of n * 8 * 1514/1448 / cap."""
+    10% of n * 8 * 1514/1448 / cap.
+
+    Robust on a shared machine: a cap whose medians miss is measured again (fresh processes), up to
+    twice; it passes when one attempt has both medians within 10%. A wrong cap, header factor or
+    layout misses every attempt; a busy CPU (measured: at load average 8-12 on 2 cores a 1000 Mbit/s
+    transfer's median once ran 61% over, all-reduces up to 12% over) does not repeat itself. Every
+    attempt is printed."""
     _require_root()
     emulate.preflight({"launcher": {"emulate": True, "backend": "gloo"}, "device": "cpu",
                        "network": {"bandwidth_gbps": 0.05}})
-    results = measure(SCHEDULE, MB16)
-    table, bad = [], []
-    for r in results:
-        predicted = MB16 * 8 * 1514 / 1448 / (r["cap_mbit"] * 1e6)
-        for op in ("p2p", "allreduce"):
-            median = statistics.median(r[op])
-            error = median / predicted - 1
-            table.append(f"{r['cap_mbit']:5g} Mbit/s {op:9s} predicted {predicted:.3f} s measured {median:.3f} s "
-                         f"({', '.join(f'{t:.3f}' for t in r[op])}) error {error:+.1%} "
-                         f"wire/payload {r[op + '_wire_factor']:.4f}")
-            if abs(error) > 0.10 or not 1.0 < r[op + "_wire_factor"] < 1.10:
-                bad.append(table[-1])
+    table, failed = [], []
+    for r in measure(SCHEDULE, MB16):
+        rows = _rows(r)
+        table += [line for _, _, line in rows]
+        attempts = 1
+        while not all(ok for _, ok, _ in rows) and attempts < 3:
+            (r,) = measure([(r["cap_mbit"], dict(SCHEDULE)[r["cap_mbit"]])], MB16)
+            rows = _rows(r)
+            attempts += 1
+            table += [f"{line} (attempt {attempts})" for _, _, line in rows]
+        failed += [line for _, ok, line in rows if not ok]
+        assert not emulate.leftovers(r["run"]), emulate.leftovers(r["run"])
     print("\n" + "\n".join(table))
-    assert not bad, "\n".join(["outside 10% of the cap's time (or wire bytes not payload + headers):", *bad,
-                               "all:", *table])
-    assert not emulate.leftovers(results[0]["run"]), emulate.leftovers(results[0]["run"])
+    assert not failed, "\n".join(["outside 10% of the cap's time (or wire bytes not payload + headers) in 3 "
+                                  "attempts:", *failed, "all:", *table])
+
+
+def test_workers_of_one_node_talk_unshaped():
+    """cluster.gpus_per_node=2: both workers in one namespace; 16 MiB between them at a 5 Mbit/s
+    cap takes far less than the cap's 28 s (intra-node traffic never crosses the shaped veth)."""
+    _require_root()
+    (r,) = measure([(5, 1)], MB16, gpus_per_node=2)
+    at_cap = MB16 * 8 * 1514 / 1448 / 5e6
+    assert max(r["p2p"] + r["allreduce"]) < at_cap / 10, (r, at_cap)
+    assert r["p2p_wire_factor"] < 0.01 and r["allreduce_wire_factor"] < 0.01, r  # nothing through the link
 
 
 def test_cleanup_removes_what_a_killed_launcher_left_and_keeps_live_runs():
@@ -85,3 +116,20 @@ def test_cleanup_removes_what_a_killed_launcher_left_and_keeps_live_runs():
         assert sorted(emulate.leftovers(live.run)) == sorted([f"lsgd-{live.run}-0", f"lsgd{live.run}h0",
                                                               f"lsgd{live.run}br"])
     assert not emulate.leftovers(live.run)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_a_launcher_stopped_by_a_signal_removes_its_cluster(sig):
+    """SIGTERM / SIGHUP (default action: death without cleanup, unless lsgd.emulate catches them)
+    and SIGINT to a process holding a cluster: it exits and nothing of its run is left."""
+    _require_root()
+    code = ("import time\nfrom lsgd import emulate\n"
+            "with emulate.cluster({'network': {'bandwidth_gbps': 0.1, 'latency_us': 0}}, 2) as plan:\n"
+            "    print(plan.run, flush=True)\n"
+            "    time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = proc.stdout.readline().strip()
+    assert len(emulate.leftovers(run)) == 5  # 2 namespaces, 2 bridge-side veths, the bridge
+    proc.send_signal(getattr(signal, sig))
+    proc.wait(timeout=30)
+    assert proc.returncode != 0 and emulate.leftovers(run) == [], proc.stderr.read()[-2000:]
