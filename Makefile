@@ -57,7 +57,7 @@ lock:
 	rm $(VENV)/lock.tmp
 
 # Fashion-MNIST: Debian's dataset-fashion-mnist package when apt is usable as root, else
-# torchvision's download into data/.
+# torchvision's download into data/. iproute2 (ip, tc: launcher.emulate and its tests) likewise, if missing.
 # Jane Austen's novels (dataset=text): `apt-get download r-cran-janeaustenr` + dpkg-deb -x into a
 # temporary folder, extracted to $(LSGD_DATA or data)/text/austen/*.txt and checked against the
 # SHA-256 in lsgd/data/austen.py; then the BPE tokenizer is trained on the training split.
@@ -68,6 +68,9 @@ data: install
 	@if [ ! -f $(FMNIST_DEB) ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist \
 	  || echo "apt-get failed; falling back to torchvision's download"; fi
+	@if ! command -v tc >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -qq || true; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 \
+	  || echo "apt-get failed: launcher.emulate needs iproute2 (ip, tc)"; fi
 	$(LSGD) data fashion_mnist
 	$(LSGD) data text
 

@@ -42,6 +42,8 @@ commands:
              cluster.device=cpu: lsgd calibrate [--threads N]
   list     the options of the config groups with their descriptions:
              lsgd list [algorithms|experiments|variants|models|datasets|optimizers|schedules|networks|...]
+  emulate  the emulated cluster (launcher.emulate=true, root): lsgd emulate --cleanup [--all] removes
+             the namespaces and links a killed launcher left (--all: those of running launches too)
 
 `lsgd train --help` shows the config groups and their options; `lsgd --version` the version.
 Shell completion of `lsgd train` overrides (Hydra's): eval "$(lsgd train -sc install=bash)".
@@ -353,7 +355,11 @@ def _main(argv: list[str] | None = None) -> int:
         return list_options(rest)
     if cmd == "calibrate":
         return calibrate(rest)
-    print(f"lsgd: unknown command {cmd!r}; allowed: train, plot, report, data, list, calibrate, --version\n\n{USAGE}",
+    if cmd == "emulate":  # issue 23 (lsgd.emulate)
+        from lsgd.emulate import main as emulate_main
+
+        return emulate_main(rest)
+    print(f"lsgd: unknown command {cmd!r}; allowed: train, plot, report, data, list, calibrate, emulate, --version\n\n{USAGE}",
           file=sys.stderr)
     return 2
 

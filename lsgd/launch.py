@@ -389,9 +389,14 @@ def spawn_local(cfg: dict, run_dir: Path) -> int | None:
         signals_to_handle="SIGHUP,SIGQUIT" if interrupts else "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
     )
     stop = StopFlag()
-    with _MainSignals(stop) if interrupts else contextlib.nullcontext(types.SimpleNamespace(signal=None)) as signals:
+    # --- issue 23: launcher.emulate=true runs the workers in network namespaces behind capped links
+    # (lsgd.emulate builds them here and removes them however the launch ends) ---
+    from lsgd import emulate
+
+    with emulate.launch(cfg, nproc, worker_main) as (entry, worker_cfg), \
+            _MainSignals(stop) if interrupts else contextlib.nullcontext(types.SimpleNamespace(signal=None)) as signals:
         try:
-            elastic_launch(config, worker_main)(cfg, str(run_dir), stop)
+            elastic_launch(config, entry)(worker_cfg, str(run_dir), stop)
         except ChildFailedError:
             if signals.signal is not None:
                 raise RunInterrupted(signals.signal) from None
@@ -458,6 +463,10 @@ def run(cfg_node) -> dict | None:
         raise ConfigError(str(exc)) from None
     validate(cfg, *((launch_env.world_size, launch_env.local_world_size) if launch_env else (None, None)))
     _ensure_cpu_calibration(cfg, launch_env)
+    if cfg["launcher"].get("emulate", False) is not False:  # issue 23: root, iproute2, the kernel's features (lsgd.emulate)
+        from lsgd.emulate import preflight
+
+        preflight(cfg, joined=launch_env is not None)
 
     if launch_env is not None and launch_env.rank != 0:
         from lsgd.trainer import worker_main

@@ -1,0 +1,114 @@
+"""``lsgd train launcher=emulated`` (lsgd.emulate, issue 23) end to end: a run on capped links, and
+no namespace, veth, bridge or qdisc left after a normal run, a worker killed with SIGKILL, or Ctrl-C
+(SIGINT to the launcher).
+
+Needs root and the kernel's namespaces, veth, bridge and tbf (CI runs as root): without them these
+tests FAIL with the reason (tests/conftest.py: only CUDA tests may skip).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from runner import LSGD, TINY, lsgd, metrics, run_dirs, session_processes, summary
+
+from lsgd import emulate
+
+EMULATED = ["launcher=emulated", "launcher.nproc_per_node=2"]
+
+
+@pytest.fixture
+def before():
+    """lsgd's namespaces and links present before the test (another run's, if any)."""
+    if os.geteuid() != 0:
+        pytest.fail("the emulated cluster needs root (network namespaces, veth, tc); CI runs as root")
+    return set(emulate.leftovers())
+
+
+def _new(before: set) -> list[str]:
+    return sorted(set(emulate.leftovers()) - before)
+
+
+def _qdiscs_left() -> list[str]:
+    """tbf/netem qdiscs of lsgd's links on the host (a veth removed takes its qdiscs along)."""
+    out = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if " dev lsgd" in line]
+
+
+def test_an_emulated_run_is_bound_by_the_cap_and_leaves_nothing(tmp_path, before):
+    """ddp on 2 workers at 20 Mbit/s: the run completes, its wall time is at least the wire bytes at
+    the cap (n * 8 * 1514/1448 / cap; DDP overlaps the all-reduce with backward, so no more can be
+    said), the missing netem is said once, and nothing is left."""
+    cap = 0.02
+    res = lsgd(["train", *TINY, *EMULATED, "algo=ddp", "max_steps=6", f"network.bandwidth_gbps={cap}",
+                f"results_dir={tmp_path}/r"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (run,) = run_dirs(tmp_path / "r")
+    assert summary(run)["status"] == "completed"
+    last = metrics(run, drop_time=False)[-1]
+    at_cap = last["wire_bytes"] * 8 * 1514 / 1448 / (cap * 1e9)
+    assert at_cap > 0.5 and last["wall_time_s"] >= 0.95 * at_cap, (last["wall_time_s"], at_cap)
+    warned = res.stderr.count("is not emulated: this kernel has no netem")
+    assert warned == (0 if emulate.netem_available() else 1), res.stderr[-3000:]
+    assert _new(before) == [] and _qdiscs_left() == []
+
+
+def _start_slow_run(tmp_path: Path, before: set) -> tuple[subprocess.Popen, list[str]]:
+    """An emulated run at 5 Mbit/s long enough to interrupt; returns it once both workers sit in
+    their namespaces and training has logged a step, with those namespaces."""
+    args = ["train", *TINY, *EMULATED, "algo=ddp", "max_steps=400", "log_every=1", "network.bandwidth_gbps=0.005",
+            f"results_dir={tmp_path}/r"]
+    proc = subprocess.Popen(LSGD + args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env=dict(os.environ, WANDB_MODE="disabled"))
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        spaces = [n for n in _new(before) if n.startswith("lsgd-")]
+        pids = [p for n in spaces for p in subprocess.run(["ip", "netns", "pids", n], capture_output=True,
+                                                         text=True).stdout.split()]
+        logged = [p for p in (tmp_path / "r").rglob("metrics.jsonl") if p.stat().st_size > 0]
+        if len(spaces) == 2 and len(pids) >= 2 and logged:
+            return proc, spaces
+        time.sleep(0.3)
+    proc.kill()
+    raise AssertionError(f"the emulated run did not start: {proc.communicate()[0][-3000:]}")
+
+
+def _finish(proc: subprocess.Popen) -> str:
+    """The launcher's output once it and every process of its session (workers, multiprocessing's
+    resource tracker, which outlives the launcher by a moment) are gone."""
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(f"the launcher did not stop: {proc.communicate()[0][-3000:]}") from None
+    deadline = time.monotonic() + 15
+    while session_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return out
+
+
+def test_a_worker_killed_with_sigkill_leaves_nothing(tmp_path, before):
+    proc, spaces = _start_slow_run(tmp_path, before)
+    victim = int(subprocess.run(["ip", "netns", "pids", spaces[-1]], capture_output=True, text=True).stdout.split()[0])
+    os.kill(victim, signal.SIGKILL)
+    out = _finish(proc)
+    assert proc.returncode != 0, out[-3000:]
+    assert _new(before) == [] and _qdiscs_left() == [], out[-3000:]
+    assert session_processes(proc.pid) == []
+    (run,) = run_dirs(tmp_path / "r")
+    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+
+
+def test_ctrl_c_to_the_launcher_leaves_nothing(tmp_path, before):
+    proc, _ = _start_slow_run(tmp_path, before)
+    os.kill(proc.pid, signal.SIGINT)
+    out = _finish(proc)
+    assert proc.returncode != 0, out[-3000:]
+    assert _new(before) == [] and _qdiscs_left() == [], out[-3000:]
+    assert session_processes(proc.pid) == []
