@@ -272,6 +272,7 @@ class Trainer:
                 self.serve()
             else:
                 self.work()
+            self.watch.drain()  # the last step's stop agreement, still in flight (lsgd.preemption)
             self.algorithm.finish()
             if self.algorithm.bookkeeping == "server":
                 # every rank is out of its loop (the server released the workers): one gather of

@@ -135,11 +135,24 @@ def test_resume_true_finds_this_jobs_own_folder(tmp_path):
 
 
 class _OneRank:
-    """A communicator of one rank: the all-reduce leaves the tensor as it is."""
+    """A communicator of one rank: the all-reduce leaves the tensor as it is; ``issued`` counts the
+    agreements in flight (issued, not yet waited)."""
 
-    def all_reduce(self, tensor, op=None, count=True):
+    def __init__(self):
+        self.issued = 0
+
+    def all_reduce(self, tensor, op=None, count=True, async_op=False):
         assert count is False  # the agreement is never counted as training traffic
-        return tensor
+        assert async_op  # never waited for at the step that issues it
+        self.issued += 1
+        comm = self
+
+        class Handle:
+            def wait(self):
+                comm.issued -= 1
+                return tensor
+
+        return Handle()
 
 
 def test_interrupts_are_noted_not_raised_and_agree_on_their_kind():
@@ -149,12 +162,17 @@ def test_interrupts_are_noted_not_raised_and_agree_on_their_kind():
     from lsgd.preemption import Interrupted, Preempted, StopFlag
 
     before = signal.getsignal(signal.SIGINT)
+    comm = _OneRank()
     with PreemptionWatch("off", interrupts=True) as watch:
-        assert watch.agreed(_OneRank(), torch.device("cpu")) is None
+        assert watch.agreed(comm, torch.device("cpu")) is None and comm.issued == 1
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.01)
-        stop = watch.agreed(_OneRank(), torch.device("cpu"))
-        assert type(stop) is Interrupted and stop.signum == signal.SIGINT
+        # the agreement in flight was issued before the signal: it reads no stop, and issues the next
+        assert watch.agreed(comm, torch.device("cpu")) is None and comm.issued == 1
+        stop = watch.agreed(comm, torch.device("cpu"))  # one step later every rank reads the stop
+        assert type(stop) is Interrupted and stop.signum == signal.SIGINT and comm.issued == 0
+        watch.drain()
+        assert comm.issued == 0
     assert signal.getsignal(signal.SIGINT) is before
     flag = StopFlag()
     flag.set(signal.SIGTERM)
@@ -162,6 +180,8 @@ def test_interrupts_are_noted_not_raised_and_agree_on_their_kind():
     assert flag.signum == signal.SIGTERM
     for mode, kind in (("checkpoint", Preempted), ("off", Interrupted)):
         with PreemptionWatch(mode, interrupts=True, stop=flag) as watch:
-            stop = watch.agreed(_OneRank(), torch.device("cpu"))
+            comm = _OneRank()
+            assert watch.agreed(comm, torch.device("cpu")) is None  # issued; read at the next step
+            stop = watch.agreed(comm, torch.device("cpu"))
             assert type(stop) is kind and stop.signum == signal.SIGTERM and str(kind(7, 15)).startswith(
                 f"{kind.status} at step 7: checkpoint written")
