@@ -50,7 +50,15 @@ roofline reduces to the old FLOPs / (peak x mfu)). The optimizer's step is on th
 (the trainer charges it whenever the optimizer steps). On a GPU preset the twin optimizer runs
 torch's ``foreach`` kernels, torch's default on CUDA; on ``cpu`` its default for-loop. On ``cpu``
 an op that evaluates a transcendental function per element (:data:`SPECIAL_OPS`: softmax, GELU,
-exp, tanh) adds elements / ``special_rate`` (a measured ``exp`` rate) to its compute term.
+exp, tanh) adds elements / ``special_rate`` (a measured ``exp`` rate) to its compute term; a
+matmul (:data:`GEMM_OPS`: mm, addmm, bmm, baddbmm) runs at the measured rate of its shape, the
+matmul curve interpolated (log-log) at its smallest GEMM dimension
+(:meth:`DeviceSpec.matmul_rate`: GPT-tiny's 64-wide head runs well below the square rate); and
+every fresh output of at least :data:`FRESH_ALLOCATION_BYTES` (32 MiB) adds its bytes /
+``first_touch_bandwidth``: glibc maps such blocks fresh on every allocation, and the kernel's
+page faults (zeroing each page) cost more than the op's own write (GPT-tiny's 268 MB logits,
+their log-softmax and both gradients: four per step). Neither term exists on a GPU preset
+(:class:`DeviceSpec`, ``matmul_curve`` and ``first_touch_bandwidth``, says why).
 
 ``mfu``: the roofline's "peak x efficiency". The key keeps its name and, on the GPU presets, its
 old default 0.4 (configs that set it keep working, and a compute-bound model keeps its step
@@ -78,9 +86,11 @@ decompress, update) live under :class:`OpCounter` and prices it on the same roof
 The ``cpu`` preset and ``lsgd calibrate``
 -----------------------------------------
 ``lsgd calibrate [--threads N]`` (:func:`calibrate_cpu`) measures this machine with torch's
-thread count: a 1024 x 1024 float32 matmul (FLOP/s), a 64 MiB copy (bytes/s), ``torch.exp`` on
-16 MiB (elements/s) and a tiny model's whole training step (seconds per op: PyTorch's per-op eager
-cost, the CPU's launch overhead), and stores them per thread count in
+thread count: a 1024 x 1024 float32 matmul (FLOP/s), the matmul curve (``(4096 x k) @ (k x
+4096)`` at k = 16, 64, 256, :data:`MATMUL_CURVE_K`, then the square point at k = 1024), a 64 MiB
+copy (bytes/s), the page faults of a fresh 64 MiB allocation (first-touch bytes/s),
+``torch.exp`` on 16 MiB (elements/s) and a tiny model's whole training step (seconds per op:
+PyTorch's per-op eager cost, the CPU's launch overhead), and stores them per thread count in
 ``$XDG_CACHE_HOME/lsgd/cpu.json`` (atomically). ``cluster.device=cpu`` reads the record for the
 workers' thread count; when it is missing a local launch measures it once before the workers
 start (and says so), a torchrun/SLURM launch stops with a ConfigError (its tasks would each
@@ -88,25 +98,34 @@ measure different figures). A ``cpu`` profile depends on the machine, its load a
 count: it is for holding the model against ``compute=measured`` on the same machine.
 
 Held against measured time (``scripts/bench_compute_model.py``), measured on an AMD EPYC (2 cores
-shared with other jobs: loaded, noisy), torch 2.14.1, 1 thread, batch 32, SGD momentum; the
-median over interleaved rounds of calibration and measurement:
+shared with other jobs: load average 10-14, very noisy), torch 2.14.1, 1 thread, batch 32, SGD
+momentum; medians over interleaved rounds of calibration and measurement. Before: the roofline
+without the matmul curve and the first-touch term (main at 274fdca, 3 rounds); after: this model
+(5 rounds; "ratio" is the ratio of the medians, "round" the median of the per-round ratios, "w/o"
+the same rounds priced without the curve and the first-touch term):
 
-=========  ======================  ============================  ===========  ==============
-model      ops fwd / bwd / opt     profile ms (fwd / bwd / opt)  measured ms  ratio (range)
-=========  ======================  ============================  ===========  ==============
-cnn        15 / 18 / 40            17.60 (5.91 / 10.72 / 0.97)   21.97        0.80 (0.54-0.81)
-logreg     3 / 5 / 8               0.12 (0.02 / 0.03 / 0.06)     0.12         0.95 (0.94-0.98)
-gpt-tiny   28 / 48 / 112           1189 (455 / 731 / 2.9)        2690         0.44 (0.36-0.44)
-resnet20   91 / 79 / 236           219.9 (74.2 / 141.0 / 1.9)    211.4        1.04 (0.98-1.19)
-=========  ======================  ============================  ===========  ==============
+=========  ======================  ==========  ==================================  ===========  ===========  ===========  ====
+model      ops fwd / bwd / opt     before      after: profile ms                   measured ms  ratio        range        w/o
+=========  ======================  ==========  ==================================  ===========  ===========  ===========  ====
+cnn        15 / 18 / 40            0.62        13.8                                24.6         0.56 (0.57)  0.33-0.88    0.54
+logreg     3 / 5 / 8               0.85        0.13                                0.13         0.98 (1.00)  0.78-1.62    0.85
+gpt-tiny   28 / 48 / 112           0.43        2593 (1741 first touch)             2430         1.07 (0.97)  0.56-1.25    0.39
+resnet20   91 / 79 / 236           1.48        168.3                               158.3        1.06 (0.94)  0.86-1.79    0.94
+=========  ======================  ==========  ==================================  ===========  ===========  ===========  ====
 
-(3 rounds; calibrations 39-42 GFLOP/s matmul, 12-17 GB/s copy, 4 us per op; the load average
-was 10-14 on the 2 cores, and the same script run twice before gave cnn 0.72-0.87, logreg
-0.92-3.1 (before the per-op overhead was timed on single steps), resnet20 1.19-1.44, gpt-tiny
-0.33-0.46.) The CNN, logreg and ResNet-20 are within 25%. GPT-tiny is not: its steps are
-dominated by the 8192-token vocabulary head, 64-deep matmuls (8192 x 64 @ 64 x 8192) that this
-CPU runs at about a third of the square matmul's rate, and by log-softmax over 67M logits and
-zero-fills inside aten kernels, which the per-op roofline does not see.
+(calibrations within one run: square matmul 35-67 GFLOP/s, k = 64 at 0.5-0.95 of it and k = 16 at
+0.2-0.65, copy 11-32 GB/s, first touch 0.6-1.6 GB/s; the previous model's author measured cnn
+0.80, logreg 0.95, gpt-tiny 0.44, resnet20 1.04 at another hour.) GPT-tiny moves from 0.4 to
+about 1: its step is spent in the 64-wide vocabulary head's matmuls (rate at k = 64, not the
+square rate), in the page faults of its four fresh 268 MB tensors (logits, log-softmax, and their
+gradients; torch.profiler: log_softmax 125 ms fresh against 52 ms into a preallocated output, a
+92 ms zero-fill in nll_loss_backward), and in the CPU attention kernels, now counted with torch's
+SDPA FLOP formulas (:data:`EXTRA_FLOPS`) instead of one FLOP per element. Logreg, ResNet-20
+and GPT-tiny are within 25% at the median; the CNN is not in these runs (0.56, earlier 0.80): by
+torch.profiler its batch-norm backward and max-pool run several times slower than their bytes at
+the copy bandwidth, which the roofline does not see (ResNet-20 has the same batch-norm gap, offset
+by convolutions priced above their measured time); the run-to-run spread on this machine is as
+large as the remaining errors.
 
 Measured mode
 -------------
@@ -307,8 +326,9 @@ class DeviceSpec:
         dimension k into register tiles and streams the M x N output through the caches once per
         k-block, so a thin k (the GPT head's 64) spends its time writing output, not multiplying
         (measured: about a third of the square rate on this AMD EPYC at k = 64). A GPU's tensor
-        cores have the same kind of cliff (an MMA tile is 16 x 8 x 16 on A100 and Hopper, CTA
-        tiles 64-256 wide: a dimension below the tile wastes the rest of it), but the GPU presets
+        cores have the same kind of cliff (one MMA instruction covers 16 x 8 x 16 on A100, PTX
+        ``mma.m16n8k16``, and 64 x N x 16 on Hopper, ``wgmma``; GEMM thread-block tiles are 64-256
+        wide: a dimension below the tile wastes the rest of it), but the GPU presets
         here are datasheet peaks, and no published per-shape efficiency of these parts was found
         to cite; their ``mfu`` (0.4) already stands for an average efficiency. A GPU curve would
         have to be measured on the device, as ``lsgd calibrate`` does for ``cpu``.

@@ -24,6 +24,7 @@ re-measuring every model); the table gives the median per model over the rounds 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -103,11 +104,15 @@ def main() -> None:
     for _ in range(args.rounds):
         cal = calibrate_cpu()
         calibrations.append(cal)
-        roof = Roofline(cpu_spec_from_record(cal), 1.0)
+        spec = cpu_spec_from_record(cal)
+        roof = Roofline(spec, 1.0)
+        # the same figures without the matmul curve and the first-touch term (the model before them)
+        plain = Roofline(dataclasses.replace(spec, matmul_curve=None, first_touch_bandwidth=None), 1.0)
         for case, (m, opt, x, y) in built.items():
             phases = {p: roof.price(getattr(counted[case], p)) for p in ("forward", "backward", "optimizer")}
             modeled = sum(p.seconds for p in phases.values())
-            rows[case].append((modeled, measure(m, opt, x, y, args.warmup, args.repeats), phases))
+            flat = sum(plain.price(getattr(counted[case], p)).seconds for p in ("forward", "backward", "optimizer"))
+            rows[case].append((modeled, measure(m, opt, x, y, args.warmup, args.repeats), phases, flat))
 
     print(f"# {calibrations[0]['cpu']}, torch {torch.__version__}, {args.threads} thread(s), batch {args.batch}, "
           f"{args.rounds} round(s)")
@@ -117,12 +122,13 @@ def main() -> None:
               f"{cal['memory_bandwidth'] / 1e9:.1f} GB/s, first touch {cal.get('first_touch_bandwidth', 0) / 1e9:.2f} "
               f"GB/s, exp {cal['special_rate'] / 1e9:.2f} G/s, per-op {cal['launch_s'] * 1e6:.2f} us")
     print("| model | ops (fwd/bwd/opt) | profile ms (fwd/bwd/opt) | compute / memory / overhead / first touch ms | "
-          "measured ms | ratio | median round ratio | ratio range |")
-    print("|---|---|---|---|---|---|---|---|")
+          "measured ms | ratio | median round ratio | ratio range | ratio w/o curve + first touch |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for case in args.cases:
         modeled = statistics.median(r[0] for r in rows[case])
         measured = statistics.median(r[1] for r in rows[case])
         ratios = [r[0] / r[1] for r in rows[case]]
+        flat = statistics.median(r[3] / r[1] for r in rows[case])
         ph = rows[case][len(rows[case]) // 2][2]
         c = counted[case]
         comp = sum(p.compute_bound_s for p in ph.values())
@@ -132,7 +138,8 @@ def main() -> None:
         print(f"| {case} | {len(c.forward)}/{len(c.backward)}/{len(c.optimizer)} | {modeled * 1e3:.2f} "
               f"({ph['forward'].seconds * 1e3:.2f}/{ph['backward'].seconds * 1e3:.2f}/{ph['optimizer'].seconds * 1e3:.2f}) "
               f"| {comp * 1e3:.2f} / {mem * 1e3:.2f} / {lau * 1e3:.2f} / {touch * 1e3:.2f} | {measured * 1e3:.2f} | "
-              f"{modeled / measured:.2f} | {statistics.median(ratios):.2f} | {min(ratios):.2f} .. {max(ratios):.2f} |")
+              f"{modeled / measured:.2f} | {statistics.median(ratios):.2f} | {min(ratios):.2f} .. {max(ratios):.2f} | "
+              f"{flat:.2f} |")
 
 
 if __name__ == "__main__":
