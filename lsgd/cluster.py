@@ -113,6 +113,12 @@ gpt-tiny   28 / 48 / 112           0.43        2593 (1741 first touch)          
 resnet20   91 / 79 / 236           1.48        168.3                               158.3        1.06 (0.94)  0.86-1.79    0.94
 =========  ======================  ==========  ==================================  ===========  ===========  ===========  ====
 
+A second run after (3 rounds, per-round medians; ratio of medians in brackets): cnn 0.81 (1.08),
+logreg 1.19 (1.33), gpt-tiny 1.00 (1.07), resnet20 1.12 (1.81), with 0.78, 0.81, 0.46, 1.12
+without the new terms: the spread between runs (+-50% on the CNN, logreg and ResNet-20) is
+this machine's load, GPT-tiny's shift from about 0.4 to about 1 is not. Logreg's one matmul
+(32 x 784 @ 784 x 10) is priced at the curve's k = 16 rate, measured with 4096-wide other
+dimensions; a launch-bound step anyway.
 (calibrations within one run: square matmul 35-67 GFLOP/s, k = 64 at 0.5-0.95 of it and k = 16 at
 0.2-0.65, copy 11-32 GB/s, first touch 0.6-1.6 GB/s; the previous model's author measured cnn
 0.80, logreg 0.95, gpt-tiny 0.44, resnet20 1.04 at another hour.) GPT-tiny moves from 0.4 to
