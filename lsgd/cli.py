@@ -38,7 +38,7 @@ commands:
   report   report.md and a self-contained report.html with tables (mean and 95% interval over seeds),
            LaTeX, CSV and figures: lsgd report results/fmnist_demo [--baseline ddp] [--width one|two]
   data     fetch a dataset before training: lsgd data fashion_mnist [dataset.root=DIR]
-  calibrate  measure this machine's matmul FLOP/s, memory bandwidth and per-op overhead for
+  calibrate  measure this machine's matmul FLOP/s (by shape), memory and first-touch bandwidth and per-op overhead for
              cluster.device=cpu: lsgd calibrate [--threads N]
   list     the options of the config groups with their descriptions:
              lsgd list [algorithms|experiments|variants|models|datasets|optimizers|schedules|networks|...]
@@ -248,8 +248,10 @@ def calibrate(argv: list[str]) -> int:
         torch.set_num_threads(args.threads)
     record = calibrate_cpu()
     path = write_cpu_profile(record)
-    print(f"{record['cpu']}, {record['threads']} thread(s): matmul {record['peak_flops'] / 1e9:.1f} GFLOP/s, "
-          f"memory {record['memory_bandwidth'] / 1e9:.1f} GB/s, per-op overhead {record['launch_s'] * 1e6:.2f} us")
+    curve = ", ".join(f"k={int(k)}: {r / 1e9:.1f}" for k, r in record["matmul_curve"])
+    print(f"{record['cpu']}, {record['threads']} thread(s): matmul {record['peak_flops'] / 1e9:.1f} GFLOP/s "
+          f"(by smallest dimension: {curve}), memory {record['memory_bandwidth'] / 1e9:.1f} GB/s, first touch "
+          f"{record['first_touch_bandwidth'] / 1e9:.2f} GB/s, per-op overhead {record['launch_s'] * 1e6:.2f} us")
     print(f"written to {path} (cluster.device=cpu reads it; the figures belong to this machine)")
     return 0
 

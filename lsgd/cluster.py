@@ -50,7 +50,15 @@ roofline reduces to the old FLOPs / (peak x mfu)). The optimizer's step is on th
 (the trainer charges it whenever the optimizer steps). On a GPU preset the twin optimizer runs
 torch's ``foreach`` kernels, torch's default on CUDA; on ``cpu`` its default for-loop. On ``cpu``
 an op that evaluates a transcendental function per element (:data:`SPECIAL_OPS`: softmax, GELU,
-exp, tanh) adds elements / ``special_rate`` (a measured ``exp`` rate) to its compute term.
+exp, tanh) adds elements / ``special_rate`` (a measured ``exp`` rate) to its compute term; a
+matmul (:data:`GEMM_OPS`: mm, addmm, bmm, baddbmm) runs at the measured rate of its shape, the
+matmul curve interpolated (log-log) at its smallest GEMM dimension
+(:meth:`DeviceSpec.matmul_rate`: GPT-tiny's 64-wide head runs well below the square rate); and
+every fresh output of at least :data:`FRESH_ALLOCATION_BYTES` (32 MiB) adds its bytes /
+``first_touch_bandwidth``: glibc maps such blocks fresh on every allocation, and the kernel's
+page faults (zeroing each page) cost more than the op's own write (GPT-tiny's 268 MB logits,
+their log-softmax and both gradients: four per step). Neither term exists on a GPU preset
+(:class:`DeviceSpec`, ``matmul_curve`` and ``first_touch_bandwidth``, says why).
 
 ``mfu``: the roofline's "peak x efficiency". The key keeps its name and, on the GPU presets, its
 old default 0.4 (configs that set it keep working, and a compute-bound model keeps its step
@@ -78,9 +86,11 @@ decompress, update) live under :class:`OpCounter` and prices it on the same roof
 The ``cpu`` preset and ``lsgd calibrate``
 -----------------------------------------
 ``lsgd calibrate [--threads N]`` (:func:`calibrate_cpu`) measures this machine with torch's
-thread count: a 1024 x 1024 float32 matmul (FLOP/s), a 64 MiB copy (bytes/s), ``torch.exp`` on
-16 MiB (elements/s) and a tiny model's whole training step (seconds per op: PyTorch's per-op eager
-cost, the CPU's launch overhead), and stores them per thread count in
+thread count: a 1024 x 1024 float32 matmul (FLOP/s), the matmul curve (``(4096 x k) @ (k x
+4096)`` at k = 16, 64, 256, :data:`MATMUL_CURVE_K`, then the square point at k = 1024), a 64 MiB
+copy (bytes/s), the page faults of a fresh 64 MiB allocation (first-touch bytes/s),
+``torch.exp`` on 16 MiB (elements/s) and a tiny model's whole training step (seconds per op:
+PyTorch's per-op eager cost, the CPU's launch overhead), and stores them per thread count in
 ``$XDG_CACHE_HOME/lsgd/cpu.json`` (atomically). ``cluster.device=cpu`` reads the record for the
 workers' thread count; when it is missing a local launch measures it once before the workers
 start (and says so), a torchrun/SLURM launch stops with a ConfigError (its tasks would each
@@ -88,25 +98,40 @@ measure different figures). A ``cpu`` profile depends on the machine, its load a
 count: it is for holding the model against ``compute=measured`` on the same machine.
 
 Held against measured time (``scripts/bench_compute_model.py``), measured on an AMD EPYC (2 cores
-shared with other jobs: loaded, noisy), torch 2.14.1, 1 thread, batch 32, SGD momentum; the
-median over interleaved rounds of calibration and measurement:
+shared with other jobs: load average 10-14, very noisy), torch 2.14.1, 1 thread, batch 32, SGD
+momentum; medians over interleaved rounds of calibration and measurement. Before: the roofline
+without the matmul curve and the first-touch term (main at 274fdca, 3 rounds); after: this model
+(5 rounds; "ratio" is the ratio of the medians, "round" the median of the per-round ratios, "w/o"
+the same rounds priced without the curve and the first-touch term):
 
-=========  ======================  ============================  ===========  ==============
-model      ops fwd / bwd / opt     profile ms (fwd / bwd / opt)  measured ms  ratio (range)
-=========  ======================  ============================  ===========  ==============
-cnn        15 / 18 / 40            17.60 (5.91 / 10.72 / 0.97)   21.97        0.80 (0.54-0.81)
-logreg     3 / 5 / 8               0.12 (0.02 / 0.03 / 0.06)     0.12         0.95 (0.94-0.98)
-gpt-tiny   28 / 48 / 112           1189 (455 / 731 / 2.9)        2690         0.44 (0.36-0.44)
-resnet20   91 / 79 / 236           219.9 (74.2 / 141.0 / 1.9)    211.4        1.04 (0.98-1.19)
-=========  ======================  ============================  ===========  ==============
+=========  ======================  ==========  ==================================  ===========  ===========  ===========  ====
+model      ops fwd / bwd / opt     before      after: profile ms                   measured ms  ratio        range        w/o
+=========  ======================  ==========  ==================================  ===========  ===========  ===========  ====
+cnn        15 / 18 / 40            0.62        13.8                                24.6         0.56 (0.57)  0.33-0.88    0.54
+logreg     3 / 5 / 8               0.85        0.13                                0.13         0.98 (1.00)  0.78-1.62    0.85
+gpt-tiny   28 / 48 / 112           0.43        2593 (1741 first touch)             2430         1.07 (0.97)  0.56-1.25    0.39
+resnet20   91 / 79 / 236           1.48        168.3                               158.3        1.06 (0.94)  0.86-1.79    0.94
+=========  ======================  ==========  ==================================  ===========  ===========  ===========  ====
 
-(3 rounds; calibrations 39-42 GFLOP/s matmul, 12-17 GB/s copy, 4 us per op; the load average
-was 10-14 on the 2 cores, and the same script run twice before gave cnn 0.72-0.87, logreg
-0.92-3.1 (before the per-op overhead was timed on single steps), resnet20 1.19-1.44, gpt-tiny
-0.33-0.46.) The CNN, logreg and ResNet-20 are within 25%. GPT-tiny is not: its steps are
-dominated by the 8192-token vocabulary head, 64-deep matmuls (8192 x 64 @ 64 x 8192) that this
-CPU runs at about a third of the square matmul's rate, and by log-softmax over 67M logits and
-zero-fills inside aten kernels, which the per-op roofline does not see.
+A second run after (3 rounds, per-round medians; ratio of medians in brackets): cnn 0.81 (1.08),
+logreg 1.19 (1.33), gpt-tiny 1.00 (1.07), resnet20 1.12 (1.81), with 0.78, 0.81, 0.46, 1.12
+without the new terms: the spread between runs (+-50% on the CNN, logreg and ResNet-20) is
+this machine's load, GPT-tiny's shift from about 0.4 to about 1 is not. Logreg's one matmul
+(32 x 784 @ 784 x 10) is priced at the curve's k = 16 rate, measured with 4096-wide other
+dimensions; a launch-bound step anyway.
+(calibrations within one run: square matmul 35-67 GFLOP/s, k = 64 at 0.5-0.95 of it and k = 16 at
+0.2-0.65, copy 11-32 GB/s, first touch 0.6-1.6 GB/s; the previous model's author measured cnn
+0.80, logreg 0.95, gpt-tiny 0.44, resnet20 1.04 at another hour.) GPT-tiny moves from 0.4 to
+about 1: its step is spent in the 64-wide vocabulary head's matmuls (rate at k = 64, not the
+square rate), in the page faults of its four fresh 268 MB tensors (logits, log-softmax, and their
+gradients; torch.profiler: log_softmax 125 ms fresh against 52 ms into a preallocated output, a
+92 ms zero-fill in nll_loss_backward), and in the CPU attention kernels, now counted with torch's
+SDPA FLOP formulas (:data:`EXTRA_FLOPS`) instead of one FLOP per element. Logreg, ResNet-20
+and GPT-tiny are within 25% at the median; the CNN is not in these runs (0.56, earlier 0.80): by
+torch.profiler its batch-norm backward and max-pool run several times slower than their bytes at
+the copy bandwidth, which the roofline does not see (ResNet-20 has the same batch-norm gap, offset
+by convolutions priced above their measured time); the run-to-run spread on this machine is as
+large as the remaining errors.
 
 Measured mode
 -------------
@@ -188,7 +213,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from lsgd.errors import ConfigError
 
@@ -265,6 +290,21 @@ class DeviceSpec:
         special_rate: elements/s of a transcendental function (``cpu``: measured ``torch.exp``);
             None (GPU presets): not modeled, as a GPU's special-function units keep such
             elementwise ops memory-bound.
+        matmul_curve: the matmul shape-efficiency curve, ``((k, FLOP/s), ...)`` sorted by k > 0:
+            the FLOP/s of a float32 matmul whose smallest dimension is k (``cpu``: measured by
+            :func:`calibrate_cpu` at :data:`MATMUL_CURVE_K`); None (GPU presets, an old
+            calibration file): every matmul at ``peak_flops`` (:meth:`matmul_rate`).
+        first_touch_bandwidth: bytes/s of the page faults of a fresh large allocation (``cpu``:
+            measured by :func:`calibrate_cpu`), paid by every op output of at least
+            :data:`FRESH_ALLOCATION_BYTES` on top of its roofline (:attr:`Op.fresh_bytes`); None
+            (GPU presets, an old calibration file): not priced. Why only on ``cpu``: PyTorch's CPU
+            allocator hands a large tensor to glibc's ``malloc``, which serves any block above its
+            mmap threshold with a fresh ``mmap`` and unmaps it on free (``mallopt(3)``,
+            ``M_MMAP_THRESHOLD``), so the kernel faults in and zeroes every page of such an output
+            on its first write, every step (measured on this AMD EPYC: about 2 GB/s against
+            15-30 GB/s for a write to memory already mapped); the CUDA caching allocator keeps
+            freed blocks and reuses them the next step, so on a GPU a step allocates nothing new
+            after the first.
         info: where the figures come from (``cpu``: the calibration record).
     """
 
@@ -273,11 +313,47 @@ class DeviceSpec:
     memory_bandwidth: float
     launch_s: float
     special_rate: float | None = None
+    matmul_curve: tuple[tuple[float, float], ...] | None = None
+    first_touch_bandwidth: float | None = None
     info: dict | None = None
 
     @property
     def is_gpu(self) -> bool:
         return self.name != "cpu"
+
+    def matmul_rate(self, min_dim: float = 0) -> float:
+        """FLOP/s of a matmul-family op whose GEMM's smallest dimension is ``min_dim`` (0: not a
+        matmul, or unknown): ``peak_flops`` without a :attr:`matmul_curve` or for ``min_dim`` 0;
+        else the curve interpolated linearly in (log k, log rate), i.e. a power law between
+        neighbouring grid points, and held constant outside the grid (the first point's rate below
+        it, the last point's above it).
+
+        Why only on ``cpu``: a CPU's GEMM (oneDNN / OpenBLAS micro-kernels) blocks the inner
+        dimension k into register tiles and streams the M x N output through the caches once per
+        k-block, so a thin k (the GPT head's 64) spends its time writing output, not multiplying
+        (measured: about a third of the square rate on this AMD EPYC at k = 64). A GPU's tensor
+        cores have the same kind of cliff (one MMA instruction covers 16 x 8 x 16 on A100, PTX
+        ``mma.m16n8k16``, and 64 x N x 16 on Hopper, ``wgmma``; GEMM thread-block tiles are 64-256
+        wide: a dimension below the tile wastes the rest of it), but the GPU presets
+        here are datasheet peaks, and no published per-shape efficiency of these parts was found
+        to cite; their ``mfu`` (0.4) already stands for an average efficiency. A GPU curve would
+        have to be measured on the device, as ``lsgd calibrate`` does for ``cpu``.
+        """
+        curve = self.matmul_curve
+        if not curve or not min_dim or min_dim <= 0:
+            return self.peak_flops
+        if min_dim <= curve[0][0]:
+            return curve[0][1]
+        if min_dim >= curve[-1][0]:
+            return curve[-1][1]
+        for k, rate in curve:
+            if min_dim == k:  # a grid point: its measured rate, exactly
+                return rate
+        for (k0, r0), (k1, r1) in zip(curve, curve[1:]):
+            if k0 < min_dim < k1:
+                w = math.log(min_dim / k0) / math.log(k1 / k0)
+                return math.exp((1.0 - w) * math.log(r0) + w * math.log(r1))
+        return curve[-1][1]  # unreachable: the grid is sorted
 
 
 def device_spec(name: str) -> DeviceSpec:
@@ -475,10 +551,64 @@ def _tiny_step_overhead(repeats: int) -> float:
     return _median_seconds(step, 40 * repeats) / ops
 
 
-def calibrate_cpu(matmul_n: int = 1024, copy_mib: int = 64, special_mib: int = 16, repeats: int = 7) -> dict:
+#: the smallest GEMM dimensions k at which :func:`calibrate_cpu` measures the thin matmuls of the
+#: matmul curve (``(curve_n x k) @ (k x curve_n)``); the curve's last point is the square
+#: ``matmul_n`` matmul (k = 1024)
+MATMUL_CURVE_K: tuple[int, ...] = (16, 64, 256)
+#: the two large dimensions of those thin matmuls (64 MiB float32 outputs)
+MATMUL_CURVE_N = 4096
+
+#: glibc's largest mmap threshold on a 64-bit system (``DEFAULT_MMAP_THRESHOLD_MAX`` = 4 MiB x
+#: sizeof(long), ``mallopt(3)``): an allocation at least this large is always a fresh ``mmap``,
+#: whose pages fault on first write (:attr:`DeviceSpec.first_touch_bandwidth`)
+FRESH_ALLOCATION_BYTES = 32 * 2**20
+
+
+def measure_matmul_curve(ks: Sequence[int] = MATMUL_CURVE_K, n: int = MATMUL_CURVE_N,
+                         repeats: int = 3) -> list[list[float]]:
+    """``[[k, FLOP/s], ...]`` of float32 ``(n x k) @ (k x n)`` matmuls (2 n^2 k FLOPs each; the
+    median of ``repeats`` timed runs after a warm-up), k ascending: points of the shape-efficiency
+    curve of :meth:`DeviceSpec.matmul_rate`. The output is preallocated (``out=``), so the rate is
+    the kernel's alone: the page faults of a fresh output are priced separately
+    (:attr:`DeviceSpec.first_touch_bandwidth`). ``n`` large (64 MiB outputs at 4096): the other
+    two dimensions as large as the GPT head's, whose output does not fit in any cache."""
+    curve = []
+    with torch.no_grad():
+        for k in sorted(int(k) for k in ks):
+            a, b = torch.randn(n, k), torch.randn(k, n)
+            out = torch.empty(n, n)
+            torch.mm(a, b, out=out)  # warm-up (first-call setup, page faults)
+            curve.append([float(k), 2.0 * n * n * k / _median_seconds(lambda: torch.mm(a, b, out=out), repeats)])
+    return curve
+
+
+def measure_first_touch(mib: int = 64, repeats: int = 5) -> float:
+    """Bytes/s of the page faults of a fresh ``mib`` MiB allocation (above glibc's mmap threshold,
+    :data:`FRESH_ALLOCATION_BYTES`): ``bytes / (t_fresh - t_reused)``, where ``t_fresh`` fills a
+    newly allocated tensor (``torch.empty(n).fill_``: each page faults, the kernel zeroes it,
+    then the fill writes it) and ``t_reused`` fills one already mapped (the write alone)."""
+    n = mib * 2**20 // 4
+    with torch.no_grad():
+        dst = torch.empty(n)
+        dst.fill_(0.0)
+        torch.empty(n).fill_(1.0)  # warm-up
+        fresh = _median_seconds(lambda: torch.empty(n).fill_(1.0), repeats)
+        reused = _median_seconds(lambda: dst.fill_(1.0), repeats)
+    return n * 4 / max(fresh - reused, 1e-3 * fresh)
+
+
+def calibrate_cpu(matmul_n: int = 1024, copy_mib: int = 64, special_mib: int = 16, repeats: int = 7,
+                  curve_k: Sequence[int] | None = None, curve_n: int | None = None) -> dict:
     """Measure this machine's roofline figures with torch's current thread count.
 
     * ``peak_flops``: 2 n^3 / t of an ``n x n`` float32 matmul (``matmul_n``).
+    * ``matmul_curve``: ``[[k, FLOP/s], ...]``: float32 ``(curve_n x k) @ (k x curve_n)``
+      matmuls at each k of ``curve_k`` below ``matmul_n`` (:func:`measure_matmul_curve`; default
+      :data:`MATMUL_CURVE_K` and :data:`MATMUL_CURVE_N`, read at call time), then
+      the square matmul's point ``[matmul_n, peak_flops]``: the rate of a matmul whose smallest
+      dimension is k (:meth:`DeviceSpec.matmul_rate`).
+    * ``first_touch_bandwidth``: bytes/s of the page faults of a fresh 64 MiB allocation
+      (:func:`measure_first_touch`).
     * ``memory_bandwidth``: bytes read + written / t of copying a ``copy_mib`` MiB float32 tensor
       into another (``Tensor.copy_``).
     * ``special_rate``: elements / t of ``torch.exp`` on a ``special_mib`` MiB float32 tensor:
@@ -488,18 +618,23 @@ def calibrate_cpu(matmul_n: int = 1024, copy_mib: int = 64, special_mib: int = 1
       (:func:`_tiny_step_overhead`): PyTorch's fixed per-op cost on this host, the CPU's
       counterpart of a kernel launch.
 
-    Each time is the median of ``repeats`` runs after a warm-up. Takes one to two seconds. The
+    Each time is the median of ``repeats`` runs after a warm-up. Takes two to four seconds (the thin matmuls about half). The
     figures belong to this machine, its load and its thread count: a ``cpu`` profile does not
     carry over to another machine.
 
     Returns:
-        ``{"peak_flops" (FLOP/s), "memory_bandwidth" (bytes/s), "special_rate" (elements/s),
-        "launch_s" (s), "threads", "cpu", "torch", "measured_at" (UTC, ISO 8601)}``.
+        ``{"peak_flops" (FLOP/s), "matmul_curve" ([[k, FLOP/s], ...]), "first_touch_bandwidth"
+        (bytes/s), "memory_bandwidth" (bytes/s), "special_rate" (elements/s), "launch_s" (s), "threads", "cpu", "torch", "measured_at" (UTC, ISO 8601)}``.
     """
     with torch.no_grad():
         a, b = torch.randn(matmul_n, matmul_n), torch.randn(matmul_n, matmul_n)
         torch.mm(a, b)  # warm-up (first-call setup, page faults)
         mm_s = _median_seconds(lambda: torch.mm(a, b), repeats)
+    peak = 2.0 * matmul_n**3 / mm_s
+    curve_k = MATMUL_CURVE_K if curve_k is None else curve_k
+    curve_n = MATMUL_CURVE_N if curve_n is None else curve_n
+    curve = measure_matmul_curve([k for k in curve_k if k < matmul_n], curve_n) + [[float(matmul_n), peak]]
+    with torch.no_grad():
         src = torch.ones(copy_mib * 2**20 // 4)
         dst = torch.empty_like(src)
         dst.copy_(src)
@@ -509,7 +644,9 @@ def calibrate_cpu(matmul_n: int = 1024, copy_mib: int = 64, special_mib: int = 1
         torch.exp(z, out=out)
         exp_s = _median_seconds(lambda: torch.exp(z, out=out), repeats)
     return {
-        "peak_flops": 2.0 * matmul_n**3 / mm_s,
+        "peak_flops": peak,
+        "matmul_curve": curve,
+        "first_touch_bandwidth": measure_first_touch(),
         "memory_bandwidth": 2.0 * src.numel() * src.element_size() / copy_s,
         "special_rate": z.numel() / exp_s,
         "launch_s": _tiny_step_overhead(repeats),
@@ -590,9 +727,21 @@ def ensure_cpu_profile(threads: int | None = None, calibrate: bool = True) -> di
 def cpu_spec(threads: int | None = None) -> DeviceSpec:
     """The ``cpu`` :class:`DeviceSpec` for ``threads`` torch threads (default: the current count),
     from the calibration file (measured now when missing, :func:`ensure_cpu_profile`)."""
-    r = ensure_cpu_profile(threads)
+    return cpu_spec_from_record(ensure_cpu_profile(threads))
+
+
+def cpu_spec_from_record(r: Mapping) -> DeviceSpec:
+    """The ``cpu`` :class:`DeviceSpec` of a calibration record (:func:`calibrate_cpu`). A record
+    written before a figure existed keeps working: no ``special_rate`` -> transcendental functions
+    unpriced, no ``matmul_curve`` -> every matmul at ``peak_flops`` (the square rate), no
+    ``first_touch_bandwidth`` -> fresh allocations unpriced."""
+    curve = r.get("matmul_curve")
+    curve = tuple(sorted((float(k), float(rate)) for k, rate in curve)) if curve else None
     return DeviceSpec("cpu", float(r["peak_flops"]), float(r["memory_bandwidth"]), float(r["launch_s"]),
-                      special_rate=float(r["special_rate"]) if r.get("special_rate") else None, info=r)
+                      special_rate=float(r["special_rate"]) if r.get("special_rate") else None,
+                      matmul_curve=curve,
+                      first_touch_bandwidth=float(r["first_touch_bandwidth"]) if r.get("first_touch_bandwidth") else None,
+                      info=dict(r))
 
 
 # -------------------------------------------------------------------------------- counting operators
@@ -684,6 +833,12 @@ class Op:
         matmul_flops: the registry's count (0 for ops it does not list): "model FLOPs".
         special: transcendental evaluations (elements of the largest operand of an op in
             :data:`SPECIAL_OPS`, else 0), priced at the device's ``special_rate`` where it has one.
+        min_dim: the smallest of the GEMM dimensions (M, K, N) of a matmul op of
+            :data:`GEMM_OPS` (batch dimensions excluded: ``bmm``'s B is a loop over GEMMs), else
+            0; priced at the device's :meth:`DeviceSpec.matmul_rate` for that dimension.
+        fresh_bytes: bytes of the op's newly allocated outputs (not in-place, not ``out=``) of at
+            least :data:`FRESH_ALLOCATION_BYTES` each, priced at the device's
+            ``first_touch_bandwidth`` where it has one.
     """
 
     name: str
@@ -692,6 +847,44 @@ class Op:
     launches: int
     matmul_flops: float
     special: float = 0.0
+    min_dim: int = 0
+    fresh_bytes: float = 0.0
+
+
+#: matmul ops priced by their shape (:attr:`Op.min_dim`, :meth:`DeviceSpec.matmul_rate`), with
+#: the positions of their two GEMM operands: ``mm(a, b)``, ``addmm(bias, a, b)``, ``bmm(a, b)``,
+#: ``baddbmm(self, a, b)``. Convolutions are left at the square rate: oneDNN runs them as direct
+#: convolutions, not as one GEMM of a known shape, and the CNN and ResNet-20 profiles are already
+#: within 25% of measured without a shape term (``scripts/bench_compute_model.py``); attention
+#: (``_scaled_dot_product_*``) likewise (a fused kernel).
+GEMM_OPS: dict[Any, tuple[int, int]] = {aten.mm: (0, 1), aten.addmm: (1, 2), aten.bmm: (0, 1), aten.baddbmm: (1, 2)}
+
+
+#: FLOPs of attention ops that ``flop_registry`` lists only in their CUDA form: the CPU's fused
+#: attention (what ``F.scaled_dot_product_attention`` runs when the step is counted on a CPU host)
+#: counted with torch's own formulas (``torch.utils.flop_counter.sdpa_flop_count`` and
+#: ``sdpa_backward_flop_count``: 2 FLOPs per multiply-accumulate of QK^T and PV, the causal mask
+#: not subtracted, as for the CUDA kernels), so GPT's attention is not counted as free
+EXTRA_FLOPS: dict[Any, Callable[..., float]] = {
+    aten._scaled_dot_product_flash_attention_for_cpu:
+        lambda q, k, v, *a, **kw: sdpa_flop_count(q.shape, k.shape, v.shape),
+    aten._scaled_dot_product_flash_attention_for_cpu_backward:
+        lambda g, q, k, v, *a, **kw: sdpa_backward_flop_count(g.shape, q.shape, k.shape, v.shape),
+}
+
+
+def gemm_min_dim(packet, args: Sequence[Any]) -> int:
+    """The smallest of M, K, N of the GEMM op ``packet`` (a key of :data:`GEMM_OPS`) on ``args``
+    (``a``: [..., M, K], ``b``: [..., K, N]); 0 for any other op or unexpected arguments."""
+    where = GEMM_OPS.get(packet)
+    if where is None:
+        return 0
+    try:
+        a, b = args[where[0]], args[where[1]]
+        m, k = a.shape[-2], a.shape[-1]
+        return int(min(m, k, b.shape[-1]))
+    except (IndexError, AttributeError, TypeError):
+        return 0
 
 
 class OpCounter(TorchDispatchMode):
@@ -719,7 +912,7 @@ class OpCounter(TorchDispatchMode):
         kwargs = kwargs or {}
         if _launches_nothing(func):
             return func(*args, **kwargs)
-        if self.decompose and func._overloadpacket not in flop_registry:
+        if self.decompose and func._overloadpacket not in flop_registry and func._overloadpacket not in EXTRA_FLOPS:
             with self:
                 r = func.decompose(*args, **kwargs)
             if r is not NotImplemented:
@@ -737,9 +930,15 @@ class OpCounter(TorchDispatchMode):
                     for t in tree_flatten(v)[0] if isinstance(t, torch.Tensor)]
         nbytes = float(sum(_tensor_bytes(t) for t in ins) + sum(_tensor_bytes(t) for t in outs))
         packet = func._overloadpacket
-        matmul = float(flop_registry[packet](*args, **kwargs, out_val=out)) if packet in flop_registry else 0.0
+        counted = packet in flop_registry or packet in EXTRA_FLOPS
+        if packet in flop_registry:
+            matmul = float(flop_registry[packet](*args, **kwargs, out_val=out))
+        elif packet in EXTRA_FLOPS:
+            matmul = float(EXTRA_FLOPS[packet](*args, **kwargs))
+        else:
+            matmul = 0.0
         self.matmul_flops += matmul
-        flops = matmul if packet in flop_registry else float(max((t.numel() for t in ins + outs), default=0))
+        flops = matmul if counted else float(max((t.numel() for t in ins + outs), default=0))
         launches = 1
         if func.__name__.startswith("_foreach_"):
             lists = [a for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
@@ -748,7 +947,28 @@ class OpCounter(TorchDispatchMode):
             if matmul == 0.0:
                 flops = float(sum(t.numel() for t in lists[0])) if lists else flops
         special = float(max((t.numel() for t in ins + outs), default=0)) if packet in SPECIAL_OPS else 0.0
-        return Op(str(func), flops, nbytes, launches, matmul, special)
+        return Op(str(func), flops, nbytes, launches, matmul, special, gemm_min_dim(packet, args),
+                  _fresh_bytes(func, out))
+
+
+def _fresh_bytes(func, out) -> float:
+    """Bytes of ``func``'s outputs that are new allocations of at least
+    :data:`FRESH_ALLOCATION_BYTES`: returns its schema does not alias to an argument (an in-place
+    or ``out=`` op writes memory that already exists)."""
+    returns = getattr(getattr(func, "_schema", None), "returns", None)
+    if not returns:
+        return 0.0
+    values = out if isinstance(out, (tuple, list)) and len(returns) > 1 else (out,)
+    total = 0.0
+    for r, v in zip(returns, values):
+        if r.alias_info is not None:
+            continue
+        for t in tree_flatten(v)[0]:
+            if isinstance(t, torch.Tensor):
+                n = _tensor_bytes(t)
+                if n >= FRESH_ALLOCATION_BYTES:
+                    total += n
+    return total
 
 
 @dataclass
@@ -889,8 +1109,10 @@ class PhaseTime:
     Attributes:
         seconds: sum over ops of max(compute_s, memory_s) + launches x launch_s.
         flops, matmul_flops, bytes, launches: totals of the ops.
-        compute_bound_s, memory_bound_s, launch_s: ``seconds`` split by what bounds each op:
-            its FLOPs, its bytes, or the launch overheads.
+        compute_bound_s, memory_bound_s, launch_s, first_touch_s: ``seconds`` split by what
+            bounds each op (its FLOPs, its bytes), the launch overheads and the page faults of
+            fresh large outputs (:attr:`Op.fresh_bytes`; 0 on a device without
+            ``first_touch_bandwidth``).
     """
 
     seconds: float = 0.0
@@ -901,14 +1123,18 @@ class PhaseTime:
     compute_bound_s: float = 0.0
     memory_bound_s: float = 0.0
     launch_s: float = 0.0
+    first_touch_s: float = 0.0
 
 
 @dataclass(frozen=True)
 class Roofline:
-    """Prices operators on one device: ``max(FLOPs / (peak x efficiency), bytes / bandwidth) +
+    """Prices operators on one device: ``max(FLOPs / (rate x efficiency), bytes / bandwidth) +
     launches x launch overhead`` per op (Williams, Waterman and Patterson, "Roofline: an
     insightful visual performance model", CACM 2009, for the max; the launch term for the fixed
-    cost of each kernel).
+    cost of each kernel). ``rate``: the peak, or for a matmul on a device with a matmul curve the
+    curve's rate at the op's smallest GEMM dimension (:meth:`DeviceSpec.matmul_rate`). On a device
+    with a ``first_touch_bandwidth`` (``cpu``) an op's fresh large outputs add
+    ``fresh_bytes / first_touch_bandwidth`` (page faults, serial with the op's own work).
 
     Attributes:
         spec: the device figures.
@@ -922,36 +1148,48 @@ class Roofline:
     def flops_rate(self) -> float:
         return self.spec.peak_flops * self.efficiency
 
-    def compute_seconds(self, flops: float, special: float = 0.0) -> float:
-        """The compute term: ``flops / (peak x efficiency)``, plus ``special / special_rate``
-        (transcendental evaluations) on a device that has a ``special_rate``."""
-        t = flops / self.flops_rate
+    def compute_seconds(self, flops: float, special: float = 0.0, min_dim: float = 0) -> float:
+        """The compute term: ``flops / (rate x efficiency)``, rate = the device's
+        :meth:`DeviceSpec.matmul_rate` at ``min_dim`` (the peak for 0, a non-matmul op, or a
+        device without a matmul curve), plus ``special / special_rate`` (transcendental
+        evaluations) on a device that has a ``special_rate``."""
+        rate = self.spec.matmul_rate(min_dim) if min_dim else self.spec.peak_flops
+        t = flops / (rate * self.efficiency)
         if special and self.spec.special_rate:
             t += special / self.spec.special_rate
         return t
 
-    def op_seconds(self, flops: float, nbytes: float, launches: int = 1, special: float = 0.0) -> float:
+    def op_seconds(self, flops: float, nbytes: float, launches: int = 1, special: float = 0.0,
+                   min_dim: float = 0, fresh_bytes: float = 0.0) -> float:
         """Seconds of one op: ``max(compute term, nbytes / bandwidth) + launches x launch_s``
-        (compute term: ``flops / (peak x efficiency)``, :meth:`compute_seconds`)."""
-        return (max(self.compute_seconds(flops, special), nbytes / self.spec.memory_bandwidth)
-                + launches * self.spec.launch_s)
+        (compute term: ``flops / (rate x efficiency)``, :meth:`compute_seconds`), plus
+        ``fresh_bytes / first_touch_bandwidth`` on a device that has one."""
+        t = (max(self.compute_seconds(flops, special, min_dim), nbytes / self.spec.memory_bandwidth)
+             + launches * self.spec.launch_s)
+        if fresh_bytes and self.spec.first_touch_bandwidth:
+            t += fresh_bytes / self.spec.first_touch_bandwidth
+        return t
 
     def price(self, ops: Sequence[Op]) -> PhaseTime:
         """The :class:`PhaseTime` of ``ops``."""
-        compute = memory = launch = flops = matmul = nbytes = 0.0
+        compute = memory = launch = flops = matmul = nbytes = touch = 0.0
         launches = 0
+        touch_bw = self.spec.first_touch_bandwidth
         for op in ops:
-            c, m = self.compute_seconds(op.flops, op.special), op.bytes / self.spec.memory_bandwidth
+            c, m = self.compute_seconds(op.flops, op.special, op.min_dim), op.bytes / self.spec.memory_bandwidth
             if c >= m:
                 compute += c
             else:
                 memory += m
             launch += op.launches * self.spec.launch_s
+            if touch_bw and op.fresh_bytes:
+                touch += op.fresh_bytes / touch_bw
             flops += op.flops
             matmul += op.matmul_flops
             nbytes += op.bytes
             launches += op.launches
-        return PhaseTime(compute + memory + launch, flops, matmul, nbytes, launches, compute, memory, launch)
+        return PhaseTime(compute + memory + launch + touch, flops, matmul, nbytes, launches, compute, memory, launch,
+                         touch)
 
 
 @dataclass(frozen=True)
@@ -1153,8 +1391,9 @@ class ComputeModel:
         ``backward_bytes``, ``optimizer_bytes`` (bytes moved), ``forward_kernels``,
         ``backward_kernels``, ``optimizer_kernels`` (launches), ``forward_s``, ``backward_s``,
         ``optimizer_s``, ``step_time_s`` (seconds at speed 1.0, their sum; null in measured mode
-        or before calibration), ``compute_bound_s``, ``memory_bound_s``, ``launch_bound_s`` (the
-        step time split by what bounds each op), ``achieved_mfu`` (forward + backward matmul FLOPs
+        or before calibration), ``compute_bound_s``, ``memory_bound_s``, ``launch_bound_s``,
+        ``first_touch_s`` (the step time split by what bounds each op, the launches and the page
+        faults of fresh large outputs), ``achieved_mfu`` (forward + backward matmul FLOPs
         / (step_time_s x peak_flops)), ``speed`` and ``worker_step_time_s`` (``step_time_s / speed``).
         ``cpu`` adds ``cpu_calibration`` (the record of :func:`calibrate_cpu` used).
         """
@@ -1186,7 +1425,7 @@ class ComputeModel:
             "step_time_s": None if base is None else base.total_s,
         })
         for key, attr in (("compute_bound_s", "compute_bound_s"), ("memory_bound_s", "memory_bound_s"),
-                          ("launch_bound_s", "launch_s")):
+                          ("launch_bound_s", "launch_s"), ("first_touch_s", "first_touch_s")):
             out[key] = sum(getattr(p, attr) for p in phases.values()) if phases else None
         matmul = (phases["forward"].matmul_flops + phases["backward"].matmul_flops) if phases else None
         out["achieved_mfu"] = (matmul / (base.total_s * spec.peak_flops)

@@ -10,7 +10,9 @@ the dataset's shapes) it prints, side by side from one run:
   plus the per-op overhead;
 * ``measured``: a real forward + backward + optimizer step (SGD with momentum 0.9 and weight decay
   5e-4, the default optimizer), the median of ``--repeats`` timed steps after ``--warmup`` ones;
-* their ratio profile / measured (the goal: within 25%, i.e. 0.8 .. 1.25).
+* their ratio profile / measured (the goal: within 25%, i.e. 0.8 .. 1.25): the ratio of the
+  medians, the median of the per-round ratios (calibration and measurement of one round run
+  close together, so under a changing load this one is the steadier) and their range.
 
 The calibration and the measurements interleave (``--rounds`` rounds, each recalibrating and
 re-measuring every model); the table gives the median per model over the rounds and the spread
@@ -22,12 +24,13 @@ re-measuring every model); the table gives the median per model over the rounds 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
 import torch
 
-from lsgd.cluster import DeviceSpec, Roofline, calibrate_cpu, count_step
+from lsgd.cluster import Roofline, calibrate_cpu, count_step, cpu_spec_from_record
 from lsgd.data.catalog import dataset_info
 from lsgd.models import build_model
 from lsgd.services import loss_fn
@@ -101,34 +104,42 @@ def main() -> None:
     for _ in range(args.rounds):
         cal = calibrate_cpu()
         calibrations.append(cal)
-        roof = Roofline(DeviceSpec("cpu", cal["peak_flops"], cal["memory_bandwidth"], cal["launch_s"],
-                                   special_rate=cal["special_rate"]), 1.0)
+        spec = cpu_spec_from_record(cal)
+        roof = Roofline(spec, 1.0)
+        # the same figures without the matmul curve and the first-touch term (the model before them)
+        plain = Roofline(dataclasses.replace(spec, matmul_curve=None, first_touch_bandwidth=None), 1.0)
         for case, (m, opt, x, y) in built.items():
             phases = {p: roof.price(getattr(counted[case], p)) for p in ("forward", "backward", "optimizer")}
             modeled = sum(p.seconds for p in phases.values())
-            rows[case].append((modeled, measure(m, opt, x, y, args.warmup, args.repeats), phases))
+            flat = sum(plain.price(getattr(counted[case], p)).seconds for p in ("forward", "backward", "optimizer"))
+            rows[case].append((modeled, measure(m, opt, x, y, args.warmup, args.repeats), phases, flat))
 
     print(f"# {calibrations[0]['cpu']}, torch {torch.__version__}, {args.threads} thread(s), batch {args.batch}, "
           f"{args.rounds} round(s)")
     for i, cal in enumerate(calibrations):
-        print(f"# calibration {i}: matmul {cal['peak_flops'] / 1e9:.1f} GFLOP/s, copy {cal['memory_bandwidth'] / 1e9:.1f} "
+        curve = ", ".join(f"{int(k)}: {r / 1e9:.1f}" for k, r in cal.get("matmul_curve") or [])
+        print(f"# calibration {i}: matmul {cal['peak_flops'] / 1e9:.1f} GFLOP/s (by smallest dim k: {curve}), copy "
+              f"{cal['memory_bandwidth'] / 1e9:.1f} GB/s, first touch {cal.get('first_touch_bandwidth', 0) / 1e9:.2f} "
               f"GB/s, exp {cal['special_rate'] / 1e9:.2f} G/s, per-op {cal['launch_s'] * 1e6:.2f} us")
-    print("| model | ops (fwd/bwd/opt) | profile ms (fwd/bwd/opt) | compute / memory / overhead ms | measured ms | "
-          "ratio | ratio range |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | ops (fwd/bwd/opt) | profile ms (fwd/bwd/opt) | compute / memory / overhead / first touch ms | "
+          "measured ms | ratio | median round ratio | ratio range | ratio w/o curve + first touch |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for case in args.cases:
         modeled = statistics.median(r[0] for r in rows[case])
         measured = statistics.median(r[1] for r in rows[case])
         ratios = [r[0] / r[1] for r in rows[case]]
+        flat = statistics.median(r[3] / r[1] for r in rows[case])
         ph = rows[case][len(rows[case]) // 2][2]
         c = counted[case]
         comp = sum(p.compute_bound_s for p in ph.values())
         mem = sum(p.memory_bound_s for p in ph.values())
         lau = sum(p.launch_s for p in ph.values())
+        touch = sum(p.first_touch_s for p in ph.values())
         print(f"| {case} | {len(c.forward)}/{len(c.backward)}/{len(c.optimizer)} | {modeled * 1e3:.2f} "
               f"({ph['forward'].seconds * 1e3:.2f}/{ph['backward'].seconds * 1e3:.2f}/{ph['optimizer'].seconds * 1e3:.2f}) "
-              f"| {comp * 1e3:.2f} / {mem * 1e3:.2f} / {lau * 1e3:.2f} | {measured * 1e3:.2f} | "
-              f"{modeled / measured:.2f} | {min(ratios):.2f} .. {max(ratios):.2f} |")
+              f"| {comp * 1e3:.2f} / {mem * 1e3:.2f} / {lau * 1e3:.2f} / {touch * 1e3:.2f} | {measured * 1e3:.2f} | "
+              f"{modeled / measured:.2f} | {statistics.median(ratios):.2f} | {min(ratios):.2f} .. {max(ratios):.2f} | "
+              f"{flat:.2f} |")
 
 
 if __name__ == "__main__":

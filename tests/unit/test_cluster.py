@@ -471,7 +471,11 @@ def test_ddp_bucket_fractions_by_flops_and_the_parameter_share_fallback():
 def test_calibrate_writes_a_readable_file_that_the_cpu_preset_uses(tmp_path, monkeypatch, capsys):
     from lsgd.cli import main
 
+    import lsgd.cluster as cluster
+
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(cluster, "MATMUL_CURVE_K", (8, 32))
+    monkeypatch.setattr(cluster, "MATMUL_CURVE_N", 256)
     threads = torch.get_num_threads()
     try:
         assert main(["calibrate", "--threads", "1"]) == 0
@@ -482,8 +486,12 @@ def test_calibrate_writes_a_readable_file_that_the_cpu_preset_uses(tmp_path, mon
     record = json.loads(path.read_text())["by_threads"]["1"]
     assert record == read_cpu_profile(1)
     assert record["threads"] == 1 and record["torch"] == torch.__version__
-    for key in ("peak_flops", "memory_bandwidth", "special_rate", "launch_s"):
+    for key in ("peak_flops", "memory_bandwidth", "special_rate", "launch_s", "first_touch_bandwidth"):
         assert math.isfinite(record[key]) and record[key] > 0, key
+    # the matmul curve: the thin matmuls' k (here made cheap), then the square matmul's point
+    assert [k for k, _ in record["matmul_curve"]] == [8.0, 32.0, 1024.0]
+    assert record["matmul_curve"][-1][1] == record["peak_flops"]
+    assert all(math.isfinite(r) and r > 0 for _, r in record["matmul_curve"])
     # the cpu preset prices ops with the file's figures (here a record written by hand)
     write_cpu_profile({**record, "threads": 3, "peak_flops": 1e9, "memory_bandwidth": 1e9, "launch_s": 1e-6,
                        "special_rate": 1e8})
@@ -555,3 +563,76 @@ def test_a_local_launch_calibrates_cpu_before_the_workers_and_a_joined_one_refus
                        source="torchrun")
     with pytest.raises(ConfigError, match="lsgd calibrate --threads 5"):
         _ensure_cpu_calibration(cfg, joined)
+
+
+# ---------------------------------------------------------------- matmul shape efficiency, first touch (cpu)
+def _curve_spec(**kw):
+    from lsgd.cluster import DeviceSpec
+
+    return DeviceSpec("cpu", 16e9, 1e15, 1e-6, matmul_curve=((16.0, 1e9), (64.0, 4e9), (1024.0, 16e9)), **kw)
+
+
+def test_a_matmul_is_priced_at_the_curve_rate_of_its_smallest_dimension():
+    """Closed form: on a grid point exactly that point's rate; between points the log-log line
+    (k = 32, halfway in log between 16 and 64: sqrt(1e9 x 4e9) = 2e9; k = 256 between 64 and 1024:
+    sqrt(4e9 x 16e9) = 8e9); outside the grid the end points; not a matmul or no curve: the peak."""
+    from lsgd.cluster import DeviceSpec, Roofline, cpu_spec_from_record
+
+    spec = _curve_spec()
+    assert spec.matmul_rate(64) == 4e9 and spec.matmul_rate(16) == 1e9 and spec.matmul_rate(1024) == 16e9
+    assert spec.matmul_rate(32) == pytest.approx(2e9, rel=1e-12)
+    assert spec.matmul_rate(256) == pytest.approx(8e9, rel=1e-12)
+    assert spec.matmul_rate(4) == 1e9 and spec.matmul_rate(4096) == 16e9 and spec.matmul_rate(0) == 16e9
+    roof = Roofline(spec, 1.0)
+    a, b = torch.randn(512, 64), torch.randn(64, 256)  # (M, K, N) = (512, 64, 256): smallest 64
+    bias, batched = torch.randn(256), (torch.randn(3, 40, 32), torch.randn(3, 32, 100))
+    with OpCounter() as counter:
+        torch.mm(a, b)
+        torch.addmm(bias, a, b)
+        torch.bmm(*batched)  # batch 3 is not a GEMM dimension: (40, 32, 100) -> 32
+        torch.relu(a)
+    mm, addmm, bmm, relu = counter.ops
+    assert (mm.min_dim, addmm.min_dim, bmm.min_dim, relu.min_dim) == (64, 64, 32, 0)
+    flops = 2 * 512 * 64 * 256
+    assert roof.price([mm]).seconds == pytest.approx(flops / 4e9 + 1e-6, rel=1e-12)
+    assert roof.price([bmm]).seconds == pytest.approx(2 * 3 * 40 * 32 * 100 / 2e9 + 1e-6, rel=1e-12)
+    assert roof.price([relu]).seconds == pytest.approx(512 * 64 / 16e9 + 1e-6, rel=1e-12)
+    # no curve (GPU presets, an old calibration file): every matmul at the peak
+    flat = Roofline(DeviceSpec("cpu", 16e9, 1e15, 1e-6), 1.0)
+    assert flat.price([mm]).seconds == pytest.approx(flops / 16e9 + 1e-6, rel=1e-12)
+    old = cpu_spec_from_record({"peak_flops": 16e9, "memory_bandwidth": 1e15, "launch_s": 1e-6})
+    assert old.matmul_curve is None and old.first_touch_bandwidth is None and old.matmul_rate(64) == 16e9
+    assert ComputeModel({"device": "a100"}).roofline.spec.matmul_rate(64) == DEVICE_PEAK_FLOPS["a100"]
+
+
+def test_fresh_large_outputs_pay_first_touch_and_in_place_writes_do_not():
+    """An out-of-place op whose output is >= 32 MiB (glibc's largest mmap threshold) adds
+    output bytes / first_touch_bandwidth; the same op in place, or a small output, adds nothing."""
+    from lsgd.cluster import FRESH_ALLOCATION_BYTES, Roofline
+
+    n = FRESH_ALLOCATION_BYTES // 4
+    x = torch.zeros(n)
+    with OpCounter() as counter:
+        y = x.add(1.0)
+        y.add_(1.0)
+        x[:1000].add(1.0)
+    fresh, in_place, small = counter.ops
+    assert (fresh.fresh_bytes, in_place.fresh_bytes, small.fresh_bytes) == (4.0 * n, 0.0, 0.0)
+    roof = Roofline(_curve_spec(first_touch_bandwidth=2e9), 1.0)
+    plain = Roofline(_curve_spec(), 1.0)
+    assert roof.price([fresh]).seconds - plain.price([fresh]).seconds == pytest.approx(4.0 * n / 2e9, rel=1e-9)
+    assert roof.price([fresh]).first_touch_s == pytest.approx(4.0 * n / 2e9, rel=1e-12)
+    assert roof.price([in_place, small]).seconds == plain.price([in_place, small]).seconds
+
+
+def test_cpu_attention_counts_torchs_sdpa_flops():
+    """F.scaled_dot_product_attention on a CPU host runs aten's _for_cpu kernels: counted as
+    4 b h s^2 d forward (QK^T and PV, 2 FLOPs per multiply-accumulate) and 2.5x that backward."""
+    b, h, s, d = 2, 3, 16, 8
+    q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
+    with OpCounter(decompose=True, gpu=False) as fwd:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with OpCounter(decompose=True, gpu=False) as bwd:
+        out.sum().backward()
+    assert fwd.matmul_flops == 4 * b * h * s * s * d
+    assert bwd.matmul_flops == 10 * b * h * s * s * d
