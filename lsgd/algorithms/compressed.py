@@ -371,7 +371,10 @@ class Compressed(DDP):
 
     def state_dict(self) -> dict:
         state = {"local_step": self.local_step, "bytes": (self.dense_bytes, self.sent_bytes),
-                 "last_counters": getattr(self, "_last_counters", (0, 0))}
+                 "last_counters": getattr(self, "_last_counters", (0, 0)),
+                 # the priced compression compute (compress_bucket): a resumed run charges what the
+                 # uninterrupted one does, not a fresh count
+                 "compress_price": (dict(self.compress_s), dict(self.compress_counts))}
         if self.powersgd is not None:
             state["powersgd"] = self.powersgd.state_dict()
             state["powersgd_bytes"] = (self.powersgd.dense_bytes, self.powersgd.sent_bytes)
@@ -385,6 +388,8 @@ class Compressed(DDP):
         self.local_step = int(state.get("local_step", 0))
         self.dense_bytes, self.sent_bytes = state.get("bytes", (0, 0))
         self._last_counters = tuple(state.get("last_counters", (0, 0)))
+        if "compress_price" in state:
+            self.compress_s, self.compress_counts = (dict(d) for d in state["compress_price"])
         if self.powersgd is not None and "powersgd" in state:
             self.powersgd.load_state_dict(state["powersgd"])
             self.powersgd.dense_bytes, self.powersgd.sent_bytes = state.get("powersgd_bytes", (0, 0))

@@ -268,7 +268,8 @@ class GraVAC(Algorithm):
     def state_dict(self) -> dict:
         return {"controller": self.controller.state_dict(), "memory": self.memory.state_dict(),
                 "pending": self.pending, "last": dict(self.last),
-                "byte_counts": list(self.byte_counts), "recorded_counts": list(self.recorded_counts)}
+                "byte_counts": list(self.byte_counts), "recorded_counts": list(self.recorded_counts),
+                "compress_price": (dict(self.compress_s), dict(self.compress_counts))}  # as the uninterrupted run charges
 
     def load_state_dict(self, state: dict) -> None:
         self.controller.load_state_dict(state["controller"])
@@ -277,3 +278,5 @@ class GraVAC(Algorithm):
         self.last = dict(state.get("last", {}))
         self.byte_counts = tuple(state.get("byte_counts", (0, 0)))
         self.recorded_counts = tuple(state.get("recorded_counts", (0, 0)))
+        if "compress_price" in state:
+            self.compress_s, self.compress_counts = (dict(d) for d in state["compress_price"])
