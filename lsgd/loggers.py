@@ -51,7 +51,9 @@ def run_label(cfg: dict) -> str:
 
     flat = _flatten(cfg)
     parts = [label_part(k, flat[k], RUN_LABEL_KEYS) for k in RUN_LABEL_KEYS if k in flat]
-    parts = list(dict.fromkeys(p for p in parts if p))  # a study arm named as its algorithm: once
+    # a study arm named as its algorithm ("adsaga" beside the method's name "ADSAGA"): once
+    seen: set[str] = set()
+    parts = [p for p in parts if p and not (p.casefold() in seen or seen.add(p.casefold()))]
     return ", ".join([*parts, f"seed {cfg.get('seed')}"])
 
 

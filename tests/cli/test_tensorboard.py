@@ -96,4 +96,4 @@ def test_run_label_writes_the_arm_as_the_report_does_plus_the_seed():
     topk = {"algo": {"name": "compressed", "compressor": "topk", "cf": 100, "error_feedback": True}, "seed": 0}
     assert run_label(topk) == "compressed, top-k, CF=100, seed 0"
     arm = {"algo": {"name": "adsaga", "mode": "async"}, "study": {"arm": "adsaga"}, "seed": 2}
-    assert run_label(arm) == "adsaga, seed 2"  # a part written twice is written once
+    assert run_label(arm) == "ADSAGA, seed 2"  # a part written twice (the arm named as its method) is written once
