@@ -71,7 +71,8 @@ lock:
 # dataset-fashion-mnist (else torchvision's download into data/), iproute2 (ip, tc: launcher.emulate
 # and its tests), chromium (the test that opens report.html in a headless browser,
 # tests/unit/test_analysis.py: about 40 s and 290 MB on a machine without it; measured 25 Nov 2026,
-# chromium 156, 25 packages). The package lists are refreshed also when Austen's novels are missing
+# chromium 156, 25 packages), slurmctld, slurmd, slurm-client and munge (the real SLURM cluster of
+# tests/slurm, whose fixture would otherwise install them inside the suite's time). The package lists are refreshed also when Austen's novels are missing
 # (`lsgd data text` fetches them with `apt-get download`). `make test` and `make demo` run this
 # beside the venv's install (make -j2): the two downloads overlap.
 AUSTEN := $${LSGD_DATA:-data}/text/austen/emma.txt
@@ -81,12 +82,15 @@ debs:
 	[ -f $(FMNIST_DEB) ] || missing="$$missing dataset-fashion-mnist"; \
 	command -v tc >/dev/null || missing="$$missing iproute2"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	for b in slurmctld slurmd sbatch munged; do command -v $$b >/dev/null || { \
+	  missing="$$missing slurmctld slurmd slurm-client munge"; break; }; done; \
 	if $(APT_OK) && { [ -n "$$missing" ] || [ ! -f $(AUSTEN) ]; }; then \
 	  apt-get update -qq || echo "apt-get update failed; using the package lists as they are"; fi; \
 	if [ -n "$$missing" ] && $(APT_OK); then \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing \
 	  || echo "apt-get install$$missing failed: Fashion-MNIST falls back to torchvision's download;" \
-	          "launcher.emulate needs iproute2 (ip, tc); the report.html test needs chromium"; fi
+	          "launcher.emulate needs iproute2 (ip, tc); the report.html test needs chromium;" \
+	          "tests/slurm need slurm-wlm and munge"; fi
 
 # Fashion-MNIST from Debian's package (or torchvision's download). Jane Austen's novels
 # (dataset=text): `apt-get download r-cran-janeaustenr` + dpkg-deb -x into a temporary folder,
