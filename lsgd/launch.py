@@ -311,13 +311,12 @@ class _MainSignals:
     second kills the workers (SIGKILL) at once. Installed from the run folder's creation on (before
     the data are prepared): a first signal before the workers are started starts none (the run ends
     ``interrupted`` with no step), a second raises KeyboardInterrupt there (a download stops at
-    once). Each is noted in the run's ``train.log`` (a
-    ``[main]`` line: when the launcher got it and what it did). torch elastic's own handlers for
-    these two are left out (``LaunchConfig.signals_to_handle``): they raise ``SignalException`` in
-    the agent, which then signals the workers and waits up to 30 s for them to exit, while a worker
-    that returns waits for the agent to read its result (``queue_finished_reading_event`` in
-    elastic's ``_wrap``), which only a finished agent loop does: so both waited the full 30 s, then
-    SIGKILL.
+    once). Each is noted in the run's ``train.log`` (a ``[main]`` line: when the launcher got it
+    and what it did). torch elastic's own handlers for these two are left out
+    (``LaunchConfig.signals_to_handle``): they raise ``SignalException`` in the agent, which then
+    signals the workers and waits up to 30 s for them to exit, while a worker that returns waits
+    for the agent to read its result (``queue_finished_reading_event`` in elastic's ``_wrap``),
+    which only a finished agent loop does: so both waited the full 30 s, then SIGKILL.
 
     Workers start with SIGINT blocked: a blocked signal mask is inherited through fork and exec,
     so a spawned worker holds a Ctrl-C pending until :class:`lsgd.preemption.PreemptionWatch` has
