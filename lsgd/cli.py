@@ -104,6 +104,10 @@ def train(argv: list[str]) -> int:
 
         try:
             return run(cfg)
+        except KeyboardInterrupt:  # Ctrl-C before the run folder was made: leave none behind
+            if HydraConfig.initialized():
+                remove_unstarted(Path(HydraConfig.get().runtime.output_dir))
+            raise
         except ConfigError as exc:  # a clear one-line message, no traceback, before any worker
             print(f"lsgd: invalid configuration: {exc}", file=sys.stderr)
             if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:

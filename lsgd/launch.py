@@ -308,59 +308,119 @@ class RunInterrupted(Exception):
 class _MainSignals:
     """SIGINT / SIGTERM in the main process of a local launch (:mod:`lsgd.preemption`): the first
     is passed to the workers through ``stop`` (they checkpoint at their next step and return); a
-    second kills the workers (SIGKILL) at once. torch elastic's own handlers for these two are left
-    out (``LaunchConfig.signals_to_handle``): they raise ``SignalException`` in the agent, which
-    then signals the workers and waits up to 30 s for them to exit, while a worker that returns
-    waits for the agent to read its result (``queue_finished_reading_event`` in elastic's ``_wrap``),
-    which only a finished agent loop does: so both waited the full 30 s, then SIGKILL."""
+    second kills the workers (SIGKILL) at once. Installed from the run folder's creation on (before
+    the data are prepared): a first signal before the workers are started starts none (the run ends
+    ``interrupted`` with no step), a second raises KeyboardInterrupt there (a download stops at
+    once). Each is noted in the run's ``train.log`` (a ``[main]`` line: when the launcher got it
+    and what it did). torch elastic's own handlers for these two are left out
+    (``LaunchConfig.signals_to_handle``): they raise ``SignalException`` in the agent, which then
+    signals the workers and waits up to 30 s for them to exit, while a worker that returns waits
+    for the agent to read its result (``queue_finished_reading_event`` in elastic's ``_wrap``),
+    which only a finished agent loop does: so both waited the full 30 s, then SIGKILL.
+
+    Workers start with SIGINT blocked: a blocked signal mask is inherited through fork and exec,
+    so a spawned worker holds a Ctrl-C pending until :class:`lsgd.preemption.PreemptionWatch` has
+    installed its handler and unblocks it (a Ctrl-C in its first seconds, while it imports torch,
+    printed a ``KeyboardInterrupt`` traceback per worker). The block is on the main thread, which
+    starts the workers (and every thread it starts after inherits it); a helper thread started
+    before it keeps SIGINT unblocked, so the kernel delivers a Ctrl-C to the main process there and
+    Python still runs :meth:`_handle` in the main thread (CPython runs handlers in the main thread
+    whichever thread received the signal)."""
 
     HANDLED = (signal.SIGINT, signal.SIGTERM)
+    #: blocked in the main thread (and so in the workers it spawns) while the launch runs
+    BLOCKED = {signal.SIGINT}
     #: loggers that report the workers' exit after an interrupt as errors, with tracebacks: quiet then
     QUIET = ("torch.distributed.elastic", "torch.multiprocessing")
 
-    def __init__(self, stop):
+    def __init__(self, stop, run_dir: Path | None = None):
         self.stop = stop
+        self.run_dir = Path(run_dir) if run_dir is not None else None
         self.signal: int | None = None
         self._previous: dict = {}
         self._levels: dict[str, int] = {}
+        self._mask: set | None = None
+        self._receiver = None
+        self.entered = False  # the handlers are installed
+        self.launched = False  # spawn_local is starting (or started) the workers
+
+    def _note(self, text: str) -> None:
+        """A ``[main]`` line in train.log (O_APPEND, as the workers' lines; no lock, so safe in a
+        handler that interrupted anything)."""
+        if self.run_dir is None:
+            return
+        import time
+
+        with contextlib.suppress(OSError), open(self.run_dir / "train.log", "a") as f:
+            f.write(f"[main] {time.strftime('%H:%M:%S')} WARNING {text}\n")
 
     def _handle(self, signum, frame) -> None:
+        from lsgd.preemption import signal_name
+
         if self.signal is None:
             self.signal = signum
             self.stop.set(signum)
             for name in self.QUIET:
                 self._levels.setdefault(name, logging.getLogger(name).level)
                 logging.getLogger(name).setLevel(logging.CRITICAL)
+            self._note(f"got {signal_name(signum)}: the workers stop at their next step with a checkpoint; "
+                       "a second signal kills them at once" if self.launched else
+                       f"got {signal_name(signum)} before the workers started: starting none; a second signal "
+                       "stops at once")
             return
+        if not self.launched:  # a second signal while the data are prepared: stop that at once
+            self._note(f"got {signal_name(signum)} after {signal_name(self.signal)}: stopping at once")
+            raise KeyboardInterrupt
         import multiprocessing
 
-        for child in multiprocessing.active_children():  # the workers elastic started
+        children = multiprocessing.active_children()  # the workers elastic started
+        self._note(f"got {signal_name(signum)} after {signal_name(self.signal)}: killing the workers at once "
+                   f"(SIGKILL to pid {', '.join(str(c.pid) for c in children) or 'none left'})")
+        for child in children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, signal.SIGKILL)
 
     def __enter__(self):
+        import threading
+
         for sig in self.HANDLED:
             self._previous[sig] = signal.signal(sig, self._handle)
+        # the thread that receives the signals the main thread blocks (it only waits)
+        self._receiver = threading.Event()
+        threading.Thread(target=self._receiver.wait, name="lsgd-signals", daemon=True).start()
+        # multiprocessing starts its resource tracker with SIGINT / SIGTERM blocked the same way
+        # (CPython bpo-33613) and then unblocks them unconditionally: start it first
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+        self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, self.BLOCKED)
+        self.entered = True
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)  # a pending signal is handled here
+        if self._receiver is not None:
+            self._receiver.set()
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         for name, level in self._levels.items():
             logging.getLogger(name).setLevel(level)
 
 
-def spawn_local(cfg: dict, run_dir: Path) -> int | None:
+def spawn_local(cfg: dict, run_dir: Path, signals: _MainSignals | None = None) -> int | None:
     """Start ``launcher.nproc_per_node`` workers through ``torch.distributed.launcher.api.elastic_launch``.
 
     Returns the signal that interrupted the run (SIGINT / SIGTERM to this process; the workers
     stopped at one step with a checkpoint, see :mod:`lsgd.preemption`), None when none did.
+    ``signals``: the launcher's handlers, entered by the caller (:func:`run` enters them before it
+    prepares the data); None: entered here when ``launcher.interrupts`` is true.
 
     Raises:
         torch.distributed.elastic.multiprocessing.errors.ChildFailedError: a worker failed (all
         others were stopped by the agent).
-        RunInterrupted: a signal stopped the run but some worker did not return (killed by a
-            second signal, or interrupted before it watched for signals).
+        RunInterrupted: a signal stopped the run before its workers started (none is started),
+            or some worker did not return (killed by a second signal).
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -370,7 +430,7 @@ def spawn_local(cfg: dict, run_dir: Path) -> int | None:
     from lsgd.trainer import worker_main
 
     nproc = int(cfg["launcher"]["nproc_per_node"])
-    interrupts = bool(cfg["launcher"].get("interrupts", True))
+    interrupts = signals is not None or bool(cfg["launcher"].get("interrupts", True))
     threads = cfg["launcher"].get("threads_per_worker") or threads_per_worker(nproc)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     config = LaunchConfig(
@@ -388,15 +448,19 @@ def spawn_local(cfg: dict, run_dir: Path) -> int | None:
         # SIGINT / SIGTERM are _MainSignals' (launcher.interrupts=false: elastic's, which stop the workers)
         signals_to_handle="SIGHUP,SIGQUIT" if interrupts else "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
     )
-    stop = StopFlag()
+    if signals is None:
+        signals = _MainSignals(StopFlag(), run_dir) if interrupts else types.SimpleNamespace(signal=None, stop=None)
     # --- issue 23: launcher.emulate=true runs the workers in network namespaces behind capped links
     # (lsgd.emulate builds them here and removes them however the launch ends) ---
     from lsgd import emulate
 
     with emulate.launch(cfg, nproc, worker_main) as (entry, worker_cfg), \
-            _MainSignals(stop) if interrupts else contextlib.nullcontext(types.SimpleNamespace(signal=None)) as signals:
+            signals if isinstance(signals, _MainSignals) and not signals.entered else contextlib.nullcontext():
+        if signals.signal is not None:  # a signal before any worker started: start none
+            raise RunInterrupted(signals.signal)
+        signals.launched = True
         try:
-            elastic_launch(config, entry)(worker_cfg, str(run_dir), stop)
+            elastic_launch(config, entry)(worker_cfg, str(run_dir), signals.stop)
         except ChildFailedError:
             if signals.signal is not None:
                 raise RunInterrupted(signals.signal) from None
@@ -449,6 +513,14 @@ def run(cfg_node) -> dict | None:
     if launch_env is not None and launch_env.world_size == 1:
         log.info("a single-task %s launch: starting launcher.nproc_per_node local workers", launch_env.source)
         launch_env = None
+    if launch_env is None:
+        # what a local launch loads (seconds of imports), before its run folder exists: a Ctrl-C
+        # there leaves nothing behind, while one inside these imports after the folder was made
+        # (before the launcher's handlers) left half-imported modules and a folder to mark
+        import torch.distributed.launcher.api  # noqa: F401
+
+        import lsgd.emulate  # noqa: F401
+        import lsgd.trainer  # noqa: F401
     if launch_env is not None:  # before validation: it reads LOCAL_WORLD_SIZE (hierarchical Adasum's nodes)
         launch_env.export(os.environ)
         asked = cfg["launcher"].get("nproc_per_node")
@@ -504,28 +576,41 @@ def run(cfg_node) -> dict | None:
     from lsgd.data import prepare
 
     print(f"lsgd: {_job_tag()}run folder {run_dir}", file=sys.stderr, flush=True)
-    try:
-        prepare(cfg["dataset"])
-    except KeyboardInterrupt:  # Ctrl-C before any worker started: nothing to checkpoint
-        _mark_interrupted(run_dir, cfg, signal.SIGINT)
-        raise
-    except BaseException as exc:  # the folder exists now: it says failed, not running forever
-        _mark_failed(run_dir, cfg, exc)
-        raise
-    if launch_env is not None:
-        from lsgd.trainer import worker_main
+    # a local launch owns Ctrl-C / SIGTERM from here (_MainSignals): a first signal while the data
+    # are prepared starts no worker, a second one stops the preparation at once
+    from lsgd.preemption import StopFlag
 
-        _exit_if_stopped(worker_main(cfg, str(run_dir)), cfg, 0, run_dir)
-    else:
-        try:
-            spawn_local(cfg, run_dir)
-        except RunInterrupted as exc:  # killed by a second signal: interrupted, not failed
-            _mark_interrupted(run_dir, cfg, exc.signum)
-            _exit_if_stopped(json.loads((run_dir / "summary.json").read_text()), cfg, None, run_dir)
-        except Exception as exc:
-            _mark_failed(run_dir, cfg, exc)
-            _print_first_failure(run_dir)
-            raise
+    signals = _MainSignals(StopFlag(), run_dir) if launch_env is None and cfg["launcher"].get("interrupts", True) \
+        else contextlib.nullcontext()
+    try:
+        with signals:
+            try:
+                prepare(cfg["dataset"])
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # the folder exists now: it says failed, not running forever
+                _mark_failed(run_dir, cfg, exc)
+                raise
+            if launch_env is not None:
+                from lsgd.trainer import worker_main
+
+                _exit_if_stopped(worker_main(cfg, str(run_dir)), cfg, 0, run_dir)
+            else:
+                try:
+                    spawn_local(cfg, run_dir, signals if isinstance(signals, _MainSignals) else None)
+                except RunInterrupted as exc:  # no worker started, or one was killed: interrupted, not failed
+                    _mark_interrupted(run_dir, cfg, exc.signum)
+                    _exit_if_stopped(json.loads((run_dir / "summary.json").read_text()), cfg, None, run_dir)
+                except Exception as exc:
+                    _mark_failed(run_dir, cfg, exc)
+                    _print_first_failure(run_dir)
+                    raise
+    except KeyboardInterrupt:
+        # a second Ctrl-C while the data were prepared (or any Ctrl-C where the launcher does not
+        # own them): no worker ran, nothing to checkpoint; the folder says interrupted
+        _mark_interrupted(run_dir, cfg, signal.SIGINT)
+        _exit_if_stopped(json.loads((run_dir / "summary.json").read_text()), cfg, None, run_dir)
+        raise
     summary = run_dir / "summary.json"
     result = json.loads(summary.read_text()) if summary.exists() else None
     if result is not None and result.get("status") in ("preempted", "interrupted"):

@@ -147,6 +147,7 @@ class PreemptionWatch:
         self.signal: int | None = None  # the first signal received
         self._previous: dict[int, object] = {}
         self._pending = None  # (handle, flag): the agreement in flight (agreed)
+        self._mask: set | None = None  # the signal mask before __enter__ unblocked the interrupts
 
     @property
     def enabled(self) -> bool:
@@ -168,7 +169,8 @@ class PreemptionWatch:
         if self.is_preemption(signum):
             log.warning("got %s: checkpointing at the next step, then stopping (launcher.preemption=%s)",
                         signal.Signals(signum).name, self.mode)
-        else:
+        elif file_log.hasHandlers():  # (not yet in a worker still starting: Python's last-resort
+            # handler would print it on the console; the launcher's train.log line says it then)
             file_log.warning("got %s: checkpointing at the next step, then stopping", signal.Signals(signum).name)
 
     def __enter__(self):
@@ -177,9 +179,15 @@ class PreemptionWatch:
             sigs.update(INTERRUPT_SIGNALS)
         for sig in sorted(sigs):
             self._previous[sig] = signal.signal(sig, self._handle)
+        # a local launch's workers start with SIGINT blocked (lsgd.launch._MainSignals): a Ctrl-C
+        # that came before this handler waits, and is handled now; the mask comes back on exit
+        self._mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs & set(INTERRUPT_SIGNALS))
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
+            self._mask = None
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()

@@ -215,14 +215,37 @@ def test_external_torchrun_joins_instead_of_spawning(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no stray per-rank output folders
 
 
-def test_wandb_offline_logs_rank0_only(tmp_path):
-    res = lsgd(["train", *TINY, "algo=ddp", "logger=wandb", f"results_dir={tmp_path}/r"], tmp_path,
-               env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+def test_wandb_offline_logs_rank0_only_tagged_with_algo_and_variant(tmp_path):
+    """logger=wandb (offline) on a study arm, `experiment=local_vs_minibatch variant=local_sgd_k`
+    (2 workers, synthetic data, 2 rounds of K=2): one W&B run for the job (rank 0 only), whose run
+    record (read back from its .wandb file) is tagged ``algo:local_sgd`` and
+    ``variant:local_sgd_k``, grouped by the experiment and named by the arm label and seed."""
+    from wandb.proto import wandb_internal_pb2
+    from wandb_history import records
+
+    from lsgd.loggers import run_label
+
+    res = lsgd(["train", "experiment=local_vs_minibatch", "variant=local_sgd_k", "study.local_steps=2",
+                "study.local_batch=8", "study.rounds=2", "study.eval_rounds=2", "study.log_rounds=1",
+                "dataset=synthetic", "dataset.num_train=512", "dataset.num_test=256", "device=cpu",
+                "launcher.nproc_per_node=2", "launcher.timeout_s=30", "logger=wandb", "seed=3",
+                f"results_dir={tmp_path}/r"], tmp_path, env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     _ok(res)
     (run,) = run_dirs(tmp_path / "r")
     offline = list((run / "wandb").glob("offline-run-*"))
     assert len(offline) == 1  # one W&B run for the job, from rank 0
     assert summary(run)["status"] == "completed"
+    (wandb_file,) = offline[0].glob("run-*.wandb")
+    runs = []
+    for payload in records(wandb_file):
+        rec = wandb_internal_pb2.Record()
+        rec.ParseFromString(payload)
+        if rec.WhichOneof("record_type") == "run":
+            runs.append(rec.run)
+    assert runs and sorted(runs[0].tags) == ["algo:local_sgd", "variant:local_sgd_k"]
+    assert runs[0].run_group == "local_vs_minibatch"
+    label = run_label(yaml.safe_load((run / "config.yaml").read_text()))
+    assert runs[0].display_name == label and label.endswith(", seed 3") and "H=2" in label, label
 
 
 def test_srun_style_tasks_join_one_group_and_one_folder(tmp_path):

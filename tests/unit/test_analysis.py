@@ -1499,6 +1499,49 @@ def test_report_html_is_self_contained_and_renders_in_chromium(results, tmp_path
     assert colored.sum() > 1000
     assert (pixels[:, :, :].std() > 20)  # not a blank page
 
+    # every figure at its print size: the default ones at 150 dpi, so a PNG n px wide is n / 150 in,
+    # n / 150 * 96 CSS px (CSS: 1 in = 96 px); within the 1200 px window none is capped
+    shown = rendered_images(dom)
+    assert [natural for _, natural in shown] == [Image.open(out / p).size for p in pngs]
+    for box, (w, _) in shown:
+        assert abs(box[2] - w / 150 * 96) <= 1, (box, w)
+
+
+#: --width one / two: 3.25 in and 6.75 in, in CSS px (96 per inch)
+PRINT_PX = {"one": 3.25 * 96, "two": 6.75 * 96}
+
+
+def rendered_images(dom: str) -> list[tuple[tuple[int, ...], tuple[int, int]]]:
+    """(box, natural size) of every image of a page PROBE ran in, in page order."""
+    found = re.findall(r"<img [^>]*>", dom)
+    out = []
+    for tag in found:
+        box = tuple(map(int, re.search(r'data-box="([-\d,]+)"', tag).group(1).split(",")))
+        natural = tuple(map(int, re.search(r'data-natural="(\d+)x(\d+)"', tag).groups()))
+        out.append((box, natural))
+    return out
+
+
+@pytest.mark.parametrize("width", ["one", "two"])
+def test_report_html_shows_paper_figures_at_their_print_width(results, tmp_path, width):
+    """`--width one|two`: report.html shows each figure as wide as the paper prints it, 3.25 in
+    (312 CSS px) or 6.75 in (648 CSS px), not at its 300 dpi pixel width (975 / 2025 px, which
+    showed a one-column figure three times too big); measured in headless Chromium."""
+    from PIL import Image
+
+    out = tmp_path / "report"
+    write_report(results, out, width=width)
+    pngs = re.findall(r"!\[[^\]]*\]\((figures/[^)]+\.png)\)", (out / "report.md").read_text())
+    (out / "probe.html").write_text((out / "report.html").read_text().replace("</body>", PROBE + "</body>"))
+    dom = chromium(tmp_path, "--window-size=1200,1600", "--virtual-time-budget=5000", "--dump-dom",
+                   (out / "probe.html").as_uri())  # fmt: skip
+    shown = rendered_images(dom)
+    assert len(shown) == len(pngs) == len(FIGURES)
+    for (box, (w, h)), png in zip(shown, pngs):
+        assert (w, h) == Image.open(out / png).size and w == round(PRINT_PX[width] / 96 * 300)  # 300 dpi
+        assert abs(box[2] - PRINT_PX[width]) <= 1, (png, box)
+        assert abs(box[3] - PRINT_PX[width] * h / w) <= 1, (png, box)  # the aspect ratio kept
+
 
 def test_width_option_of_lsgd_plot_and_report(results, tmp_path, monkeypatch, capsys):
     """`lsgd plot|report --width one|two` reaches the figures; another value is refused by argparse."""
