@@ -57,8 +57,15 @@ matmul curve interpolated (log-log) at its smallest GEMM dimension
 every fresh output of at least :data:`FRESH_ALLOCATION_BYTES` (32 MiB) adds its bytes /
 ``first_touch_bandwidth``: glibc maps such blocks fresh on every allocation, and the kernel's
 page faults (zeroing each page) cost more than the op's own write (GPT-tiny's 268 MB logits,
-their log-softmax and both gradients: four per step). Neither term exists on a GPU preset
-(:class:`DeviceSpec`, ``matmul_curve`` and ``first_touch_bandwidth``, says why).
+their log-softmax and both gradients: four per step). A convolution (:data:`CONV_OPS`) runs at
+the measured rate of oneDNN's convolutions, the conv curve interpolated at its GEMM's smallest
+dimension (:meth:`DeviceSpec.conv_rate`, :func:`conv_min_dim`: PyTorch runs CPU convolutions
+with oneDNN, not with the GEMM library of ``torch.mm``, at up to twice the square matmul rate
+here); batch-norm's training forward and max-pooling (:data:`ELEMENT_RATE_OPS`) take at least
+their elements / their measured rate (their CPU kernels are neither matmuls nor copy-speed
+streams); and batch-norm's backward counts the second pass its CPU kernel makes over its inputs
+(:data:`CPU_EXTRA_BYTES`). None of these terms exists on a GPU preset (:class:`DeviceSpec`,
+``matmul_curve``, ``first_touch_bandwidth``, ``conv_curve`` and ``element_rates``, says why).
 
 ``mfu``: the roofline's "peak x efficiency". The key keeps its name and, on the GPU presets, its
 old default 0.4 (configs that set it keep working, and a compute-bound model keeps its step
@@ -87,51 +94,53 @@ The ``cpu`` preset and ``lsgd calibrate``
 -----------------------------------------
 ``lsgd calibrate [--threads N]`` (:func:`calibrate_cpu`) measures this machine with torch's
 thread count: a 1024 x 1024 float32 matmul (FLOP/s), the matmul curve (``(4096 x k) @ (k x
-4096)`` at k = 16, 64, 256, :data:`MATMUL_CURVE_K`, then the square point at k = 1024), a 64 MiB
-copy (bytes/s), the page faults of a fresh 64 MiB allocation (first-touch bytes/s),
-``torch.exp`` on 16 MiB (elements/s) and a tiny model's whole training step (seconds per op:
-PyTorch's per-op eager cost, the CPU's launch overhead), and stores them per thread count in
+4096)`` at k = 4, 16, 64, 256, :data:`MATMUL_CURVE_K`, then the square point at k = 1024), the
+convolution curve (3 x 3 convolutions c -> c, forward and backward, c = 4, 16, 64,
+:data:`CONV_CURVE_C`), a 64 MiB copy (bytes/s), the page faults of a fresh 64 MiB allocation
+(first-touch bytes/s), ``torch.exp`` on 16 MiB (elements/s), batch-norm's training forward and
+a 2 x 2 max-pool on 1 MiB (elements/s) and a tiny model's whole training step (seconds per op:
+PyTorch's per-op eager cost, the CPU's launch overhead), each kernel as the least CPU time of
+the calling thread over its repeats (:func:`_cpu_seconds`; about 5 s in all), and stores them per thread count in
 ``$XDG_CACHE_HOME/lsgd/cpu.json`` (atomically). ``cluster.device=cpu`` reads the record for the
 workers' thread count; when it is missing a local launch measures it once before the workers
 start (and says so), a torchrun/SLURM launch stops with a ConfigError (its tasks would each
 measure different figures). A ``cpu`` profile depends on the machine, its load and the thread
 count: it is for holding the model against ``compute=measured`` on the same machine.
 
-Held against measured time (``scripts/bench_compute_model.py``), measured on an AMD EPYC (2 cores
-shared with other jobs: load average 10-14, very noisy), torch 2.14.1, 1 thread, batch 32, SGD
-momentum; medians over interleaved rounds of calibration and measurement. Before: the roofline
-without the matmul curve and the first-touch term (main at 274fdca, 3 rounds); after: this model
-(5 rounds; "ratio" is the ratio of the medians, "round" the median of the per-round ratios, "w/o"
-the same rounds priced without the curve and the first-touch term):
+Held against measured time (``scripts/bench_compute_model.py``) on an AMD EPYC (Zen 4, 2 cores
+shared with other jobs), torch 2.14.1, 1 thread, batch 32, SGD with momentum and weight decay,
+3 interleaved rounds of calibration and measurement. A step is timed as the calibration times its
+kernels, in CPU time of the thread (with one torch thread the whole step runs on it); "ratio" is
+the least profile over the rounds / the least per-round median step, "least" the ratio to the
+least single step, "w/o" the same rounds priced without the conv curve and the element rates
+(convolutions at the square matmul rate, batch-norm and max-pool on the plain roofline). Load
+average 15-17 during the run (00:12 UTC):
 
-=========  ======================  ==========  ==================================  ===========  ===========  ===========  ====
-model      ops fwd / bwd / opt     before      after: profile ms                   measured ms  ratio        range        w/o
-=========  ======================  ==========  ==================================  ===========  ===========  ===========  ====
-cnn        15 / 18 / 40            0.62        13.8                                24.6         0.56 (0.57)  0.33-0.88    0.54
-logreg     3 / 5 / 8               0.85        0.13                                0.13         0.98 (1.00)  0.78-1.62    0.85
-gpt-tiny   28 / 48 / 112           0.43        2593 (1741 first touch)             2430         1.07 (0.97)  0.56-1.25    0.39
-resnet20   91 / 79 / 236           1.48        168.3                               158.3        1.06 (0.94)  0.86-1.79    0.94
-=========  ======================  ==========  ==================================  ===========  ===========  ===========  ====
+=========  =================  ===========  =====================  ========  ============  =====  ====
+model      ops fwd/bwd/opt    profile ms   measured ms cpu; wall  ratio     round range   least  w/o
+=========  =================  ===========  =====================  ========  ============  =====  ====
+cnn        15 / 18 / 40       8.00         9.39; 25.2             0.85      0.80-0.90     0.89   0.73
+logreg     3 / 5 / 8          0.11         0.12; 0.12             0.89      0.81-0.89     0.94   0.89
+gpt-tiny   28 / 48 / 112      920          993; 2384              0.93      0.89-1.00     0.97   0.93
+resnet20   91 / 79 / 236      58.3         63.6; 129              0.92      0.78-1.14     0.95   1.30
+=========  =================  ===========  =====================  ========  ============  =====  ====
 
-A second run after (3 rounds, per-round medians; ratio of medians in brackets): cnn 0.81 (1.08),
-logreg 1.19 (1.33), gpt-tiny 1.00 (1.07), resnet20 1.12 (1.81), with 0.78, 0.81, 0.46, 1.12
-without the new terms: the spread between runs (+-50% on the CNN, logreg and ResNet-20) is
-this machine's load, GPT-tiny's shift from about 0.4 to about 1 is not. Logreg's one matmul
-(32 x 784 @ 784 x 10) is priced at the curve's k = 16 rate, measured with 4096-wide other
-dimensions; a launch-bound step anyway.
-(calibrations within one run: square matmul 35-67 GFLOP/s, k = 64 at 0.5-0.95 of it and k = 16 at
-0.2-0.65, copy 11-32 GB/s, first touch 0.6-1.6 GB/s; the previous model's author measured cnn
-0.80, logreg 0.95, gpt-tiny 0.44, resnet20 1.04 at another hour.) GPT-tiny moves from 0.4 to
-about 1: its step is spent in the 64-wide vocabulary head's matmuls (rate at k = 64, not the
-square rate), in the page faults of its four fresh 268 MB tensors (logits, log-softmax, and their
-gradients; torch.profiler: log_softmax 125 ms fresh against 52 ms into a preallocated output, a
-92 ms zero-fill in nll_loss_backward), and in the CPU attention kernels, now counted with torch's
-SDPA FLOP formulas (:data:`EXTRA_FLOPS`) instead of one FLOP per element. Logreg, ResNet-20
-and GPT-tiny are within 25% at the median; the CNN is not in these runs (0.56, earlier 0.80): by
-torch.profiler its batch-norm backward and max-pool run several times slower than their bytes at
-the copy bandwidth, which the roofline does not see (ResNet-20 has the same batch-norm gap, offset
-by convolutions priced above their measured time); the run-to-run spread on this machine is as
-large as the remaining errors.
+(calibrations: square matmul 102-109 GFLOP/s, k = 4 at 10, k = 16 at 53-55; convolutions 138-168
+GFLOP/s at c = 16 and 152-220 at c = 64; copy 37-41 GB/s; batch-norm 0.76-0.80 G elements/s,
+max-pool 0.21-0.23; per-op 4.3-4.6 us.) The earlier model, on a quiet machine (load average
+0.3; wall-clock medians): cnn 0.79, logreg 0.76, gpt-tiny 0.94, resnet20 1.28. Where the error
+went, per op (``--by-op``: every op of a real step timed alone, the least of several steps):
+ResNet-20's 38 convolutions ran at 110-210 GFLOP/s against the ~100 of the square ``torch.mm``
+that priced them (1.30 without the conv curve); the CNN's two max-pools took 2.5 ms and its
+batch-norms' forward 0.85 ms, priced 0.25 and 0.15 ms on the plain roofline; logreg's 10-wide
+head ran at 21 GFLOP/s, the curve's k = 16 rate gave it 55. With this model the CNN's ops sum
+to 8.29 ms modeled against 8.20 ms measured; what remains of its gap is outside the ops (the
+step minus the sum of its ops: about 1 ms at load 7, 1.9 ms at load 10: Python, autograd and
+the noise of a loaded machine, which the per-op overhead of a tiny model's step, 4.5 us, does not
+see). Known misses: a strided convolution (ResNet-20's two 16 -> 32 and 32 -> 64 downsampling
+layers: 65-130 GFLOP/s measured) and a stem on 1-3 input channels (45-70) run below the curve's
+rate at their GEMM dimension; ResNet-20's first stage (2 MiB activations) at about 115-140
+against the 1 MiB curve's ~150.
 
 Measured mode
 -------------

@@ -15,7 +15,8 @@ the dataset's shapes) it prints, side by side from one run:
   process's time slices on a shared machine are not counted); the wall-clock median beside it;
 * their ratio profile / measured (the goal: within 25%, i.e. 0.75 .. 1.25): the least profile
   over the rounds / the least measured step over the rounds (min-of-rounds: noise only adds
-  time, to either), the median of the per-round ratios and their range.
+  time, to either), the median of the per-round ratios and their range, and the ratio to the
+  least single step of all rounds (timed as the calibration times its kernels).
 
 The calibration and the measurements interleave (``--rounds`` rounds, each recalibrating and
 re-measuring every model); the spread of the per-round ratios says how noisy the machine was.
@@ -80,8 +81,9 @@ def build(case: str, batch: int, seed: int = 0):
     return model, opt, x, y
 
 
-def measure(model, opt, x, y, warmup: int, repeats: int) -> tuple[float, float]:
-    """(median thread CPU seconds, median wall seconds) of ``repeats`` training steps."""
+def measure(model, opt, x, y, warmup: int, repeats: int) -> tuple[float, float, float]:
+    """(median thread CPU seconds, median wall seconds, least thread CPU seconds) of ``repeats``
+    training steps."""
     def step():
         opt.zero_grad(set_to_none=True)
         loss_fn(model(x), y).backward()
@@ -95,7 +97,7 @@ def measure(model, opt, x, y, warmup: int, repeats: int) -> tuple[float, float]:
         step()
         cpu.append(time.thread_time() - c0)
         wall.append(time.perf_counter() - w0)
-    return statistics.median(cpu), statistics.median(wall)
+    return statistics.median(cpu), statistics.median(wall), min(cpu)
 
 
 class TimedOps(OpCounter):
@@ -174,8 +176,8 @@ def main() -> None:
             phases = {p: roof.price(getattr(counted[case], p)) for p in ("forward", "backward", "optimizer")}
             modeled = sum(p.seconds for p in phases.values())
             flat = sum(plain.price(getattr(counted[case], p)).seconds for p in ("forward", "backward", "optimizer"))
-            cpu_s, wall_s = measure(m, opt, x, y, args.warmup, args.repeats)
-            rows[case].append((modeled, cpu_s, phases, flat, wall_s))
+            cpu_s, wall_s, least_s = measure(m, opt, x, y, args.warmup, args.repeats)
+            rows[case].append((modeled, cpu_s, phases, flat, wall_s, least_s))
 
     load = os.getloadavg()
     print(f"# {calibrations[0]['cpu']}, torch {torch.__version__}, {args.threads} thread(s), batch {args.batch}, "
@@ -189,12 +191,14 @@ def main() -> None:
               f"{cal.get('first_touch_bandwidth', 0) / 1e9:.2f} GB/s, exp {cal['special_rate'] / 1e9:.2f} G/s, "
               f"G elements/s: {rates}, per-op {cal['launch_s'] * 1e6:.2f} us")
     print("| model | ops (fwd/bwd/opt) | profile ms (fwd/bwd/opt) | compute / memory / overhead / first touch ms | "
-          "measured ms (cpu; wall) | ratio | median round ratio | ratio range | ratio w/o conv curve + element rates |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "measured ms (cpu; wall) | ratio | median round ratio | ratio range | ratio to the least step | "
+          "ratio w/o conv curve + element rates |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for case in args.cases:
         modeled = min(r[0] for r in rows[case])
         measured = min(r[1] for r in rows[case])
         wall = min(r[4] for r in rows[case])
+        least = min(r[5] for r in rows[case])
         ratios = [r[0] / r[1] for r in rows[case]]
         flat = min(r[3] for r in rows[case]) / measured
         ph = min(rows[case], key=lambda r: r[0])[2]
@@ -207,7 +211,7 @@ def main() -> None:
               f"({ph['forward'].seconds * 1e3:.2f}/{ph['backward'].seconds * 1e3:.2f}/{ph['optimizer'].seconds * 1e3:.2f}) "
               f"| {comp * 1e3:.2f} / {mem * 1e3:.2f} / {lau * 1e3:.2f} / {touch * 1e3:.2f} | {measured * 1e3:.2f}; "
               f"{wall * 1e3:.2f} | {modeled / measured:.2f} | {statistics.median(ratios):.2f} | "
-              f"{min(ratios):.2f} .. {max(ratios):.2f} | {flat:.2f} |")
+              f"{min(ratios):.2f} .. {max(ratios):.2f} | {modeled / least:.2f} | {flat:.2f} |")
     if args.by_op:
         roof = Roofline(cpu_spec_from_record(calibrations[-1]), 1.0)
         for case, (m, opt, x, y) in built.items():
