@@ -539,7 +539,10 @@ def validate_cluster(cluster: Mapping, world_size: int) -> None:
 
 
 # -------------------------------------------------------------------------------- the cpu preset
-CPU_PROFILE_FORMAT = 1
+#: the calibration file's format: 2 since the convolution curve, the element rates and the
+#: thread-CPU-time timings (a format-1 file is not read: the preset measures anew, or a joined
+#: launch asks for ``lsgd calibrate``; :func:`cpu_spec_from_record` still reads a record in hand)
+CPU_PROFILE_FORMAT = 2
 
 
 def cpu_profile_path() -> Path:
@@ -656,7 +659,7 @@ CONV_CURVE_PIXELS = 8192
 
 
 def measure_conv_curve(cs: Sequence[int] = CONV_CURVE_C, batch: int = CONV_CURVE_BATCH,
-                       pixels: int = CONV_CURVE_PIXELS, repeats: int = 5) -> list[list[float]]:
+                       pixels: int = CONV_CURVE_PIXELS, repeats: int = 7) -> list[list[float]]:
     """``[[c, FLOP/s], ...]``: the rate of a float32 3 x 3 convolution of c -> c channels (forward,
     then backward to both the input and the weight: ``aten.convolution`` and
     ``aten.convolution_backward``, the ops a training step runs), c ascending; FLOP/s = 3 x the

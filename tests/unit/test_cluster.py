@@ -759,3 +759,16 @@ def test_calibration_times_are_this_threads_cpu_time():
         assert _cpu_seconds(lambda: time.sleep(0.05), 2) < 0.01
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_calibration_file_of_the_old_format_is_not_read(tmp_path):
+    """A format-1 file (before the conv curve, the element rates and thread-CPU timings) reads as
+    no record, so the preset measures anew (or a joined launch asks for `lsgd calibrate`)."""
+    from lsgd.cluster import CPU_PROFILE_FORMAT
+
+    path = tmp_path / "cpu.json"
+    record = {"peak_flops": 1e9, "memory_bandwidth": 1e9, "launch_s": 1e-6, "threads": 1}
+    path.write_text(json.dumps({"format": 1, "by_threads": {"1": record}}))
+    assert CPU_PROFILE_FORMAT == 2 and read_cpu_profile(1, path) is None
+    path.write_text(json.dumps({"format": CPU_PROFILE_FORMAT, "by_threads": {"1": record}}))
+    assert read_cpu_profile(1, path) == record
