@@ -14,14 +14,19 @@ the dataset's shapes) it prints, side by side from one run:
   kernels: with one torch thread the whole step runs on it, backward included, and another
   process's time slices on a shared machine are not counted); the wall-clock median beside it;
 * their ratio profile / measured (the goal: within 25%, i.e. 0.75 .. 1.25): the least profile
-  over the rounds / the least measured step over the rounds (min-of-rounds: noise only adds
-  time, to either), the median of the per-round ratios and their range, and the ratio to the
-  least single step of all rounds (timed as the calibration times its kernels).
+  over the rounds / the least of the rounds' median steps (min-of-rounds: noise only adds
+  time, to either), the median of the per-round ratios and their range, the ratio to the least
+  single step of all rounds (timed as the calibration times its kernels), and the ratio without
+  the convolution curve and the element rates (convolutions at the square matmul rate,
+  batch-norm and max-pool on the plain roofline: the model before them), same rounds.
+
+With ``--threads`` above 1 the other threads' work is not the calling thread's CPU time: the
+steps (as the calibration) are then timed on the wall clock.
 
 The calibration and the measurements interleave (``--rounds`` rounds, each recalibrating and
 re-measuring every model); the spread of the per-round ratios says how noisy the machine was.
 
-``--by-op`` adds, per model, where the error is: every op of a live step timed alone (the least
+``--by-op`` adds, per model (one thread), where the error is: every op of a live step timed alone (the least
 CPU time of each op over ``--repeats`` steps, under a ``TorchDispatchMode``), grouped by aten op,
 beside its modeled price without the per-op overhead (the roofline term, the element rate, the
 first touch); the step's remainder (measured step - the ops' sum: Python, autograd, the per-op
@@ -92,10 +97,11 @@ def measure(model, opt, x, y, warmup: int, repeats: int) -> tuple[float, float, 
     for _ in range(warmup):
         step()
     cpu, wall = [], []
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     for _ in range(repeats):
-        w0, c0 = time.perf_counter(), time.thread_time()
+        w0, c0 = time.perf_counter(), clock()
         step()
-        cpu.append(time.thread_time() - c0)
+        cpu.append(clock() - c0)
         wall.append(time.perf_counter() - w0)
     return statistics.median(cpu), statistics.median(wall), min(cpu)
 
