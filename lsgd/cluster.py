@@ -99,7 +99,7 @@ convolution curve (3 x 3 convolutions c -> c, forward and backward, c = 4, 16, 6
 :data:`CONV_CURVE_C`), a 64 MiB copy (bytes/s), the page faults of a fresh 64 MiB allocation
 (first-touch bytes/s), ``torch.exp`` on 16 MiB (elements/s), batch-norm's training forward and
 a 2 x 2 max-pool on 1 MiB (elements/s) and a tiny model's whole training step (seconds per op:
-PyTorch's per-op eager cost, the CPU's launch overhead), each kernel as the least CPU time of
+PyTorch's per-op eager cost, the CPU's launch overhead), each kernel as the median CPU time of
 the calling thread over its repeats (:func:`_cpu_seconds`; about 5 s in all), and stores them per thread count in
 ``$XDG_CACHE_HOME/lsgd/cpu.json`` (atomically). ``cluster.device=cpu`` reads the record for the
 workers' thread count; when it is missing a local launch measures it once before the workers
@@ -110,34 +110,40 @@ count: it is for holding the model against ``compute=measured`` on the same mach
 Held against measured time (``scripts/bench_compute_model.py``) on an AMD EPYC (Zen 4, 2 cores
 shared with other jobs), torch 2.14.1, 1 thread, batch 32, SGD with momentum and weight decay,
 3 interleaved rounds of calibration and measurement. A step is timed as the calibration times its
-kernels, in CPU time of the thread (with one torch thread the whole step runs on it); "ratio" is
-the least profile over the rounds / the least per-round median step, "least" the ratio to the
-least single step, "w/o" the same rounds priced without the conv curve and the element rates
-(convolutions at the square matmul rate, batch-norm and max-pool on the plain roofline). Load
-average 15-17 during the run (00:12 UTC):
+kernels, the median of its repeats in CPU time of the thread (with one torch thread the whole
+step runs on it); "ratio" is the least profile over the rounds / the least of the rounds' median
+steps, "least" the ratio to the least single step, "w/o" the same rounds priced without the conv
+curve and the element rates (convolutions at the square matmul rate, batch-norm and max-pool on
+the plain roofline). Load average 10-15 during the run (00:32 UTC):
 
 =========  =================  ===========  =====================  ========  ============  =====  ====
 model      ops fwd/bwd/opt    profile ms   measured ms cpu; wall  ratio     round range   least  w/o
 =========  =================  ===========  =====================  ========  ============  =====  ====
-cnn        15 / 18 / 40       8.00         9.39; 25.2             0.85      0.80-0.90     0.89   0.73
-logreg     3 / 5 / 8          0.11         0.12; 0.12             0.89      0.81-0.89     0.94   0.89
-gpt-tiny   28 / 48 / 112      920          993; 2384              0.93      0.89-1.00     0.97   0.93
-resnet20   91 / 79 / 236      58.3         63.6; 129              0.92      0.78-1.14     0.95   1.30
+cnn        15 / 18 / 40       7.76         8.80; 21.0             0.88      0.82-0.90     0.92   0.77
+logreg     3 / 5 / 8          0.11         0.12; 0.12             0.91      0.84-0.92     0.94   0.91
+gpt-tiny   28 / 48 / 112      888          942; 2397              0.94      0.91-0.97     0.97   0.94
+resnet20   91 / 79 / 236      56.7         67.0; 75.3             0.85      0.79-0.94     0.88   1.22
 =========  =================  ===========  =====================  ========  ============  =====  ====
 
-(calibrations: square matmul 102-109 GFLOP/s, k = 4 at 10, k = 16 at 53-55; convolutions 138-168
-GFLOP/s at c = 16 and 152-220 at c = 64; copy 37-41 GB/s; batch-norm 0.76-0.80 G elements/s,
-max-pool 0.21-0.23; per-op 4.3-4.6 us.) The earlier model, on a quiet machine (load average
+(calibrations: square matmul 103-110 GFLOP/s, k = 4 at 9-11, k = 16 at 52-60; convolutions
+152-168 GFLOP/s at c = 16 and 207-236 at c = 64; copy 37-42 GB/s; batch-norm 0.80-0.83 G
+elements/s, max-pool 0.22-0.24; per-op 4.1-4.3 us.) Two earlier runs of the same code with the
+kernels' least time instead of their median (load 15-17 and 9-12): cnn 0.85 / 0.87, logreg
+0.89 / 0.87, gpt-tiny 0.93 / 0.90, resnet20 0.92 / 0.83. The earlier model, on a quiet machine (load average
 0.3; wall-clock medians): cnn 0.79, logreg 0.76, gpt-tiny 0.94, resnet20 1.28. Where the error
 went, per op (``--by-op``: every op of a real step timed alone, the least of several steps):
 ResNet-20's 38 convolutions ran at 110-210 GFLOP/s against the ~100 of the square ``torch.mm``
 that priced them (1.30 without the conv curve); the CNN's two max-pools took 2.5 ms and its
 batch-norms' forward 0.85 ms, priced 0.25 and 0.15 ms on the plain roofline; logreg's 10-wide
-head ran at 21 GFLOP/s, the curve's k = 16 rate gave it 55. With this model the CNN's ops sum
-to 8.29 ms modeled against 8.20 ms measured; what remains of its gap is outside the ops (the
-step minus the sum of its ops: about 1 ms at load 7, 1.9 ms at load 10: Python, autograd and
-the noise of a loaded machine, which the per-op overhead of a tiny model's step, 4.5 us, does not
-see). Known misses: a strided convolution (ResNet-20's two 16 -> 32 and 32 -> 64 downsampling
+head ran at 21 GFLOP/s, the curve's k = 16 rate gave it 55. With this model the ops of a step
+sum to what they measure (``--by-op`` at load 13.6, that round's calibration: CNN 8.10 ms
+modeled against 7.96 measured, ResNet-20 63.67 against 63.76); the gap is outside the ops, the
+step minus the sum of its ops: 2.9 ms of the CNN's 10.9 and 15.2 of ResNet-20's 79.0 there,
+1 ms of the CNN's at load 7. It grows with the load (a sum of per-op least times is below any
+one step on a noisy machine, and other processes evict the caches between slices), and it is not
+the interpreter running cold after a big kernel (a tiny model's modules with a 2 MiB write
+before each ran 1.9 us slower per module). The per-op overhead of a tiny model's step (4.1-4.6
+us) prices the host's share on a quiet machine. Known misses: a strided convolution (ResNet-20's two 16 -> 32 and 32 -> 64 downsampling
 layers: 65-130 GFLOP/s measured) and a stem on 1-3 input channels (45-70) run below the curve's
 rate at their GEMM dimension; ResNet-20's first stage (2 MiB activations) at about 115-140
 against the 1 MiB curve's ~150.
@@ -562,16 +568,20 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cpu_seconds(fn: Callable[[], Any], repeats: int, stat: Callable[[list[float]], float] = min) -> float:
-    """``stat`` (default: the least) of ``repeats`` timings of ``fn()``, each the CPU time of the
+def _cpu_seconds(fn: Callable[[], Any], repeats: int,
+                 stat: Callable[[list[float]], float] = statistics.median) -> float:
+    """``stat`` (default: the median) of ``repeats`` timings of ``fn()``, each the CPU time of the
     calling thread (``time.thread_time``: user + system time of this thread, page faults
     included), so that other processes on a shared machine do not inflate the figures: a time
-    slice taken by another process is not this thread's CPU time. The least of several runs: noise
-    only adds time. (Measured on this 2-core machine at load average 6-9: a wall-clock median put
-    the 1024 x 1024 matmul at 33-76 GFLOP/s between calls, the least thread time at 100-104.)
+    slice taken by another process is not this thread's CPU time. (Measured on this 2-core
+    machine at load average 6-9: a wall-clock median put the 1024 x 1024 matmul at 33-76 GFLOP/s
+    between calls, the thread CPU time at 100-110.) The median, not the least: a training step's
+    kernels run with the caches other processes leave them (the bench times a step as the median
+    of its repeats, in the same clock); at load average 10 the least put the convolution curve
+    10-20% above the median, the matmul about 3%. On a quiet machine the two agree.
     Needs torch to run ``fn``'s work on the calling thread: one torch thread (the workers'
-    setting on a small machine); with more, the other threads' work would not be counted, so there the clock is the
-    wall clock (``time.perf_counter``)."""
+    setting on a small machine); with more, the other threads' work would not be counted, so there
+    the clock is the wall clock (``time.perf_counter``)."""
     clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     times = []
     for _ in range(repeats):
@@ -601,7 +611,7 @@ def _tiny_step_overhead(repeats: int) -> float:
     for _ in range(20):
         step()
     # single steps (about 0.1 ms each), median of many: robust to a loaded machine's preemptions
-    return _cpu_seconds(step, 40 * repeats, statistics.median) / ops
+    return _cpu_seconds(step, 40 * repeats) / ops
 
 
 #: the smallest GEMM dimensions k at which :func:`calibrate_cpu` measures the thin matmuls of the
@@ -664,7 +674,7 @@ def measure_conv_curve(cs: Sequence[int] = CONV_CURVE_C, batch: int = CONV_CURVE
     then backward to both the input and the weight: ``aten.convolution`` and
     ``aten.convolution_backward``, the ops a training step runs), c ascending; FLOP/s = 3 x the
     forward's 2 x batch x c x H x W x c x 9 (the backward computes two products of the forward's
-    size) / (forward + backward seconds, the least of ``repeats`` after a warm-up). Images of
+    size) / (forward + backward seconds, the median of ``repeats`` after a warm-up). Images of
     ``pixels / c`` pixels (H x W, H = W or W = 2H), so every point moves the same bytes. The
     GEMM's smallest dimension of such a convolution is c (:func:`conv_min_dim`: min(c, 9c))."""
     curve = []
@@ -689,7 +699,7 @@ def measure_conv_curve(cs: Sequence[int] = CONV_CURVE_C, batch: int = CONV_CURVE
 
 def measure_element_rates(repeats: int = 7) -> dict[str, float]:
     """``{key: elements/s}`` of every op of :data:`ELEMENT_RATE_OPS`, each timed on a float32
-    (32, 32, 16, 16) tensor (1 MiB: the activations of a small conv net; the least of ``repeats``
+    (32, 32, 16, 16) tensor (1 MiB: the activations of a small conv net; the median of ``repeats``
     runs after a warm-up): ``batch_norm_train``: ``aten.native_batch_norm`` in training mode
     (statistics and normalization; elements: the input's); ``max_pool2d``: a 2 x 2, stride 2
     ``aten.max_pool2d_with_indices`` (elements: output elements x window size, here the input's)."""
@@ -731,10 +741,10 @@ def calibrate_cpu(matmul_n: int = 1024, copy_mib: int = 64, special_mib: int = 1
     * ``element_rates``: ``{key: elements/s}`` of batch-norm's training forward and max-pooling
       (:func:`measure_element_rates`, :data:`ELEMENT_RATE_OPS`).
     * ``launch_s``: seconds per op of a whole training step of a tiny model
-      (:func:`_tiny_step_overhead`, the median of many steps): PyTorch's fixed per-op cost on
+      (:func:`_tiny_step_overhead`, over many steps): PyTorch's fixed per-op cost on
       this host, the CPU's counterpart of a kernel launch.
 
-    Each other time is the least CPU time of the calling thread over ``repeats`` runs after a
+    Each time is the median CPU time of the calling thread over ``repeats`` runs after a
     warm-up (:func:`_cpu_seconds`: robust to other processes on a shared machine). Takes two to
     four seconds (the thin matmuls about half). The figures belong to this machine and its
     thread count: a ``cpu`` profile does not carry over to another machine.
