@@ -129,9 +129,9 @@ resnet20   91 / 79 / 236      56.7         67.0; 75.3             0.85      0.79
 152-168 GFLOP/s at c = 16 and 207-236 at c = 64; copy 37-42 GB/s; batch-norm 0.80-0.83 G
 elements/s, max-pool 0.22-0.24; per-op 4.1-4.3 us.) Two earlier runs of the same code with the
 kernels' least time instead of their median (load 15-17 and 9-12): cnn 0.85 / 0.87, logreg
-0.89 / 0.87, gpt-tiny 0.93 / 0.90, resnet20 0.92 / 0.83. The earlier model, on a quiet machine (load average
-0.3; wall-clock medians): cnn 0.79, logreg 0.76, gpt-tiny 0.94, resnet20 1.28. Where the error
-went, per op (``--by-op``: every op of a real step timed alone, the least of several steps):
+0.89 / 0.87, gpt-tiny 0.93 / 0.90, resnet20 0.92 / 0.83. The earlier model, on a quiet machine
+(load average 0.3; wall-clock medians): cnn 0.79, logreg 0.76, gpt-tiny 0.94, resnet20 1.28.
+Where the error went, per op (``--by-op``: every op of a real step timed alone, the least of several steps):
 ResNet-20's 38 convolutions ran at 110-210 GFLOP/s against the ~100 of the square ``torch.mm``
 that priced them (1.30 without the conv curve); the CNN's two max-pools took 2.5 ms and its
 batch-norms' forward 0.85 ms, priced 0.25 and 0.15 ms on the plain roofline; logreg's 10-wide
@@ -143,10 +143,10 @@ step minus the sum of its ops: 2.9 ms of the CNN's 10.9 and 15.2 of ResNet-20's 
 one step on a noisy machine, and other processes evict the caches between slices), and it is not
 the interpreter running cold after a big kernel (a tiny model's modules with a 2 MiB write
 before each ran 1.9 us slower per module). The per-op overhead of a tiny model's step (4.1-4.6
-us) prices the host's share on a quiet machine. Known misses: a strided convolution (ResNet-20's two 16 -> 32 and 32 -> 64 downsampling
-layers: 65-130 GFLOP/s measured) and a stem on 1-3 input channels (45-70) run below the curve's
-rate at their GEMM dimension; ResNet-20's first stage (2 MiB activations) at about 115-140
-against the 1 MiB curve's ~150.
+us) prices the host's share on a quiet machine. Known misses: a strided convolution
+(ResNet-20's two 16 -> 32 and 32 -> 64 downsampling layers: 65-130 GFLOP/s measured) and a stem
+on 1-3 input channels (45-70) run below the curve's rate at their GEMM dimension; ResNet-20's
+first stage (2 MiB activations) at about 115-140 against the 1 MiB curve's ~150.
 
 Measured mode
 -------------
@@ -329,14 +329,16 @@ class DeviceSpec:
             not with the GEMM library of ``torch.mm`` (MKL), and they reach a different rate: on
             this AMD EPYC about 150-220 GFLOP/s for 16-128 channels against about 100 for a
             1024 x 1024 ``torch.mm``, and well under it below 16 output channels (an AVX-512
-            register holds 16 of them).
-        element_rates: ``{op name: elements/s}`` for the ops of :data:`ELEMENT_RATE_OPS` (``cpu``:
+            register holds 16 of them). Not on the GPU presets for the reason
+            :meth:`matmul_rate` gives: they are datasheet peaks, and cuDNN's per-shape rates
+            would have to be measured on the device.
+        element_rates: ``{rate key: elements/s}`` for the ops of :data:`ELEMENT_RATE_OPS` (``cpu``:
             measured by :func:`calibrate_cpu`): ops whose CPU kernel is neither a matmul nor a
             copy-speed stream, so that neither roofline term sees their time (batch-norm's
             training forward computes its statistics at about 0.8 G elements/s, max-pooling
             about 0.25 G window elements/s, both 5-10x slower than their bytes at the copy
-            bandwidth); their compute term is elements / rate. Empty (GPU presets, an old
-            calibration file): not priced so.
+            bandwidth); their compute term is at least elements / rate. None (GPU presets, whose
+            kernels for these ops are other code, or an old calibration file): not priced so.
         info: where the figures come from (``cpu``: the calibration record).
     """
 
@@ -1660,7 +1662,9 @@ class ComputeModel:
         or before calibration), ``compute_bound_s``, ``memory_bound_s``, ``launch_bound_s``,
         ``first_touch_s`` (the step time split by what bounds each op, the launches and the page
         faults of fresh large outputs), ``achieved_mfu`` (forward + backward matmul FLOPs
-        / (step_time_s x peak_flops)), ``speed`` and ``worker_step_time_s`` (``step_time_s / speed``).
+        / (step_time_s x peak_flops); on ``cpu`` the peak is the square matmul's rate, which
+        oneDNN's convolutions exceed, so a convolution-bound step can show more than 1), ``speed``
+        and ``worker_step_time_s`` (``step_time_s / speed``).
         ``cpu`` adds ``cpu_calibration`` (the record of :func:`calibrate_cpu` used).
         """
         profile_mode = self.mode == "profile"

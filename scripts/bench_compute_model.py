@@ -153,7 +153,8 @@ def by_op(case: str, model, opt, x, y, roof: Roofline, repeats: int, step_s: flo
     for name, (calls, t, m) in sorted(groups.items(), key=lambda kv: -kv[1][1]):
         if t < 0.01 * ops_s and m < 0.01 * ops_s:
             continue
-        print(f"| {name.replace('aten.', '')} | {calls} | {t * 1e3:.3f} | {m * 1e3:.3f} | {m / t if t else float('inf'):.2f} |")
+        ratio = m / t if t else float("inf")
+        print(f"| {name.replace('aten.', '')} | {calls} | {t * 1e3:.3f} | {m * 1e3:.3f} | {ratio:.2f} |")
 
 
 def main() -> None:
