@@ -114,29 +114,31 @@ kernels, the median of its repeats in CPU time of the thread (with one torch thr
 step runs on it); "ratio" is the least profile over the rounds / the least of the rounds' median
 steps, "least" the ratio to the least single step, "w/o" the same rounds priced without the conv
 curve and the element rates (convolutions at the square matmul rate, batch-norm and max-pool on
-the plain roofline). Load average 10-15 during the run (00:32 UTC):
+the plain roofline). Load average 9-11 during the run (00:37 UTC):
 
 =========  =================  ===========  =====================  ========  ============  =====  ====
 model      ops fwd/bwd/opt    profile ms   measured ms cpu; wall  ratio     round range   least  w/o
 =========  =================  ===========  =====================  ========  ============  =====  ====
-cnn        15 / 18 / 40       7.76         8.80; 21.0             0.88      0.82-0.90     0.92   0.77
-logreg     3 / 5 / 8          0.11         0.12; 0.12             0.91      0.84-0.92     0.94   0.91
-gpt-tiny   28 / 48 / 112      888          942; 2397              0.94      0.91-0.97     0.97   0.94
-resnet20   91 / 79 / 236      56.7         67.0; 75.3             0.85      0.79-0.94     0.88   1.22
+cnn        15 / 18 / 40       8.02         8.52; 18.3             0.94      0.91-0.94     0.99   0.80
+logreg     3 / 5 / 8          0.10         0.12; 0.12             0.86      0.85-0.90     0.92   0.86
+gpt-tiny   28 / 48 / 112      854          970; 1522              0.88      0.87-0.98     0.94   0.88
+resnet20   91 / 79 / 236      59.1         66.6; 102              0.89      0.80-0.96     0.91   1.22
 =========  =================  ===========  =====================  ========  ============  =====  ====
 
-(calibrations: square matmul 103-110 GFLOP/s, k = 4 at 9-11, k = 16 at 52-60; convolutions
-152-168 GFLOP/s at c = 16 and 207-236 at c = 64; copy 37-42 GB/s; batch-norm 0.80-0.83 G
-elements/s, max-pool 0.22-0.24; per-op 4.1-4.3 us.) Two earlier runs of the same code with the
-kernels' least time instead of their median (load 15-17 and 9-12): cnn 0.85 / 0.87, logreg
-0.89 / 0.87, gpt-tiny 0.93 / 0.90, resnet20 0.92 / 0.83. The earlier model, on a quiet machine
+(calibrations: square matmul 106-111 GFLOP/s, k = 4 at 10-11, k = 16 at 53-60; convolutions
+143-157 GFLOP/s at c = 16 and 208-231 at c = 64; copy 36-40 GB/s; batch-norm 0.76-0.80 G
+elements/s, max-pool 0.21-0.23; per-op 4.0-4.2 us.) The run before it (the same model, at load
+10-15): cnn 0.88, logreg 0.91, gpt-tiny 0.94, resnet20 0.85; two runs with the kernels' least
+time instead of their median (load 15-17 and 9-12): cnn 0.85 / 0.87, logreg 0.89 / 0.87,
+gpt-tiny 0.93 / 0.90, resnet20 0.92 / 0.83. The earlier model, on a quiet machine
 (load average 0.3; wall-clock medians): cnn 0.79, logreg 0.76, gpt-tiny 0.94, resnet20 1.28.
-Where the error went, per op (``--by-op``: every op of a real step timed alone, the least of several steps):
-ResNet-20's 38 convolutions ran at 110-210 GFLOP/s against the ~100 of the square ``torch.mm``
-that priced them (1.30 without the conv curve); the CNN's two max-pools took 2.5 ms and its
+Where the error went, per op (``--by-op``: every op of a real step timed alone, the least of
+several steps): ResNet-20's 38 convolutions ran at 110-210 GFLOP/s against the ~100 of the
+square ``torch.mm`` that priced them (1.30 without the conv curve); the CNN's two max-pools took 2.5 ms and its
 batch-norms' forward 0.85 ms, priced 0.25 and 0.15 ms on the plain roofline; logreg's 10-wide
 head ran at 21 GFLOP/s, the curve's k = 16 rate gave it 55. With this model the ops of a step
-sum to what they measure (``--by-op`` at load 13.6, that round's calibration: CNN 8.10 ms
+sum to what they measure (``--by-op`` at load 13.6, with that round's calibration from the
+kernels' least times: CNN 8.10 ms
 modeled against 7.96 measured, ResNet-20 63.67 against 63.76); the gap is outside the ops, the
 step minus the sum of its ops: 2.9 ms of the CNN's 10.9 and 15.2 of ResNet-20's 79.0 there,
 1 ms of the CNN's at load 7. It grows with the load (a sum of per-op least times is below any
@@ -146,7 +148,10 @@ before each ran 1.9 us slower per module). The per-op overhead of a tiny model's
 us) prices the host's share on a quiet machine. Known misses: a strided convolution
 (ResNet-20's two 16 -> 32 and 32 -> 64 downsampling layers: 65-130 GFLOP/s measured) and a stem
 on 1-3 input channels (45-70) run below the curve's rate at their GEMM dimension; ResNet-20's
-first stage (2 MiB activations) at about 115-140 against the 1 MiB curve's ~150.
+first stage (2 MiB activations) at about 115-140 against the 1 MiB curve's ~150; and in a step
+the convolutions ran 10-20% below the same shapes repeated alone (ResNet-20's second and third
+stages at about 175 and 197 GFLOP/s, alone 206-221 and about 229; an L2-sized write before
+each repeat did not close it), which leaves ResNet-20 the lowest ratio.
 
 Measured mode
 -------------
