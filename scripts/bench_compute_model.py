@@ -145,8 +145,8 @@ def by_op(case: str, model, opt, x, y, roof: Roofline, repeats: int, step_s: flo
         g[2] += roof.price_op(op) - op.launches * roof.spec.launch_s
     ops_s = sum(least)
     launch_s = sum(op.launches for op in runs[0].ops[:n]) * roof.spec.launch_s
-    print(f"\n## {case}: {n} ops; measured step {step_s * 1e3:.2f} ms = ops {ops_s * 1e3:.2f} ms (each timed "
-          f"alone) + rest {(step_s - ops_s) * 1e3:.2f} ms; modeled: ops {sum(g[2] for g in groups.values()) * 1e3:.2f} "
+    print(f"\n## {case}: {n} ops; measured step {step_s * 1e3:.2f} ms = ops {ops_s * 1e3:.2f} ms (each op timed in "
+          f"a live step) + rest {(step_s - ops_s) * 1e3:.2f} ms; modeled: ops {sum(g[2] for g in groups.values()) * 1e3:.2f} "
           f"ms + per-op overhead {launch_s * 1e3:.2f} ms")
     print("| op | calls | measured ms | modeled ms (w/o overhead) | modeled / measured |")
     print("|---|---|---|---|---|")
