@@ -38,7 +38,8 @@ commands:
   report   report.md and a self-contained report.html with tables (mean and 95% interval over seeds),
            LaTeX, CSV and figures: lsgd report results/fmnist_demo [--baseline ddp] [--width one|two]
   data     fetch a dataset before training: lsgd data fashion_mnist [dataset.root=DIR]
-  calibrate  measure this machine's matmul FLOP/s (by shape), memory and first-touch bandwidth and per-op overhead for
+  calibrate  measure this machine's matmul and convolution FLOP/s (by shape), memory and first-touch bandwidth,
+             batch-norm and max-pool rates and per-op overhead for
              cluster.device=cpu: lsgd calibrate [--threads N]
   list     the options of the config groups with their descriptions:
              lsgd list [algorithms|experiments|variants|models|datasets|optimizers|schedules|networks|...]
@@ -253,9 +254,12 @@ def calibrate(argv: list[str]) -> int:
     record = calibrate_cpu()
     path = write_cpu_profile(record)
     curve = ", ".join(f"k={int(k)}: {r / 1e9:.1f}" for k, r in record["matmul_curve"])
+    conv = ", ".join(f"c={int(c)}: {r / 1e9:.1f}" for c, r in record["conv_curve"])
+    rates = ", ".join(f"{key} {r / 1e9:.2f}" for key, r in record["element_rates"].items())
     print(f"{record['cpu']}, {record['threads']} thread(s): matmul {record['peak_flops'] / 1e9:.1f} GFLOP/s "
-          f"(by smallest dimension: {curve}), memory {record['memory_bandwidth'] / 1e9:.1f} GB/s, first touch "
-          f"{record['first_touch_bandwidth'] / 1e9:.2f} GB/s, per-op overhead {record['launch_s'] * 1e6:.2f} us")
+          f"(by smallest dimension: {curve}), convolution GFLOP/s ({conv}), memory "
+          f"{record['memory_bandwidth'] / 1e9:.1f} GB/s, first touch {record['first_touch_bandwidth'] / 1e9:.2f} GB/s, "
+          f"G elements/s ({rates}), per-op overhead {record['launch_s'] * 1e6:.2f} us")
     print(f"written to {path} (cluster.device=cpu reads it; the figures belong to this machine)")
     return 0
 

@@ -57,8 +57,15 @@ matmul curve interpolated (log-log) at its smallest GEMM dimension
 every fresh output of at least :data:`FRESH_ALLOCATION_BYTES` (32 MiB) adds its bytes /
 ``first_touch_bandwidth``: glibc maps such blocks fresh on every allocation, and the kernel's
 page faults (zeroing each page) cost more than the op's own write (GPT-tiny's 268 MB logits,
-their log-softmax and both gradients: four per step). Neither term exists on a GPU preset
-(:class:`DeviceSpec`, ``matmul_curve`` and ``first_touch_bandwidth``, says why).
+their log-softmax and both gradients: four per step). A convolution (:data:`CONV_OPS`) runs at
+the measured rate of oneDNN's convolutions, the conv curve interpolated at its GEMM's smallest
+dimension (:meth:`DeviceSpec.conv_rate`, :func:`conv_min_dim`: PyTorch runs CPU convolutions
+with oneDNN, not with the GEMM library of ``torch.mm``, at up to twice the square matmul rate
+here); batch-norm's training forward and max-pooling (:data:`ELEMENT_RATE_OPS`) take at least
+their elements / their measured rate (their CPU kernels are neither matmuls nor copy-speed
+streams); and batch-norm's backward counts the second pass its CPU kernel makes over its inputs
+(:data:`CPU_EXTRA_BYTES`). None of these terms exists on a GPU preset (:class:`DeviceSpec`,
+``matmul_curve``, ``first_touch_bandwidth``, ``conv_curve`` and ``element_rates``, says why).
 
 ``mfu``: the roofline's "peak x efficiency". The key keeps its name and, on the GPU presets, its
 old default 0.4 (configs that set it keep working, and a compute-bound model keeps its step
@@ -87,51 +94,64 @@ The ``cpu`` preset and ``lsgd calibrate``
 -----------------------------------------
 ``lsgd calibrate [--threads N]`` (:func:`calibrate_cpu`) measures this machine with torch's
 thread count: a 1024 x 1024 float32 matmul (FLOP/s), the matmul curve (``(4096 x k) @ (k x
-4096)`` at k = 16, 64, 256, :data:`MATMUL_CURVE_K`, then the square point at k = 1024), a 64 MiB
-copy (bytes/s), the page faults of a fresh 64 MiB allocation (first-touch bytes/s),
-``torch.exp`` on 16 MiB (elements/s) and a tiny model's whole training step (seconds per op:
-PyTorch's per-op eager cost, the CPU's launch overhead), and stores them per thread count in
+4096)`` at k = 4, 16, 64, 256, :data:`MATMUL_CURVE_K`, then the square point at k = 1024), the
+convolution curve (3 x 3 convolutions c -> c, forward and backward, c = 4, 16, 64,
+:data:`CONV_CURVE_C`), a 64 MiB copy (bytes/s), the page faults of a fresh 64 MiB allocation
+(first-touch bytes/s), ``torch.exp`` on 16 MiB (elements/s), batch-norm's training forward and
+a 2 x 2 max-pool on 1 MiB (elements/s) and a tiny model's whole training step (seconds per op:
+PyTorch's per-op eager cost, the CPU's launch overhead), each kernel as the median CPU time of
+the calling thread over its repeats (:func:`_cpu_seconds`; about 5 s in all), and stores them per thread count in
 ``$XDG_CACHE_HOME/lsgd/cpu.json`` (atomically). ``cluster.device=cpu`` reads the record for the
 workers' thread count; when it is missing a local launch measures it once before the workers
 start (and says so), a torchrun/SLURM launch stops with a ConfigError (its tasks would each
 measure different figures). A ``cpu`` profile depends on the machine, its load and the thread
 count: it is for holding the model against ``compute=measured`` on the same machine.
 
-Held against measured time (``scripts/bench_compute_model.py``), measured on an AMD EPYC (2 cores
-shared with other jobs: load average 10-14, very noisy), torch 2.14.1, 1 thread, batch 32, SGD
-momentum; medians over interleaved rounds of calibration and measurement. Before: the roofline
-without the matmul curve and the first-touch term (main at 274fdca, 3 rounds); after: this model
-(5 rounds; "ratio" is the ratio of the medians, "round" the median of the per-round ratios, "w/o"
-the same rounds priced without the curve and the first-touch term):
+Held against measured time (``scripts/bench_compute_model.py``) on an AMD EPYC (Zen 4, 2 cores
+shared with other jobs), torch 2.14.1, 1 thread, batch 32, SGD with momentum and weight decay,
+3 interleaved rounds of calibration and measurement. A step is timed as the calibration times its
+kernels, the median of its repeats in CPU time of the thread (with one torch thread the whole
+step runs on it); "ratio" is the least profile over the rounds / the least of the rounds' median
+steps, "least" the ratio to the least single step, "w/o" the same rounds priced without the conv
+curve and the element rates (convolutions at the square matmul rate, batch-norm and max-pool on
+the plain roofline). Load average 9-11 during the run (00:37 UTC):
 
-=========  ======================  ==========  ==================================  ===========  ===========  ===========  ====
-model      ops fwd / bwd / opt     before      after: profile ms                   measured ms  ratio        range        w/o
-=========  ======================  ==========  ==================================  ===========  ===========  ===========  ====
-cnn        15 / 18 / 40            0.62        13.8                                24.6         0.56 (0.57)  0.33-0.88    0.54
-logreg     3 / 5 / 8               0.85        0.13                                0.13         0.98 (1.00)  0.78-1.62    0.85
-gpt-tiny   28 / 48 / 112           0.43        2593 (1741 first touch)             2430         1.07 (0.97)  0.56-1.25    0.39
-resnet20   91 / 79 / 236           1.48        168.3                               158.3        1.06 (0.94)  0.86-1.79    0.94
-=========  ======================  ==========  ==================================  ===========  ===========  ===========  ====
+=========  =================  ===========  =====================  ========  ============  =====  ====
+model      ops fwd/bwd/opt    profile ms   measured ms cpu; wall  ratio     round range   least  w/o
+=========  =================  ===========  =====================  ========  ============  =====  ====
+cnn        15 / 18 / 40       8.02         8.52; 18.3             0.94      0.91-0.94     0.99   0.80
+logreg     3 / 5 / 8          0.10         0.12; 0.12             0.86      0.85-0.90     0.92   0.86
+gpt-tiny   28 / 48 / 112      854          970; 1522              0.88      0.87-0.98     0.94   0.88
+resnet20   91 / 79 / 236      59.1         66.6; 102              0.89      0.80-0.96     0.91   1.22
+=========  =================  ===========  =====================  ========  ============  =====  ====
 
-A second run after (3 rounds, per-round medians; ratio of medians in brackets): cnn 0.81 (1.08),
-logreg 1.19 (1.33), gpt-tiny 1.00 (1.07), resnet20 1.12 (1.81), with 0.78, 0.81, 0.46, 1.12
-without the new terms: the spread between runs (+-50% on the CNN, logreg and ResNet-20) is
-this machine's load, GPT-tiny's shift from about 0.4 to about 1 is not. Logreg's one matmul
-(32 x 784 @ 784 x 10) is priced at the curve's k = 16 rate, measured with 4096-wide other
-dimensions; a launch-bound step anyway.
-(calibrations within one run: square matmul 35-67 GFLOP/s, k = 64 at 0.5-0.95 of it and k = 16 at
-0.2-0.65, copy 11-32 GB/s, first touch 0.6-1.6 GB/s; the previous model's author measured cnn
-0.80, logreg 0.95, gpt-tiny 0.44, resnet20 1.04 at another hour.) GPT-tiny moves from 0.4 to
-about 1: its step is spent in the 64-wide vocabulary head's matmuls (rate at k = 64, not the
-square rate), in the page faults of its four fresh 268 MB tensors (logits, log-softmax, and their
-gradients; torch.profiler: log_softmax 125 ms fresh against 52 ms into a preallocated output, a
-92 ms zero-fill in nll_loss_backward), and in the CPU attention kernels, now counted with torch's
-SDPA FLOP formulas (:data:`EXTRA_FLOPS`) instead of one FLOP per element. Logreg, ResNet-20
-and GPT-tiny are within 25% at the median; the CNN is not in these runs (0.56, earlier 0.80): by
-torch.profiler its batch-norm backward and max-pool run several times slower than their bytes at
-the copy bandwidth, which the roofline does not see (ResNet-20 has the same batch-norm gap, offset
-by convolutions priced above their measured time); the run-to-run spread on this machine is as
-large as the remaining errors.
+(calibrations: square matmul 106-111 GFLOP/s, k = 4 at 10-11, k = 16 at 53-60; convolutions
+143-157 GFLOP/s at c = 16 and 208-231 at c = 64; copy 36-40 GB/s; batch-norm 0.76-0.80 G
+elements/s, max-pool 0.21-0.23; per-op 4.0-4.2 us.) The run before it (the same model, at load
+10-15): cnn 0.88, logreg 0.91, gpt-tiny 0.94, resnet20 0.85; two runs with the kernels' least
+time instead of their median (load 15-17 and 9-12): cnn 0.85 / 0.87, logreg 0.89 / 0.87,
+gpt-tiny 0.93 / 0.90, resnet20 0.92 / 0.83. The earlier model, on a quiet machine
+(load average 0.3; wall-clock medians): cnn 0.79, logreg 0.76, gpt-tiny 0.94, resnet20 1.28.
+Where the error went, per op (``--by-op``: every op of a real step timed alone, the least of
+several steps): ResNet-20's 38 convolutions ran at 110-210 GFLOP/s against the ~100 of the
+square ``torch.mm`` that priced them (1.30 without the conv curve); the CNN's two max-pools took 2.5 ms and its
+batch-norms' forward 0.85 ms, priced 0.25 and 0.15 ms on the plain roofline; logreg's 10-wide
+head ran at 21 GFLOP/s, the curve's k = 16 rate gave it 55. With this model the ops of a step
+sum to what they measure (``--by-op`` at load 13.6, with that round's calibration from the
+kernels' least times: CNN 8.10 ms
+modeled against 7.96 measured, ResNet-20 63.67 against 63.76); the gap is outside the ops, the
+step minus the sum of its ops: 2.9 ms of the CNN's 10.9 and 15.2 of ResNet-20's 79.0 there,
+1 ms of the CNN's at load 7. It grows with the load (a sum of per-op least times is below any
+one step on a noisy machine, and other processes evict the caches between slices), and it is not
+the interpreter running cold after a big kernel (a tiny model's modules with a 2 MiB write
+before each ran 1.9 us slower per module). The per-op overhead of a tiny model's step (4.1-4.6
+us) prices the host's share on a quiet machine. Known misses: a strided convolution
+(ResNet-20's two 16 -> 32 and 32 -> 64 downsampling layers: 65-130 GFLOP/s measured) and a stem
+on 1-3 input channels (45-70) run below the curve's rate at their GEMM dimension; ResNet-20's
+first stage (2 MiB activations) at about 115-140 against the 1 MiB curve's ~150; and in a step
+the convolutions ran 10-20% below the same shapes repeated alone (ResNet-20's second and third
+stages at about 175 and 197 GFLOP/s, alone 206-221 and about 229; an L2-sized write before
+each repeat did not close it), which leaves ResNet-20 the lowest ratio.
 
 Measured mode
 -------------
@@ -305,6 +325,25 @@ class DeviceSpec:
             15-30 GB/s for a write to memory already mapped); the CUDA caching allocator keeps
             freed blocks and reuses them the next step, so on a GPU a step allocates nothing new
             after the first.
+        conv_curve: the convolution curve, ``((c, FLOP/s), ...)`` sorted by c > 0: the FLOP/s of
+            a float32 convolution (forward and backward together) whose GEMM's smallest
+            dimension is c (``cpu``: measured by :func:`calibrate_cpu` on 3 x 3 convolutions of
+            c -> c channels, :data:`CONV_CURVE_C`); None (GPU presets, an old calibration file):
+            convolutions at ``peak_flops`` (:meth:`conv_rate`). Why a curve of its own: PyTorch
+            runs a CPU convolution with oneDNN's direct-convolution kernels (``mkldnn_convolution``),
+            not with the GEMM library of ``torch.mm`` (MKL), and they reach a different rate: on
+            this AMD EPYC about 150-220 GFLOP/s for 16-128 channels against about 100 for a
+            1024 x 1024 ``torch.mm``, and well under it below 16 output channels (an AVX-512
+            register holds 16 of them). Not on the GPU presets for the reason
+            :meth:`matmul_rate` gives: they are datasheet peaks, and cuDNN's per-shape rates
+            would have to be measured on the device.
+        element_rates: ``{rate key: elements/s}`` for the ops of :data:`ELEMENT_RATE_OPS` (``cpu``:
+            measured by :func:`calibrate_cpu`): ops whose CPU kernel is neither a matmul nor a
+            copy-speed stream, so that neither roofline term sees their time (batch-norm's
+            training forward computes its statistics at about 0.8 G elements/s, max-pooling
+            about 0.25 G window elements/s, both 5-10x slower than their bytes at the copy
+            bandwidth); their compute term is at least elements / rate. None (GPU presets, whose
+            kernels for these ops are other code, or an old calibration file): not priced so.
         info: where the figures come from (``cpu``: the calibration record).
     """
 
@@ -315,6 +354,8 @@ class DeviceSpec:
     special_rate: float | None = None
     matmul_curve: tuple[tuple[float, float], ...] | None = None
     first_touch_bandwidth: float | None = None
+    conv_curve: tuple[tuple[float, float], ...] | None = None
+    element_rates: Mapping[str, float] | None = None
     info: dict | None = None
 
     @property
@@ -339,21 +380,33 @@ class DeviceSpec:
         to cite; their ``mfu`` (0.4) already stands for an average efficiency. A GPU curve would
         have to be measured on the device, as ``lsgd calibrate`` does for ``cpu``.
         """
-        curve = self.matmul_curve
-        if not curve or not min_dim or min_dim <= 0:
-            return self.peak_flops
-        if min_dim <= curve[0][0]:
-            return curve[0][1]
-        if min_dim >= curve[-1][0]:
-            return curve[-1][1]
-        for k, rate in curve:
-            if min_dim == k:  # a grid point: its measured rate, exactly
-                return rate
-        for (k0, r0), (k1, r1) in zip(curve, curve[1:]):
-            if k0 < min_dim < k1:
-                w = math.log(min_dim / k0) / math.log(k1 / k0)
-                return math.exp((1.0 - w) * math.log(r0) + w * math.log(r1))
-        return curve[-1][1]  # unreachable: the grid is sorted
+        return _interpolate(self.matmul_curve, min_dim, self.peak_flops)
+
+    def conv_rate(self, min_dim: float = 0) -> float:
+        """FLOP/s of a convolution (forward or backward) whose GEMM's smallest dimension is
+        ``min_dim`` (:func:`conv_min_dim`): :attr:`conv_curve` interpolated as
+        :meth:`matmul_rate` interpolates its curve; ``peak_flops`` without a curve or for
+        ``min_dim`` 0."""
+        return _interpolate(self.conv_curve, min_dim, self.peak_flops)
+
+
+def _interpolate(curve: Sequence[tuple[float, float]] | None, x: float, default: float) -> float:
+    """``curve`` (``((x, rate), ...)`` sorted by x) at ``x``: linear in (log x, log rate) between
+    neighbouring points, an end point's rate outside them, ``default`` without a curve or x <= 0."""
+    if not curve or not x or x <= 0:
+        return default
+    if x <= curve[0][0]:
+        return curve[0][1]
+    if x >= curve[-1][0]:
+        return curve[-1][1]
+    for k, rate in curve:
+        if x == k:  # a grid point: its measured rate, exactly
+            return rate
+    for (k0, r0), (k1, r1) in zip(curve, curve[1:]):
+        if k0 < x < k1:
+            w = math.log(x / k0) / math.log(k1 / k0)
+            return math.exp((1.0 - w) * math.log(r0) + w * math.log(r1))
+    return curve[-1][1]  # unreachable: the grid is sorted
 
 
 def device_spec(name: str) -> DeviceSpec:
@@ -499,7 +552,10 @@ def validate_cluster(cluster: Mapping, world_size: int) -> None:
 
 
 # -------------------------------------------------------------------------------- the cpu preset
-CPU_PROFILE_FORMAT = 1
+#: the calibration file's format: 2 since the convolution curve, the element rates and the
+#: thread-CPU-time timings (a format-1 file is not read: the preset measures anew, or a joined
+#: launch asks for ``lsgd calibrate``; :func:`cpu_spec_from_record` still reads a record in hand)
+CPU_PROFILE_FORMAT = 2
 
 
 def cpu_profile_path() -> Path:
@@ -519,13 +575,27 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
+def _cpu_seconds(fn: Callable[[], Any], repeats: int,
+                 stat: Callable[[list[float]], float] = statistics.median) -> float:
+    """``stat`` (default: the median) of ``repeats`` timings of ``fn()``, each the CPU time of the
+    calling thread (``time.thread_time``: user + system time of this thread, page faults
+    included), so that other processes on a shared machine do not inflate the figures: a time
+    slice taken by another process is not this thread's CPU time. (Measured on this 2-core
+    machine at load average 6-9: a wall-clock median put the 1024 x 1024 matmul at 33-76 GFLOP/s
+    between calls, the thread CPU time at 100-110.) The median, not the least: a training step's
+    kernels run with the caches other processes leave them (the bench times a step as the median
+    of its repeats, in the same clock); at load average 10 the least put the convolution curve
+    10-20% above the median, the matmul about 3%. On a quiet machine the two agree.
+    Needs torch to run ``fn``'s work on the calling thread: one torch thread (the workers'
+    setting on a small machine); with more, the other threads' work would not be counted, so there
+    the clock is the wall clock (``time.perf_counter``)."""
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        times.append(clock() - t0)
+    return stat(times)
 
 
 def _tiny_step_overhead(repeats: int) -> float:
@@ -548,13 +618,13 @@ def _tiny_step_overhead(repeats: int) -> float:
     for _ in range(20):
         step()
     # single steps (about 0.1 ms each), median of many: robust to a loaded machine's preemptions
-    return _median_seconds(step, 40 * repeats) / ops
+    return _cpu_seconds(step, 40 * repeats) / ops
 
 
 #: the smallest GEMM dimensions k at which :func:`calibrate_cpu` measures the thin matmuls of the
 #: matmul curve (``(curve_n x k) @ (k x curve_n)``); the curve's last point is the square
 #: ``matmul_n`` matmul (k = 1024)
-MATMUL_CURVE_K: tuple[int, ...] = (16, 64, 256)
+MATMUL_CURVE_K: tuple[int, ...] = (4, 16, 64, 256)
 #: the two large dimensions of those thin matmuls (64 MiB float32 outputs)
 MATMUL_CURVE_N = 4096
 
@@ -578,7 +648,7 @@ def measure_matmul_curve(ks: Sequence[int] = MATMUL_CURVE_K, n: int = MATMUL_CUR
             a, b = torch.randn(n, k), torch.randn(k, n)
             out = torch.empty(n, n)
             torch.mm(a, b, out=out)  # warm-up (first-call setup, page faults)
-            curve.append([float(k), 2.0 * n * n * k / _median_seconds(lambda: torch.mm(a, b, out=out), repeats)])
+            curve.append([float(k), 2.0 * n * n * k / _cpu_seconds(lambda: torch.mm(a, b, out=out), repeats)])
     return curve
 
 
@@ -592,9 +662,82 @@ def measure_first_touch(mib: int = 64, repeats: int = 5) -> float:
         dst = torch.empty(n)
         dst.fill_(0.0)
         torch.empty(n).fill_(1.0)  # warm-up
-        fresh = _median_seconds(lambda: torch.empty(n).fill_(1.0), repeats)
-        reused = _median_seconds(lambda: dst.fill_(1.0), repeats)
+        fresh = _cpu_seconds(lambda: torch.empty(n).fill_(1.0), repeats)
+        reused = _cpu_seconds(lambda: dst.fill_(1.0), repeats)
     return n * 4 / max(fresh - reused, 1e-3 * fresh)
+
+
+def _steady_allocator(mib: int = 16) -> None:
+    """Put glibc's allocator where a training step keeps it: allocate, touch and free a ``mib``
+    MiB block (below :data:`FRESH_ALLOCATION_BYTES`), which raises glibc's dynamic mmap threshold
+    to its size (``mallopt(3)``: freeing an mmapped chunk of at most 32 MiB sets
+    ``M_MMAP_THRESHOLD`` to it), so later allocations below it come from the heap, as a step's
+    activations do once the previous steps freed theirs. In a fresh process (threshold 128 KiB)
+    every 1 MiB conv output would instead be a fresh ``mmap`` whose pages fault on each call
+    (measured: the c = 16 conv point at 54 GFLOP/s against 168). No effect on another allocator."""
+    block = torch.empty(mib * 2**20 // 4)
+    block.fill_(0.0)
+    del block
+
+
+#: channel counts c of the convolution curve: :func:`calibrate_cpu` times 3 x 3 convolutions of
+#: c -> c channels (padding 1, stride 1, batch 32) on images of 8192 / c pixels, so that every
+#: point's activations are 1 MiB (a ResNet-20 or demo-CNN activation is 0.5-2 MiB: L2/L3-sized)
+CONV_CURVE_C: tuple[int, ...] = (4, 16, 64)
+CONV_CURVE_BATCH = 32
+CONV_CURVE_PIXELS = 8192
+
+
+def measure_conv_curve(cs: Sequence[int] = CONV_CURVE_C, batch: int = CONV_CURVE_BATCH,
+                       pixels: int = CONV_CURVE_PIXELS, repeats: int = 7) -> list[list[float]]:
+    """``[[c, FLOP/s], ...]``: the rate of a float32 3 x 3 convolution of c -> c channels (forward,
+    then backward to both the input and the weight: ``aten.convolution`` and
+    ``aten.convolution_backward``, the ops a training step runs), c ascending; FLOP/s = 3 x the
+    forward's 2 x batch x c x H x W x c x 9 (the backward computes two products of the forward's
+    size) / (forward + backward seconds, the median of ``repeats`` after a warm-up). Images of
+    ``pixels / c`` pixels (H x W, H = W or W = 2H), so every point moves the same bytes. The
+    GEMM's smallest dimension of such a convolution is c (:func:`conv_min_dim`: min(c, 9c))."""
+    curve = []
+    _steady_allocator()
+    with torch.no_grad():
+        for c in sorted(int(c) for c in cs):
+            hw = max(1, pixels // c)
+            h = 2 ** (int(math.log2(hw)) // 2)
+            w = max(1, hw // h)
+            x, weight = torch.randn(batch, c, h, w), torch.randn(c, c, 3, 3)
+            args = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+            grad = torch.randn(batch, c, h, w)
+
+            def step() -> None:
+                aten.convolution(x, weight, None, *args)
+                aten.convolution_backward(grad, x, weight, None, *args, [True, True, False])
+
+            step()  # warm-up (oneDNN's primitive creation)
+            flops = 3 * 2.0 * batch * c * h * w * c * 9
+            curve.append([float(c), flops / _cpu_seconds(step, repeats)])
+    return curve
+
+
+def measure_element_rates(repeats: int = 7) -> dict[str, float]:
+    """``{key: elements/s}`` of every op of :data:`ELEMENT_RATE_OPS`, each timed on a float32
+    (32, 32, 16, 16) tensor (1 MiB: the activations of a small conv net; the median of ``repeats``
+    runs after a warm-up): ``batch_norm_train``: ``aten.native_batch_norm`` in training mode
+    (statistics and normalization; elements: the input's); ``max_pool2d``: a 2 x 2, stride 2
+    ``aten.max_pool2d_with_indices`` (elements: output elements x window size, here the input's)."""
+    x = torch.randn(32, 32, 16, 16)
+    c = x.shape[1]
+    weight, bias, mean, var = torch.ones(c), torch.zeros(c), torch.zeros(c), torch.ones(c)
+    bench = {
+        "batch_norm_train": lambda: aten.native_batch_norm(x, weight, bias, mean, var, True, 0.1, 1e-5),
+        "max_pool2d": lambda: aten.max_pool2d_with_indices(x, [2, 2], [2, 2], [0, 0], [1, 1], False),
+    }
+    rates = {}
+    _steady_allocator()
+    with torch.no_grad():
+        for key, fn in bench.items():
+            fn()
+            rates[key] = x.numel() / _cpu_seconds(fn, repeats)
+    return rates
 
 
 def calibrate_cpu(matmul_n: int = 1024, copy_mib: int = 64, special_mib: int = 16, repeats: int = 7,
@@ -614,22 +757,31 @@ def calibrate_cpu(matmul_n: int = 1024, copy_mib: int = 64, special_mib: int = 1
     * ``special_rate``: elements / t of ``torch.exp`` on a ``special_mib`` MiB float32 tensor:
       the rate of transcendental functions (exp, log, tanh, erf; :data:`SPECIAL_OPS`), which on a
       CPU cost tens of FLOP-equivalents per element and set the time of softmax and GELU.
+    * ``conv_curve``: ``[[c, FLOP/s], ...]``: 3 x 3 convolutions of c -> c channels, forward and
+      backward (:func:`measure_conv_curve`, c in :data:`CONV_CURVE_C`): the rate of a
+      convolution whose GEMM's smallest dimension is c (:meth:`DeviceSpec.conv_rate`).
+    * ``element_rates``: ``{key: elements/s}`` of batch-norm's training forward and max-pooling
+      (:func:`measure_element_rates`, :data:`ELEMENT_RATE_OPS`).
     * ``launch_s``: seconds per op of a whole training step of a tiny model
-      (:func:`_tiny_step_overhead`): PyTorch's fixed per-op cost on this host, the CPU's
-      counterpart of a kernel launch.
+      (:func:`_tiny_step_overhead`, over many steps): PyTorch's fixed per-op cost on
+      this host, the CPU's counterpart of a kernel launch.
 
-    Each time is the median of ``repeats`` runs after a warm-up. Takes two to four seconds (the thin matmuls about half). The
-    figures belong to this machine, its load and its thread count: a ``cpu`` profile does not
-    carry over to another machine.
+    Each time is the median CPU time of the calling thread over ``repeats`` runs after a
+    warm-up (:func:`_cpu_seconds`: robust to other processes on a shared machine). Takes two to
+    four seconds (the thin matmuls about half). The figures belong to this machine and its
+    thread count: a ``cpu`` profile does not carry over to another machine.
 
     Returns:
-        ``{"peak_flops" (FLOP/s), "matmul_curve" ([[k, FLOP/s], ...]), "first_touch_bandwidth"
-        (bytes/s), "memory_bandwidth" (bytes/s), "special_rate" (elements/s), "launch_s" (s), "threads", "cpu", "torch", "measured_at" (UTC, ISO 8601)}``.
+        ``{"peak_flops" (FLOP/s), "matmul_curve" ([[k, FLOP/s], ...]), "conv_curve" ([[c,
+        FLOP/s], ...]), "element_rates" ({key: elements/s}), "first_touch_bandwidth" (bytes/s),
+        "memory_bandwidth" (bytes/s), "special_rate" (elements/s), "launch_s" (s), "threads",
+        "cpu", "torch", "measured_at" (UTC, ISO 8601)}``.
     """
     with torch.no_grad():
         a, b = torch.randn(matmul_n, matmul_n), torch.randn(matmul_n, matmul_n)
-        torch.mm(a, b)  # warm-up (first-call setup, page faults)
-        mm_s = _median_seconds(lambda: torch.mm(a, b), repeats)
+        out = torch.empty(matmul_n, matmul_n)
+        torch.mm(a, b, out=out)  # warm-up (first-call setup, page faults)
+        mm_s = _cpu_seconds(lambda: torch.mm(a, b, out=out), repeats)
     peak = 2.0 * matmul_n**3 / mm_s
     curve_k = MATMUL_CURVE_K if curve_k is None else curve_k
     curve_n = MATMUL_CURVE_N if curve_n is None else curve_n
@@ -638,17 +790,19 @@ def calibrate_cpu(matmul_n: int = 1024, copy_mib: int = 64, special_mib: int = 1
         src = torch.ones(copy_mib * 2**20 // 4)
         dst = torch.empty_like(src)
         dst.copy_(src)
-        copy_s = _median_seconds(lambda: dst.copy_(src), repeats)
+        copy_s = _cpu_seconds(lambda: dst.copy_(src), repeats)
         z = torch.randn(special_mib * 2**20 // 4)
         out = torch.empty_like(z)
         torch.exp(z, out=out)
-        exp_s = _median_seconds(lambda: torch.exp(z, out=out), repeats)
+        exp_s = _cpu_seconds(lambda: torch.exp(z, out=out), repeats)
     return {
         "peak_flops": peak,
         "matmul_curve": curve,
         "first_touch_bandwidth": measure_first_touch(),
         "memory_bandwidth": 2.0 * src.numel() * src.element_size() / copy_s,
         "special_rate": z.numel() / exp_s,
+        "conv_curve": measure_conv_curve(CONV_CURVE_C, CONV_CURVE_BATCH, CONV_CURVE_PIXELS),
+        "element_rates": measure_element_rates(),
         "launch_s": _tiny_step_overhead(repeats),
         "threads": torch.get_num_threads(),
         "cpu": _cpu_name(),
@@ -735,12 +889,16 @@ def cpu_spec_from_record(r: Mapping) -> DeviceSpec:
     written before a figure existed keeps working: no ``special_rate`` -> transcendental functions
     unpriced, no ``matmul_curve`` -> every matmul at ``peak_flops`` (the square rate), no
     ``first_touch_bandwidth`` -> fresh allocations unpriced."""
-    curve = r.get("matmul_curve")
-    curve = tuple(sorted((float(k), float(rate)) for k, rate in curve)) if curve else None
+    def points(key: str) -> tuple[tuple[float, float], ...] | None:
+        curve = r.get(key)
+        return tuple(sorted((float(k), float(rate)) for k, rate in curve)) if curve else None
+
+    rates = {str(k): float(v) for k, v in (r.get("element_rates") or {}).items() if v}
     return DeviceSpec("cpu", float(r["peak_flops"]), float(r["memory_bandwidth"]), float(r["launch_s"]),
                       special_rate=float(r["special_rate"]) if r.get("special_rate") else None,
-                      matmul_curve=curve,
+                      matmul_curve=points("matmul_curve"),
                       first_touch_bandwidth=float(r["first_touch_bandwidth"]) if r.get("first_touch_bandwidth") else None,
+                      conv_curve=points("conv_curve"), element_rates=rates or None,
                       info=dict(r))
 
 
@@ -839,6 +997,11 @@ class Op:
         fresh_bytes: bytes of the op's newly allocated outputs (not in-place, not ``out=``) of at
             least :data:`FRESH_ALLOCATION_BYTES` each, priced at the device's
             ``first_touch_bandwidth`` where it has one.
+        conv_dim: the GEMM's smallest dimension of a convolution (:func:`conv_min_dim`), else 0;
+            priced at the device's :meth:`DeviceSpec.conv_rate` for it where it has a conv curve.
+        rate_key, rate_elements: for an op of :data:`ELEMENT_RATE_OPS`, its key and its elements
+            (else ``""`` and 0); its compute term is at least ``rate_elements / rate`` on a
+            device that measured that rate (:attr:`DeviceSpec.element_rates`).
     """
 
     name: str
@@ -849,6 +1012,9 @@ class Op:
     special: float = 0.0
     min_dim: int = 0
     fresh_bytes: float = 0.0
+    conv_dim: int = 0
+    rate_key: str = ""
+    rate_elements: float = 0.0
 
 
 #: matmul ops priced by their shape (:attr:`Op.min_dim`, :meth:`DeviceSpec.matmul_rate`), with
@@ -887,6 +1053,103 @@ def gemm_min_dim(packet, args: Sequence[Any]) -> int:
         return 0
 
 
+#: convolution ops priced by their shape (:attr:`Op.conv_dim`, :meth:`DeviceSpec.conv_rate`), with
+#: the positions of their weight and ``groups`` arguments: ``convolution(input, weight, bias,
+#: stride, padding, dilation, transposed, output_padding, groups)`` and
+#: ``convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+#: transposed, output_padding, groups, output_mask)``: what ``nn.Conv1d/2d/3d`` dispatch below
+#: autograd
+CONV_OPS: dict[Any, tuple[int, int, int]] = {aten.convolution: (1, 6, 8), aten.convolution_backward: (2, 7, 9)}
+
+
+def conv_min_dim(packet, args: Sequence[Any]) -> int:
+    """The smallest GEMM dimension of the convolution op ``packet`` (a key of :data:`CONV_OPS`) on
+    ``args``, as a convolution is lowered to a GEMM (im2col: M = batch x output pixels, K = input
+    channels per group x kernel elements, N = output channels per group): min(K, N), M being the
+    large one in a training step. From the weight (``[C_out, C_in / groups, *kernel]``;
+    transposed: ``[C_in, C_out / groups, *kernel]``) and ``groups``; 0 for any other op or
+    unexpected arguments."""
+    where = CONV_OPS.get(packet)
+    if where is None:
+        return 0
+    try:
+        w, transposed, groups = args[where[0]], bool(args[where[1]]), int(args[where[2]])
+        kernel = math.prod(int(d) for d in w.shape[2:])
+        if transposed:
+            c_in_group, c_out_group = w.shape[0] // groups, w.shape[1]
+        else:
+            c_in_group, c_out_group = w.shape[1], w.shape[0] // groups
+        return int(max(1, min(c_in_group * kernel, c_out_group)))
+    except (IndexError, AttributeError, TypeError, ValueError, ZeroDivisionError):
+        return 0
+
+
+def _bn_train_elements(args: Sequence[Any], kwargs: Mapping, out: Any) -> float:
+    """Elements of a batch-norm forward in training mode (``training``, the 6th argument, true),
+    else 0 (evaluation mode normalizes with the running statistics: a plain elementwise stream)."""
+    training = args[5] if len(args) > 5 else kwargs.get("training", False)
+    return float(args[0].numel()) if training else 0.0
+
+
+def _pool_window_elements(args: Sequence[Any], kwargs: Mapping, out: Any) -> float:
+    """Window elements a max-pooling reads: output elements x kernel elements."""
+    kernel = args[1] if len(args) > 1 else kwargs["kernel_size"]
+    kernel = [int(k) for k in kernel] if isinstance(kernel, (list, tuple)) else [int(kernel)]
+    if len(kernel) == 1:
+        kernel = kernel * 2
+    first = out[0] if isinstance(out, (tuple, list)) else out
+    return float(first.numel() * math.prod(kernel))
+
+
+#: ops priced at a measured per-element rate on ``cpu`` (:attr:`DeviceSpec.element_rates`,
+#: measured by :func:`measure_element_rates`): op packet -> (rate key, elements of a call from its
+#: ``(args, kwargs, out)``). PyTorch's CPU kernels of these two are neither matmuls nor
+#: copy-speed streams: batch-norm's training forward (``batch_norm_cpu_collect_stats`` then the
+#: transform) ran at 6.3-6.6 GB/s of input + output on this AMD EPYC for every shape tried, where
+#: a copy runs at 17-30 GB/s, and a 2 x 2 max-pool at 0.23 G window elements/s whatever the
+#: shape (channels-first, no vectorization across the window); in the demo CNN's step those two
+#: took 3.2 of 7.9 ms of kernel time, priced 0.4 ms on the plain roofline.
+ELEMENT_RATE_OPS: dict[Any, tuple[str, Callable[[Sequence[Any], Mapping, Any], float]]] = {
+    aten.native_batch_norm: ("batch_norm_train", _bn_train_elements),
+    aten._native_batch_norm_legit: ("batch_norm_train", _bn_train_elements),
+    aten._native_batch_norm_legit_functional: ("batch_norm_train", _bn_train_elements),
+    aten.max_pool2d_with_indices: ("max_pool2d", _pool_window_elements),
+}
+
+
+def _bn_backward_second_pass(args: Sequence[Any], kwargs: Mapping) -> float:
+    """Bytes that ``native_batch_norm_backward`` (training, input gradient wanted) reads twice on
+    a CPU: ``grad_out`` and ``input`` (ATen's ``batch_norm_cpu_backward``: a first pass sums
+    ``grad_out`` and ``grad_out x (input - mean)`` per channel, a second reads both again to
+    write ``grad_input``)."""
+    train = args[7] if len(args) > 7 else kwargs.get("train", False)
+    mask = args[9] if len(args) > 9 else kwargs.get("output_mask", (True, True, True))
+    if not train or not mask or not mask[0]:
+        return 0.0
+    return float(_tensor_bytes(args[0]) + _tensor_bytes(args[1]))
+
+
+#: memory traffic of a CPU kernel beyond "every input read once, every output written once":
+#: op packet -> extra bytes from ``(args, kwargs)``, counted on ``cpu`` only (:class:`OpCounter`
+#: with ``gpu=False``; the GPU presets' kernels are other code). Batch-norm's backward re-reads
+#: its two large inputs (5 tensor-sized streams, not 3): in the demo CNN's step it ran at about the
+#: copy bandwidth on those 5 streams (0.40 ms measured, 0.33 ms so priced, 0.20 ms on 3 streams).
+CPU_EXTRA_BYTES: dict[Any, Callable[[Sequence[Any], Mapping], float]] = {
+    aten.native_batch_norm_backward: _bn_backward_second_pass,
+}
+
+
+def _element_rate(packet, args: Sequence[Any], kwargs: Mapping, out: Any) -> tuple[str, float]:
+    entry = ELEMENT_RATE_OPS.get(packet)
+    if entry is None:
+        return "", 0.0
+    try:
+        elements = entry[1](args, kwargs, out)
+    except (IndexError, KeyError, AttributeError, TypeError, ValueError):
+        return "", 0.0
+    return (entry[0], elements) if elements else ("", 0.0)
+
+
 class OpCounter(TorchDispatchMode):
     """Records every aten operator that launches a kernel (:class:`Op`) while active.
 
@@ -895,7 +1158,7 @@ class OpCounter(TorchDispatchMode):
     list is first offered its decomposition, as :class:`~torch.utils.flop_counter.FlopCounterMode`
     does, so both count the same FLOPs; off for live counting (a decomposition may round
     differently from the fused kernel). ``gpu``: count a ``_foreach_`` op's CUDA launches, else one
-    per tensor.
+    per tensor and the CPU kernels' extra passes (:data:`CPU_EXTRA_BYTES`).
 
     Attributes:
         ops: the recorded :class:`Op` list, in execution order.
@@ -930,6 +1193,11 @@ class OpCounter(TorchDispatchMode):
                     for t in tree_flatten(v)[0] if isinstance(t, torch.Tensor)]
         nbytes = float(sum(_tensor_bytes(t) for t in ins) + sum(_tensor_bytes(t) for t in outs))
         packet = func._overloadpacket
+        if not self.gpu and packet in CPU_EXTRA_BYTES:
+            try:
+                nbytes += CPU_EXTRA_BYTES[packet](args, kwargs)
+            except (IndexError, KeyError, AttributeError, TypeError):
+                pass
         counted = packet in flop_registry or packet in EXTRA_FLOPS
         if packet in flop_registry:
             matmul = float(flop_registry[packet](*args, **kwargs, out_val=out))
@@ -947,8 +1215,9 @@ class OpCounter(TorchDispatchMode):
             if matmul == 0.0:
                 flops = float(sum(t.numel() for t in lists[0])) if lists else flops
         special = float(max((t.numel() for t in ins + outs), default=0)) if packet in SPECIAL_OPS else 0.0
+        rate_key, rate_elements = _element_rate(packet, args, kwargs, out)
         return Op(str(func), flops, nbytes, launches, matmul, special, gemm_min_dim(packet, args),
-                  _fresh_bytes(func, out))
+                  _fresh_bytes(func, out), conv_min_dim(packet, args), rate_key, rate_elements)
 
 
 def _fresh_bytes(func, out) -> float:
@@ -1148,16 +1417,28 @@ class Roofline:
     def flops_rate(self) -> float:
         return self.spec.peak_flops * self.efficiency
 
-    def compute_seconds(self, flops: float, special: float = 0.0, min_dim: float = 0) -> float:
+    def compute_seconds(self, flops: float, special: float = 0.0, min_dim: float = 0, conv_dim: float = 0,
+                        rate_key: str = "", rate_elements: float = 0.0) -> float:
         """The compute term: ``flops / (rate x efficiency)``, rate = the device's
+        :meth:`DeviceSpec.conv_rate` at ``conv_dim`` for a convolution, else its
         :meth:`DeviceSpec.matmul_rate` at ``min_dim`` (the peak for 0, a non-matmul op, or a
-        device without a matmul curve), plus ``special / special_rate`` (transcendental
-        evaluations) on a device that has a ``special_rate``."""
-        rate = self.spec.matmul_rate(min_dim) if min_dim else self.spec.peak_flops
+        device without the curve); at least ``rate_elements / element_rates[rate_key]`` on a
+        device that measured that rate (:data:`ELEMENT_RATE_OPS`); plus ``special /
+        special_rate`` (transcendental evaluations) on a device that has a ``special_rate``."""
+        if conv_dim:
+            rate = self.spec.conv_rate(conv_dim)
+        else:
+            rate = self.spec.matmul_rate(min_dim) if min_dim else self.spec.peak_flops
         t = flops / (rate * self.efficiency)
+        if rate_key and rate_elements and self.spec.element_rates and self.spec.element_rates.get(rate_key):
+            t = max(t, rate_elements / self.spec.element_rates[rate_key])
         if special and self.spec.special_rate:
             t += special / self.spec.special_rate
         return t
+
+    def op_compute_seconds(self, op: Op) -> float:
+        """:meth:`compute_seconds` of a counted :class:`Op`."""
+        return self.compute_seconds(op.flops, op.special, op.min_dim, op.conv_dim, op.rate_key, op.rate_elements)
 
     def op_seconds(self, flops: float, nbytes: float, launches: int = 1, special: float = 0.0,
                    min_dim: float = 0, fresh_bytes: float = 0.0) -> float:
@@ -1170,13 +1451,20 @@ class Roofline:
             t += fresh_bytes / self.spec.first_touch_bandwidth
         return t
 
+    def price_op(self, op: Op) -> float:
+        """Seconds of one counted :class:`Op` (its share of :meth:`price`)."""
+        t = max(self.op_compute_seconds(op), op.bytes / self.spec.memory_bandwidth) + op.launches * self.spec.launch_s
+        if op.fresh_bytes and self.spec.first_touch_bandwidth:
+            t += op.fresh_bytes / self.spec.first_touch_bandwidth
+        return t
+
     def price(self, ops: Sequence[Op]) -> PhaseTime:
         """The :class:`PhaseTime` of ``ops``."""
         compute = memory = launch = flops = matmul = nbytes = touch = 0.0
         launches = 0
         touch_bw = self.spec.first_touch_bandwidth
         for op in ops:
-            c, m = self.compute_seconds(op.flops, op.special, op.min_dim), op.bytes / self.spec.memory_bandwidth
+            c, m = self.op_compute_seconds(op), op.bytes / self.spec.memory_bandwidth
             if c >= m:
                 compute += c
             else:
@@ -1394,7 +1682,9 @@ class ComputeModel:
         or before calibration), ``compute_bound_s``, ``memory_bound_s``, ``launch_bound_s``,
         ``first_touch_s`` (the step time split by what bounds each op, the launches and the page
         faults of fresh large outputs), ``achieved_mfu`` (forward + backward matmul FLOPs
-        / (step_time_s x peak_flops)), ``speed`` and ``worker_step_time_s`` (``step_time_s / speed``).
+        / (step_time_s x peak_flops); on ``cpu`` the peak is the square matmul's rate, which
+        oneDNN's convolutions exceed, so a convolution-bound step can show more than 1), ``speed``
+        and ``worker_step_time_s`` (``step_time_s / speed``).
         ``cpu`` adds ``cpu_calibration`` (the record of :func:`calibrate_cpu` used).
         """
         profile_mode = self.mode == "profile"

@@ -9,14 +9,28 @@ the dataset's shapes) it prints, side by side from one run:
   thread count): forward + backward + optimizer step, each a roofline sum over the step's operators
   plus the per-op overhead;
 * ``measured``: a real forward + backward + optimizer step (SGD with momentum 0.9 and weight decay
-  5e-4, the default optimizer), the median of ``--repeats`` timed steps after ``--warmup`` ones;
-* their ratio profile / measured (the goal: within 25%, i.e. 0.8 .. 1.25): the ratio of the
-  medians, the median of the per-round ratios (calibration and measurement of one round run
-  close together, so under a changing load this one is the steadier) and their range.
+  5e-4, the default optimizer), the median of ``--repeats`` timed steps after ``--warmup`` ones,
+  each timed as the CPU time of this thread (``time.thread_time``, as the calibration times its
+  kernels: with one torch thread the whole step runs on it, backward included, and another
+  process's time slices on a shared machine are not counted); the wall-clock median beside it;
+* their ratio profile / measured (the goal: within 25%, i.e. 0.75 .. 1.25): the least profile
+  over the rounds / the least of the rounds' median steps (min-of-rounds: noise only adds
+  time, to either), the median of the per-round ratios and their range, the ratio to the least
+  single step of all rounds (timed as the calibration times its kernels), and the ratio without
+  the convolution curve and the element rates (convolutions at the square matmul rate,
+  batch-norm and max-pool on the plain roofline: the model before them), same rounds.
+
+With ``--threads`` above 1 the other threads' work is not the calling thread's CPU time: the
+steps (as the calibration) are then timed on the wall clock.
 
 The calibration and the measurements interleave (``--rounds`` rounds, each recalibrating and
-re-measuring every model); the table gives the median per model over the rounds and the spread
-(min .. max ratio) says how noisy the machine was.
+re-measuring every model); the spread of the per-round ratios says how noisy the machine was.
+
+``--by-op`` adds, per model (one thread), where the error is: every op of a live step timed alone (the least
+CPU time of each op over ``--repeats`` steps, under a ``TorchDispatchMode``), grouped by aten op,
+beside its modeled price without the per-op overhead (the roofline term, the element rate, the
+first touch); the step's remainder (measured step - the ops' sum: Python, autograd, the per-op
+dispatch) beside the modeled per-op overhead.
 
     python scripts/bench_compute_model.py --threads 1 --rounds 3
 """
@@ -25,12 +39,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import time
 
 import torch
 
-from lsgd.cluster import Roofline, calibrate_cpu, count_step, cpu_spec_from_record
+from lsgd.cluster import OpCounter, Roofline, _launches_nothing, calibrate_cpu, count_step, cpu_spec_from_record
 from lsgd.data.catalog import dataset_info
 from lsgd.models import build_model
 from lsgd.services import loss_fn
@@ -71,7 +86,9 @@ def build(case: str, batch: int, seed: int = 0):
     return model, opt, x, y
 
 
-def measure(model, opt, x, y, warmup: int, repeats: int) -> float:
+def measure(model, opt, x, y, warmup: int, repeats: int) -> tuple[float, float, float]:
+    """(median thread CPU seconds, median wall seconds, least thread CPU seconds) of ``repeats``
+    training steps."""
     def step():
         opt.zero_grad(set_to_none=True)
         loss_fn(model(x), y).backward()
@@ -79,12 +96,65 @@ def measure(model, opt, x, y, warmup: int, repeats: int) -> float:
 
     for _ in range(warmup):
         step()
-    times = []
+    cpu, wall = [], []
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        w0, c0 = time.perf_counter(), clock()
         step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        cpu.append(clock() - c0)
+        wall.append(time.perf_counter() - w0)
+    return statistics.median(cpu), statistics.median(wall), min(cpu)
+
+
+class TimedOps(OpCounter):
+    """:class:`OpCounter` that also times each recorded op (thread CPU seconds, its kernel and its
+    aten dispatch; the counting itself outside the timed region)."""
+
+    def __init__(self):
+        super().__init__(decompose=False, gpu=False)
+        self.times: list[float] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _launches_nothing(func):
+            return func(*args, **kwargs)
+        t0 = time.thread_time()
+        out = func(*args, **kwargs)
+        self.times.append(time.thread_time() - t0)
+        self.ops.append(self._record(func, args, kwargs, out))
+        return out
+
+
+def by_op(case: str, model, opt, x, y, roof: Roofline, repeats: int, step_s: float) -> None:
+    """Print the per-op table of ``--by-op`` (see the module docstring)."""
+    runs = []
+    for _ in range(repeats + 1):
+        opt.zero_grad(set_to_none=True)
+        with TimedOps() as timed:
+            loss_fn(model(x), y).backward()
+            opt.step()
+        runs.append(timed)
+    runs = runs[1:]  # the first: warm-up
+    n = min(len(r.ops) for r in runs)
+    least = [min(r.times[i] for r in runs) for i in range(n)]
+    groups: dict[str, list[float]] = {}
+    for op, t in zip(runs[0].ops[:n], least):
+        g = groups.setdefault(op.name, [0, 0.0, 0.0])
+        g[0] += 1
+        g[1] += t
+        g[2] += roof.price_op(op) - op.launches * roof.spec.launch_s
+    ops_s = sum(least)
+    launch_s = sum(op.launches for op in runs[0].ops[:n]) * roof.spec.launch_s
+    print(f"\n## {case}: {n} ops; measured step {step_s * 1e3:.2f} ms = ops {ops_s * 1e3:.2f} ms (each op timed in "
+          f"a live step) + rest {(step_s - ops_s) * 1e3:.2f} ms; modeled: ops {sum(g[2] for g in groups.values()) * 1e3:.2f} "
+          f"ms + per-op overhead {launch_s * 1e3:.2f} ms")
+    print("| op | calls | measured ms | modeled ms (w/o overhead) | modeled / measured |")
+    print("|---|---|---|---|---|")
+    for name, (calls, t, m) in sorted(groups.items(), key=lambda kv: -kv[1][1]):
+        if t < 0.01 * ops_s and m < 0.01 * ops_s:
+            continue
+        ratio = m / t if t else float("inf")
+        print(f"| {name.replace('aten.', '')} | {calls} | {t * 1e3:.3f} | {m * 1e3:.3f} | {ratio:.2f} |")
 
 
 def main() -> None:
@@ -95,41 +165,50 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--by-op", action="store_true", help="per-op measured vs modeled, after the table")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     built = {case: build(case, args.batch) for case in args.cases}
     counted = {case: count_step(m, x, y, loss_fn, opt, gpu=False) for case, (m, opt, x, y) in built.items()}
-    rows: dict[str, list[tuple[float, float, dict]]] = {case: [] for case in args.cases}
+    rows: dict[str, list[tuple]] = {case: [] for case in args.cases}
     calibrations = []
     for _ in range(args.rounds):
         cal = calibrate_cpu()
         calibrations.append(cal)
         spec = cpu_spec_from_record(cal)
         roof = Roofline(spec, 1.0)
-        # the same figures without the matmul curve and the first-touch term (the model before them)
-        plain = Roofline(dataclasses.replace(spec, matmul_curve=None, first_touch_bandwidth=None), 1.0)
+        # the same figures without the convolution curve and the element rates (the model before them)
+        plain = Roofline(dataclasses.replace(spec, conv_curve=None, element_rates=None), 1.0)
         for case, (m, opt, x, y) in built.items():
             phases = {p: roof.price(getattr(counted[case], p)) for p in ("forward", "backward", "optimizer")}
             modeled = sum(p.seconds for p in phases.values())
             flat = sum(plain.price(getattr(counted[case], p)).seconds for p in ("forward", "backward", "optimizer"))
-            rows[case].append((modeled, measure(m, opt, x, y, args.warmup, args.repeats), phases, flat))
+            cpu_s, wall_s, least_s = measure(m, opt, x, y, args.warmup, args.repeats)
+            rows[case].append((modeled, cpu_s, phases, flat, wall_s, least_s))
 
+    load = os.getloadavg()
     print(f"# {calibrations[0]['cpu']}, torch {torch.__version__}, {args.threads} thread(s), batch {args.batch}, "
-          f"{args.rounds} round(s)")
+          f"{args.rounds} round(s), load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end")
     for i, cal in enumerate(calibrations):
         curve = ", ".join(f"{int(k)}: {r / 1e9:.1f}" for k, r in cal.get("matmul_curve") or [])
-        print(f"# calibration {i}: matmul {cal['peak_flops'] / 1e9:.1f} GFLOP/s (by smallest dim k: {curve}), copy "
-              f"{cal['memory_bandwidth'] / 1e9:.1f} GB/s, first touch {cal.get('first_touch_bandwidth', 0) / 1e9:.2f} "
-              f"GB/s, exp {cal['special_rate'] / 1e9:.2f} G/s, per-op {cal['launch_s'] * 1e6:.2f} us")
+        conv = ", ".join(f"{int(k)}: {r / 1e9:.1f}" for k, r in cal.get("conv_curve") or [])
+        rates = ", ".join(f"{k} {r / 1e9:.2f}" for k, r in (cal.get("element_rates") or {}).items())
+        print(f"# calibration {i}: matmul {cal['peak_flops'] / 1e9:.1f} GFLOP/s (by smallest dim k: {curve}), conv "
+              f"GFLOP/s by c: {conv}, copy {cal['memory_bandwidth'] / 1e9:.1f} GB/s, first touch "
+              f"{cal.get('first_touch_bandwidth', 0) / 1e9:.2f} GB/s, exp {cal['special_rate'] / 1e9:.2f} G/s, "
+              f"G elements/s: {rates}, per-op {cal['launch_s'] * 1e6:.2f} us")
     print("| model | ops (fwd/bwd/opt) | profile ms (fwd/bwd/opt) | compute / memory / overhead / first touch ms | "
-          "measured ms | ratio | median round ratio | ratio range | ratio w/o curve + first touch |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "measured ms (cpu; wall) | ratio | median round ratio | ratio range | ratio to the least step | "
+          "ratio w/o conv curve + element rates |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for case in args.cases:
-        modeled = statistics.median(r[0] for r in rows[case])
-        measured = statistics.median(r[1] for r in rows[case])
+        modeled = min(r[0] for r in rows[case])
+        measured = min(r[1] for r in rows[case])
+        wall = min(r[4] for r in rows[case])
+        least = min(r[5] for r in rows[case])
         ratios = [r[0] / r[1] for r in rows[case]]
-        flat = statistics.median(r[3] / r[1] for r in rows[case])
-        ph = rows[case][len(rows[case]) // 2][2]
+        flat = min(r[3] for r in rows[case]) / measured
+        ph = min(rows[case], key=lambda r: r[0])[2]
         c = counted[case]
         comp = sum(p.compute_bound_s for p in ph.values())
         mem = sum(p.memory_bound_s for p in ph.values())
@@ -137,9 +216,13 @@ def main() -> None:
         touch = sum(p.first_touch_s for p in ph.values())
         print(f"| {case} | {len(c.forward)}/{len(c.backward)}/{len(c.optimizer)} | {modeled * 1e3:.2f} "
               f"({ph['forward'].seconds * 1e3:.2f}/{ph['backward'].seconds * 1e3:.2f}/{ph['optimizer'].seconds * 1e3:.2f}) "
-              f"| {comp * 1e3:.2f} / {mem * 1e3:.2f} / {lau * 1e3:.2f} / {touch * 1e3:.2f} | {measured * 1e3:.2f} | "
-              f"{modeled / measured:.2f} | {statistics.median(ratios):.2f} | {min(ratios):.2f} .. {max(ratios):.2f} | "
-              f"{flat:.2f} |")
+              f"| {comp * 1e3:.2f} / {mem * 1e3:.2f} / {lau * 1e3:.2f} / {touch * 1e3:.2f} | {measured * 1e3:.2f}; "
+              f"{wall * 1e3:.2f} | {modeled / measured:.2f} | {statistics.median(ratios):.2f} | "
+              f"{min(ratios):.2f} .. {max(ratios):.2f} | {modeled / least:.2f} | {flat:.2f} |")
+    if args.by_op:
+        roof = Roofline(cpu_spec_from_record(calibrations[-1]), 1.0)
+        for case, (m, opt, x, y) in built.items():
+            by_op(case, m, opt, x, y, roof, args.repeats, min(r[1] for r in rows[case]))
 
 
 if __name__ == "__main__":

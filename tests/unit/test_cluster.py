@@ -476,6 +476,8 @@ def test_calibrate_writes_a_readable_file_that_the_cpu_preset_uses(tmp_path, mon
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(cluster, "MATMUL_CURVE_K", (8, 32))
     monkeypatch.setattr(cluster, "MATMUL_CURVE_N", 256)
+    monkeypatch.setattr(cluster, "CONV_CURVE_C", (2, 8))
+    monkeypatch.setattr(cluster, "CONV_CURVE_PIXELS", 64)
     threads = torch.get_num_threads()
     try:
         assert main(["calibrate", "--threads", "1"]) == 0
@@ -492,6 +494,14 @@ def test_calibrate_writes_a_readable_file_that_the_cpu_preset_uses(tmp_path, mon
     assert [k for k, _ in record["matmul_curve"]] == [8.0, 32.0, 1024.0]
     assert record["matmul_curve"][-1][1] == record["peak_flops"]
     assert all(math.isfinite(r) and r > 0 for _, r in record["matmul_curve"])
+    # the convolution curve at the (patched) channel counts, the element rates of every key
+    assert [c for c, _ in record["conv_curve"]] == [2.0, 8.0]
+    assert all(math.isfinite(r) and r > 0 for _, r in record["conv_curve"])
+    assert set(record["element_rates"]) == {key for key, _ in cluster.ELEMENT_RATE_OPS.values()}
+    assert all(math.isfinite(r) and r > 0 for r in record["element_rates"].values())
+    spec = cluster.cpu_spec_from_record(record)
+    assert spec.conv_curve == tuple((c, r) for c, r in record["conv_curve"])
+    assert spec.element_rates == record["element_rates"]
     # the cpu preset prices ops with the file's figures (here a record written by hand)
     write_cpu_profile({**record, "threads": 3, "peak_flops": 1e9, "memory_bandwidth": 1e9, "launch_s": 1e-6,
                        "special_rate": 1e8})
@@ -636,3 +646,129 @@ def test_cpu_attention_counts_torchs_sdpa_flops():
         out.sum().backward()
     assert fwd.matmul_flops == 4 * b * h * s * s * d
     assert bwd.matmul_flops == 10 * b * h * s * s * d
+
+
+# ---------------------------------------------------------------- convolutions, batch-norm, max-pool (cpu)
+def test_a_convolution_counts_its_closed_form_flops_and_gemm_dimension():
+    """FLOPs of a convolution = 2 x N x C_out x H_out x W_out x (C_in / groups) x k_h x k_w (2 per
+    multiply-accumulate); its backward to input and weight twice that; the GEMM's smallest
+    dimension min(C_in / groups x k_h x k_w, C_out / groups)."""
+    n, c_in, c_out, h, w, kh, kw, groups, stride = 4, 6, 8, 11, 9, 3, 5, 2, 2
+    x = torch.randn(n, c_in, h, w, requires_grad=True)
+    conv = nn.Conv2d(c_in, c_out, (kh, kw), stride=stride, padding=1, groups=groups, bias=False)
+    with OpCounter(gpu=False) as fwd:
+        out = conv(x)
+    h_out, w_out = (h + 2 - kh) // stride + 1, (w + 2 - kw) // stride + 1
+    assert out.shape == (n, c_out, h_out, w_out)
+    flops = 2 * n * c_out * h_out * w_out * (c_in // groups) * kh * kw
+    (op,) = [o for o in fwd.ops if "convolution" in o.name]
+    assert op.matmul_flops == flops and op.conv_dim == min((c_in // groups) * kh * kw, c_out // groups) == 4
+    # the backward (ungrouped: torch's FLOP formula counts a grouped weight gradient groups times)
+    conv = nn.Conv2d(c_in, c_out, (kh, kw), stride=stride, padding=1, bias=False)
+    out = conv(x)
+    with OpCounter(gpu=False) as bwd:
+        out.sum().backward()
+    (back,) = [o for o in bwd.ops if "convolution_backward" in o.name]
+    assert back.matmul_flops == 2 * 2 * n * c_out * h_out * w_out * c_in * kh * kw
+    assert back.conv_dim == min(c_in * kh * kw, c_out) == 8
+    # a 1-channel 5 x 5 stem (the demo CNN's first layer): K = 25, N = 16 -> 16
+    with OpCounter(gpu=False) as stem:
+        nn.Conv2d(1, 16, 5, padding=2, bias=False)(torch.randn(2, 1, 8, 8))
+    assert [o.conv_dim for o in stem.ops if "convolution" in o.name] == [16]
+
+
+def test_a_convolution_is_priced_at_the_conv_curve_and_without_one_at_the_peak():
+    """Closed form: a conv with GEMM dimension 4, on a curve ((2, 1e9), (8, 4e9)), runs at
+    sqrt(1e9 x 4e9) = 2e9 FLOP/s (halfway in log); a matmul on the same device keeps the matmul
+    curve; no conv curve (GPU presets, an old calibration file): the peak."""
+    from lsgd.cluster import DeviceSpec, Roofline
+
+    spec = DeviceSpec("cpu", 16e9, 1e15, 1e-6, matmul_curve=((16.0, 1e9), (1024.0, 16e9)),
+                      conv_curve=((2.0, 1e9), (8.0, 4e9)))
+    assert spec.conv_rate(4) == pytest.approx(2e9, rel=1e-12) and spec.conv_rate(0) == 16e9
+    assert spec.conv_rate(1) == 1e9 and spec.conv_rate(100) == 4e9
+    x = torch.randn(4, 6, 11, 9)
+    with OpCounter(gpu=False) as counter:
+        F.conv2d(x, torch.randn(8, 3, 3, 5), stride=2, padding=1, groups=2)
+    (op,) = [o for o in counter.ops if "convolution" in o.name]
+    assert op.conv_dim == 4 and op.min_dim == 0
+    assert Roofline(spec, 1.0).price([op]).seconds == pytest.approx(op.matmul_flops / 2e9 + 1e-6, rel=1e-12)
+    assert Roofline(spec, 0.5).price([op]).seconds == pytest.approx(op.matmul_flops / 1e9 + 1e-6, rel=1e-12)
+    flat = Roofline(DeviceSpec("cpu", 16e9, 1e15, 1e-6), 1.0)
+    assert flat.price([op]).seconds == pytest.approx(op.matmul_flops / 16e9 + 1e-6, rel=1e-12)
+    assert ComputeModel({"device": "a100"}).roofline.spec.conv_rate(4) == DEVICE_PEAK_FLOPS["a100"]
+
+
+def test_batch_norm_and_max_pool_are_priced_at_their_element_rates():
+    """Training-mode batch-norm forward: elements of its input / the batch_norm_train rate;
+    evaluation mode: the plain roofline. Max-pool: output elements x window / the max_pool2d rate
+    (2 x 2 stride 2: the input's elements; 3 x 3 stride 2: 9 per output). Without the rates (GPU
+    presets, an old calibration file): the plain roofline."""
+    from lsgd.cluster import DeviceSpec, Roofline
+
+    rates = {"batch_norm_train": 1e8, "max_pool2d": 2e7}
+    spec = DeviceSpec("cpu", 1e15, 1e15, 0.0, element_rates=rates)
+    roof, plain = Roofline(spec, 1.0), Roofline(DeviceSpec("cpu", 1e15, 1e15, 0.0), 1.0)
+    x = torch.randn(4, 3, 10, 12)
+    bn = nn.BatchNorm2d(3)
+    with OpCounter(gpu=False) as train:
+        bn(x)
+    bn.eval()
+    with OpCounter(gpu=False) as evaluate:
+        bn(x)
+    with OpCounter(gpu=False) as pools:
+        F.max_pool2d(x, 2)
+        F.max_pool2d(x, 3, stride=2)
+    (bn_train,) = [o for o in train.ops if "batch_norm" in o.name]
+    (bn_eval,) = [o for o in evaluate.ops if "batch_norm" in o.name]
+    assert (bn_train.rate_key, bn_train.rate_elements) == ("batch_norm_train", x.numel())
+    assert bn_eval.rate_key == "" and roof.price([bn_eval]).seconds == plain.price([bn_eval]).seconds
+    assert roof.price([bn_train]).seconds == pytest.approx(x.numel() / 1e8, rel=1e-12)
+    pool2, pool3 = pools.ops
+    assert pool2.rate_elements == x.numel() == (5 * 6 * 4 * 3) * 4
+    assert pool3.rate_elements == (4 * 3 * 4 * 5) * 9  # (10 - 3) // 2 + 1 = 4, (12 - 3) // 2 + 1 = 5
+    assert roof.price([pool3]).seconds == pytest.approx(4 * 3 * 4 * 5 * 9 / 2e7, rel=1e-12)
+    assert plain.price([pool2]).seconds < 1e-9
+
+
+def test_batch_norm_backward_reads_its_inputs_twice_on_cpu_only():
+    """On cpu the training batch-norm backward moves 2 x (grad_out + input) more bytes than
+    "every operand once" (ATen's CPU kernel makes two passes); a GPU count keeps the plain bytes."""
+    x = torch.randn(4, 3, 10, 12, requires_grad=True)
+    counts = {}
+    for gpu in (False, True):
+        bn = nn.BatchNorm2d(3)
+        out = bn(x)
+        with OpCounter(gpu=gpu) as counter:
+            out.backward(torch.ones_like(out))
+        (op,) = [o for o in counter.ops if "batch_norm_backward" in o.name]
+        counts[gpu] = op.bytes
+    assert counts[False] - counts[True] == 2 * x.numel() * 4
+
+
+def test_calibration_times_are_this_threads_cpu_time():
+    """_cpu_seconds counts the calling thread's CPU time (one torch thread): time the thread
+    spends off the CPU (here asleep, as when another process holds the core) is not counted."""
+    import time
+
+    from lsgd.cluster import _cpu_seconds
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert _cpu_seconds(lambda: time.sleep(0.05), 2) < 0.01
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_calibration_file_of_the_old_format_is_not_read(tmp_path):
+    """A format-1 file (before the conv curve, the element rates and thread-CPU timings) reads as
+    no record, so the preset measures anew (or a joined launch asks for `lsgd calibrate`)."""
+    from lsgd.cluster import CPU_PROFILE_FORMAT
+
+    path = tmp_path / "cpu.json"
+    record = {"peak_flops": 1e9, "memory_bandwidth": 1e9, "launch_s": 1e-6, "threads": 1}
+    path.write_text(json.dumps({"format": 1, "by_threads": {"1": record}}))
+    assert CPU_PROFILE_FORMAT == 2 and read_cpu_profile(1, path) is None
+    path.write_text(json.dumps({"format": CPU_PROFILE_FORMAT, "by_threads": {"1": record}}))
+    assert read_cpu_profile(1, path) == record
