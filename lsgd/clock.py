@@ -392,9 +392,13 @@ class Clock:
 
     Settling a collective's clock needs the participants' start times (an uncounted MAX
     all-reduce); the communicator issues it asynchronously and :meth:`defer` s its effect, which is
-    applied, in order, the next time the clock is read or advanced. Every read goes through
-    :attr:`now`, so the values are exactly those of an eager clock; the exchange's latency just
-    hides behind the compute that follows (the optimizer step and the next forward pass).
+    applied, in order, the next time the clock is *read* (:attr:`now`, :attr:`ports`,
+    :meth:`backward_point`, :meth:`state_dict`). Advancing the clock does not read it: while a
+    settlement is queued, :meth:`compute` and :meth:`backward` queue behind it and are applied in
+    program order by the same read, with the same float64 operations, so every value read is
+    exactly that of an eager clock. The exchange therefore stays off the step's critical path: in a
+    DDP step it is issued after backward and waited for at the next step's settlement (the next
+    read), a whole optimizer step, forward and backward later, by which time it has arrived.
     """
 
     def __init__(self, k: int = 1, lanes: int = 1):
@@ -422,27 +426,43 @@ class Clock:
         self._deferred.append(apply)
 
     def resolve(self) -> None:
-        """Apply the queued settlements, oldest first."""
+        """Apply the queued settlements (and the advances queued behind them), oldest first."""
         while self._deferred:
             self._deferred.pop(0)()
 
     def _advance_to(self, t: np.ndarray) -> None:
         np.maximum(self._now, t, out=self._now)
 
+    def _add(self, seconds: float) -> None:
+        self._now += seconds
+
+    def _start_backward(self, seconds: float) -> None:
+        self._bwd_start = self._now.copy()
+        self._bwd_s = float(seconds)
+        self._now += seconds
+
     def compute(self, seconds: float) -> None:
-        """Advance by ``seconds`` of compute."""
-        self.now += seconds
+        """Advance by ``seconds`` of compute (queued behind a pending settlement, if any: see the
+        class docstring)."""
         self.compute_s += seconds
+        if self._deferred:
+            self._deferred.append(functools.partial(self._add, seconds))
+        else:
+            self._add(seconds)
 
     def backward(self, seconds: float) -> None:
         """Advance by a backward pass of ``seconds``, remembering its window for
-        :meth:`backward_point` (asynchronous operations issued during backward)."""
-        self._bwd_start = self.now.copy()
-        self._bwd_s = float(seconds)
-        self.compute(seconds)
+        :meth:`backward_point` (asynchronous operations issued during backward); queued behind a
+        pending settlement like :meth:`compute`."""
+        self.compute_s += seconds
+        if self._deferred:
+            self._deferred.append(functools.partial(self._start_backward, seconds))
+        else:
+            self._start_backward(seconds)
 
     def backward_point(self, fraction: float) -> np.ndarray:
         """The time at ``fraction`` (0..1) of the last backward pass."""
+        self.resolve()
         return self._bwd_start + float(fraction) * self._bwd_s
 
     def wait_until(self, t: np.ndarray) -> None:

@@ -144,10 +144,11 @@ class Recorder:
     # -- accumulators ---------------------------------------------------------------------------
     def add_loss(self, loss: torch.Tensor) -> None:
         """Accumulate one step's (detached) training loss; non-finite losses are counted apart."""
-        if not torch.isfinite(loss):
+        value = loss.item()  # one read (a float64 holds a float32 / bfloat16 loss exactly)
+        if not math.isfinite(value):
             self.nonfinite += 1
         else:
-            self.loss_sum += loss.double().cpu()
+            self.loss_sum += value
             self.loss_count += 1
 
     def take_losses(self) -> tuple[float, int, int]:

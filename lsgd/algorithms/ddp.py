@@ -1,7 +1,7 @@
 """``ddp``: fully synchronous minibatch SGD through torch's DistributedDataParallel.
 
 Gradients are all-reduced every step in DDP's buckets (``algo.bucket_cap_mb``, overlapped with
-backward) by torch's own ``allreduce_hook`` (gradients divided by the world size, then summed);
+backward) as torch's own ``allreduce_hook`` does (gradients divided by the world size, then summed);
 this module only wraps the hook to count each bucket's payload (``bucket.buffer()`` bytes) and
 its time in flight. One step = one round.
 
@@ -39,7 +39,6 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from lsgd.algorithms.base import Algorithm
@@ -151,17 +150,23 @@ class DDP(Algorithm):
         ddp.register_comm_hook(None, self._counting_allreduce_hook)
 
     def _counting_allreduce_hook(self, state, bucket):
-        nbytes = bucket.buffer().numel() * bucket.buffer().element_size()
+        """torch's ``allreduce_hook`` (divide by the world size, then a SUM all-reduce of the
+        bucket), counted and timed, with one Python callback on the completing thread instead of
+        that hook's callback plus ours (each takes the GIL from the training thread)."""
+        buffer = bucket.buffer()
+        nbytes = buffer.numel() * buffer.element_size()
         self.comm.issued("all_reduce", nbytes, issue_at=self.bucket_ready_at(bucket))
         self.backward_wait.begin(bucket)
         t0 = time.perf_counter()
+        group = self.comm.group if self.comm.group is not None else dist.group.WORLD
         with self.comm.blocking():  # issuing the all-reduce is communication (lsgd.blocked)
-            fut = allreduce_hook(self.comm.group, bucket)
+            buffer.div_(group.size())  # before the sum, as allreduce_hook (no fp16 overflow)
+            fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
 
         def _done(f):
             self.comm.add_time(time.perf_counter() - t0, overlapped=True)
             self.backward_wait.done()
-            return f.value()
+            return f.value()[0]
 
         return fut.then(_done)
 

@@ -169,6 +169,28 @@ def test_cpu_and_vectorized_kernels_agree(monkeypatch, dtype):
             assert_rel(x[s - lo : e - lo], adasum_pair(a[s - lo : e - lo], b[s - lo : e - lo]), dtype)
 
 
+def test_cpu_kernels_mix_short_and_long_pieces():
+    """With the shipped chunk size: BatchNorm-sized pieces (gathered) between conv-sized ones
+    (chunked, one longer than a chunk) give per-tensor float64 dot products equal to torch.dot
+    of the float64 pieces, and the combination of adasum_pair, in any region."""
+    numels = [64, 9408, 64, 64, (1 << 16) + 37, 256, 3, 4096, 4095]
+    layout = A._Layout(numels)
+    for lo, hi in ((0, layout.n), (100, layout.n - 50), (9000, 9500)):
+        segs = layout.segments(lo, hi)
+        a, b = randn(5, hi - lo), randn(6, hi - lo)
+        d = A._partial_dots(a, b, segs, lo, len(numels), vectorized=False).view(3, -1)
+        for t, s, e in segs:
+            x, y = a[s - lo : e - lo].double(), b[s - lo : e - lo].double()
+            torch.testing.assert_close(d[:, t], torch.stack([x @ y, x @ x, y @ y]), rtol=1e-13, atol=0)
+        inside = {t for t, _, _ in segs}
+        assert all(float(d[:, t].abs().sum()) == 0.0 for t in range(len(numels)) if t not in inside)
+        ca, cb = A._coefficients(d[0], d[1], d[2])
+        x = a.clone()
+        A._combine_(x, b, ca, cb, segs, lo, vectorized=False)
+        for t, s, e in segs:
+            assert_rel(x[s - lo : e - lo], adasum_pair(a[s - lo : e - lo], b[s - lo : e - lo]), F32)
+
+
 def test_reduce_without_process_group_is_a_no_op():
     t = randn(1, 5)
     adasum_reduce_([t.clone()])

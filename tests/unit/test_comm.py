@@ -124,6 +124,32 @@ def test_clock_backward_window_and_state():
     assert other.now.tolist() == [3.0, 5.0] and other.compute_s == 3.0
 
 
+def test_clock_advances_queue_behind_a_pending_settlement():
+    """Compute and backward do not wait for a queued settlement (the clock exchange in flight);
+    the next read applies it first, then the advances in program order: max(now, end) + c."""
+    clock = Clock(2)
+    clock.compute(1.0)
+    applied = []
+
+    def settle():  # what Communicator.settle queues: wait for the exchange, move to the stream's end
+        applied.append(True)
+        clock._advance_to(np.array([4.0, 0.5]))
+
+    clock.defer(settle)
+    clock.compute(0.5)
+    clock.backward(2.0)
+    assert not applied and clock.compute_s == 3.5  # the exchange was not waited for
+    assert clock.backward_point(0.5).tolist() == [5.5, 2.5]  # a read: settled, then max(1, end) + 0.5
+    assert applied == [True]
+    assert clock.now.tolist() == [6.5, 3.5]  # max(1, [4, 0.5]) + 0.5 + 2
+    eager = Clock(2)
+    eager.compute(1.0)
+    eager.wait_until(np.array([4.0, 0.5]))
+    eager.compute(0.5)
+    eager.backward(2.0)
+    assert eager.now.tolist() == clock.now.tolist()
+
+
 def test_schedules_closed_form():
     step = lr_factor_fn({"name": "step", "milestones": [1, 3], "gamma": 0.1}, steps_per_epoch=10, total_steps=50)
     assert [step(s) for s in (0, 9, 10, 29, 30, 49)] == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01])
