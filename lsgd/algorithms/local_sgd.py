@@ -43,6 +43,7 @@ class LocalSGD(Algorithm):
     """
 
     name = "local_sgd"
+    grad_scaler = "flag"  # workers step on their own gradients (lsgd.accel); SlowMo, DiLoCo, post-local SGD inherit it
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
