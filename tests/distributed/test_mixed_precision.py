@@ -72,11 +72,12 @@ def _runs(rank, world, cfgs, root):
                     "skipped": trainer.precision.skipped}, run_dir / f"rank{rank}.pt")
 
 
-def _reference(cfg: dict, local_steps: int | None, fp16: bool = True):
+def _reference(cfg: dict, local_steps: int | None, fp16: bool = True, inject: bool = True):
     """Two replicas trained in one process, everything written out: fp16 autocast forward, loss
     x S backward, gradients / S, skip (no update, momentum untouched) when either replica's
     gradients hold an inf/NaN (the one injected on replica 1 at step K included), S halved then,
-    doubled after GROWTH clean steps (``fp16`` False: float32 throughout, S = 1, no injection); SGD with momentum 0.9 (buf = 0.9 buf + g; p -= lr buf); lr = 0.05 (0.1 + 0.9 n/16)
+    doubled after GROWTH clean steps (``fp16`` False: float32 throughout, S = 1, no injection;
+    ``inject`` False: no injection); SGD with momentum 0.9 (buf = 0.9 buf + g; p -= lr buf); lr = 0.05 (0.1 + 0.9 n/16)
     (cosine warm-up over the first epoch of 16 steps); ddp (``local_steps`` None): both replicas
     step on the mean gradient; local_sgd: each on its own, parameters averaged every H steps.
     Returns (final parameters of replica 0, replica 1, scale after each step, mean loss of the
@@ -107,7 +108,7 @@ def _reference(cfg: dict, local_steps: int | None, fp16: bool = True):
                 (loss * scale).backward()
                 losses.append(loss.item() / 2 if w == 0 else losses.pop() + loss.item() / 2)
                 g = [p.grad / scale for p in m.parameters()]
-                if fp16 and w == 1 and n == K:
+                if fp16 and inject and w == 1 and n == K:
                     g[0].view(-1)[0] = math.inf
                 grads.append(g)
             overflow = any(not torch.isfinite(t).all() for g in grads for t in g)
@@ -178,3 +179,24 @@ def test_mixed_precision_runs(tmp_path):
     rel = float((d16 - d32).norm() / d32.norm())
     assert 0 < rel < 0.25, rel
     assert abs(bf16[0] - fp32[0]) < 2.0 ** -8 * fp32[0], (bf16[0], fp32[0])
+
+
+def test_fp16_resume_keeps_the_scale(tmp_path):
+    """A crash after a checkpoint and a resume give the loss scales and parameters of the
+    uninterrupted run (the written-out reference, no overflow): the GradScaler's state (scale,
+    growth tracker) is in the checkpoint. growth_interval 3 and a checkpoint every 5 steps: the
+    tracker is mid-count (2 clean steps) at the checkpoint, so a resume without it would grow the
+    scale later (checked: the test fails when the trainer does not load it)."""
+    import pytest
+    from torch.multiprocessing import ProcessRaisedException
+    from trainer_runs import records, run
+
+    args = ["algo=local_sgd", f"algo.local_steps={H}", *FP16, "eval_unit=step", "checkpoint_every=5"]
+    with pytest.raises(ProcessRaisedException):
+        run(tmp_path, [*args, "inject_failure.step=8", "inject_failure.rank=1"], name="crashed")
+    resumed = run(tmp_path, args, name="crashed", resume=True)
+    _, ref1, ref_scales, _ = _reference(compose_cfg([*TINY, "launcher.nproc_per_node=2", *args]), H, inject=False)
+    scales = [r["grad_scale"] for r in records(resumed) if "kind" not in r]
+    assert scales == ref_scales and len(set(scales)) > 1, (scales, ref_scales)
+    for a, ref in zip(torch.load(resumed / "rank1.pt")["params"], ref1):
+        torch.testing.assert_close(a, ref, rtol=1e-5, atol=1e-6)
