@@ -14,8 +14,10 @@ when a gradient is inf/NaN, double S after ``grad_scaler.growth_interval`` clean
 needs no scaler (float32's exponent range).
 
 What is communicated stays float32: the communicated dtype is a separate choice. For gradients it
-is ``algo=compressed algo.compressor=fp16`` (2 bytes per element, counted as such), which this
-module does not duplicate; a ``comm_dtype`` for model averaging is not built yet.
+is ``algo=compressed algo.compressor=fp16`` (fp16 or bf16, 2 bytes per element, counted as such),
+which this module does not duplicate; for the local-SGD family's model averaging it is
+``algo.comm_dtype`` (:mod:`lsgd.algorithms.local_sgd`: the change since the last round travels in
+bf16 / fp16).
 
 **A skipped step is skipped on every worker** (:class:`Precision.unscale_`). How torch does it:
 under DDP the gradients are all-reduced inside backward, so an inf on one worker is an inf in every

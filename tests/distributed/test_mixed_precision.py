@@ -6,6 +6,10 @@
   an independent single-process reference (two replicas, plain SGD with momentum written out, the
   cosine warm-up written out, the scale rule of Micikevicius et al. 2018 Sec. 3.2 written out), for
   ddp (gradients all-reduced in backward) and local_sgd with H = 4 (the found-inf flag all-reduced).
+* ``algo.comm_dtype=bf16`` (local_sgd, H = 4): the rounds send 2 bytes per parameter, the replicas
+  stay identical, and the model equals the reference that rounds each round's changes to bf16.
+* fp16 after a crash and a resume: the scaler's state comes back (scales and parameters of the
+  reference).
 * bf16: a tiny ddp run trains (the loss falls) and its parameters stay within a bounded distance of
   the fp32 reference's (bounds in the test's comments).
 
@@ -34,6 +38,7 @@ CASES = {
     "ddp_fp16": ["algo=ddp", *FP16],
     "local_sgd_fp16": ["algo=local_sgd", f"algo.local_steps={H}", *FP16],
     "ddp_bf16": ["algo=ddp", f"max_steps={STEPS}", "precision=bf16"],
+    "local_sgd_bf16_comm": ["algo=local_sgd", f"algo.local_steps={H}", "algo.comm_dtype=bf16", f"max_steps={STEPS}"],
 }
 
 
@@ -72,12 +77,14 @@ def _runs(rank, world, cfgs, root):
                     "skipped": trainer.precision.skipped}, run_dir / f"rank{rank}.pt")
 
 
-def _reference(cfg: dict, local_steps: int | None, fp16: bool = True, inject: bool = True):
+def _reference(cfg: dict, local_steps: int | None, fp16: bool = True, inject: bool = True,
+               comm_dtype: torch.dtype | None = None):
     """Two replicas trained in one process, everything written out: fp16 autocast forward, loss
     x S backward, gradients / S, skip (no update, momentum untouched) when either replica's
     gradients hold an inf/NaN (the one injected on replica 1 at step K included), S halved then,
     doubled after GROWTH clean steps (``fp16`` False: float32 throughout, S = 1, no injection;
-    ``inject`` False: no injection); SGD with momentum 0.9 (buf = 0.9 buf + g; p -= lr buf); lr = 0.05 (0.1 + 0.9 n/16)
+    ``inject`` False: no injection; ``comm_dtype``: each round averages the changes since the
+    last round rounded to it, x = x_anchor + ((x_0 - x_anchor) + (x_1 - x_anchor)) / 2 in that dtype); SGD with momentum 0.9 (buf = 0.9 buf + g; p -= lr buf); lr = 0.05 (0.1 + 0.9 n/16)
     (cosine warm-up over the first epoch of 16 steps); ddp (``local_steps`` None): both replicas
     step on the mean gradient; local_sgd: each on its own, parameters averaged every H steps.
     Returns (final parameters of replica 0, replica 1, scale after each step, mean loss of the
@@ -97,6 +104,7 @@ def _reference(cfg: dict, local_steps: int | None, fp16: bool = True, inject: bo
         batches = [list(ShardedLoader(train, cfg["dataset"], w, 2, cfg["batch_size"], cfg["seed"]).batches(0, 0))
                    for w in range(2)]
         bufs = [[torch.zeros_like(p) for p in m.parameters()] for m in models]
+        anchor = [p.detach().clone() for p in models[0].parameters()]
         scale, clean, scales, losses = INIT_SCALE if fp16 else 1.0, 0, [], []
         for n in range(STEPS):
             grads = []
@@ -123,8 +131,12 @@ def _reference(cfg: dict, local_steps: int | None, fp16: bool = True, inject: bo
                             p.add_(b, alpha=-lr)
             if local_steps is not None and (n + 1) % local_steps == 0:
                 with torch.no_grad():
-                    for p0, p1 in zip(models[0].parameters(), models[1].parameters()):
-                        avg = (p0 + p1) / 2
+                    for p0, p1, a in zip(models[0].parameters(), models[1].parameters(), anchor):
+                        if comm_dtype is None:
+                            avg = (p0 + p1) / 2
+                        else:
+                            avg = a + (((p0 - a).to(comm_dtype) + (p1 - a).to(comm_dtype)) / 2).float()
+                            a.copy_(avg)
                         p0.copy_(avg)
                         p1.copy_(avg)
             if fp16:
@@ -179,6 +191,24 @@ def test_mixed_precision_runs(tmp_path):
     rel = float((d16 - d32).norm() / d32.norm())
     assert 0 < rel < 0.25, rel
     assert abs(bf16[0] - fp32[0]) < 2.0 ** -8 * fp32[0], (bf16[0], fp32[0])
+
+
+    # algo.comm_dtype=bf16: the rounds send the parameters' changes at 2 bytes per element (the
+    # BatchNorm statistics at 4), the replicas stay identical, and the model is the reference's
+    # that rounds each round's changes to bf16
+    r0, r1 = out["local_sgd_bf16_comm"]
+    ref0, _, _, _ = _reference(cfgs["local_sgd_bf16_comm"], H, fp16=False, comm_dtype=torch.bfloat16)
+    for a, b, ref in zip(r0["params"], r1["params"], ref0):
+        assert torch.equal(a, b)
+        torch.testing.assert_close(a, ref, rtol=1e-5, atol=1e-6)
+    from lsgd.models import build_model as _build
+
+    model = _build(cfgs["local_sgd_bf16_comm"]["model"], dataset_info(cfgs["local_sgd_bf16_comm"]["dataset"]))
+    n_params = sum(p.numel() for p in model.parameters())
+    n_buffers = sum(b.numel() for b in model.buffers() if b.is_floating_point())
+    last = [r for r in records(tmp_path / "local_sgd_bf16_comm") if "kind" not in r][-1]
+    assert last["comm_rounds"] == STEPS // H
+    assert last["comm_bytes"] == STEPS // H * (2 * n_params + 4 * n_buffers), last["comm_bytes"]
 
 
 def test_fp16_resume_keeps_the_scale(tmp_path):

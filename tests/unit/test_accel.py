@@ -38,6 +38,7 @@ def load(overrides: list[str]) -> dict:
     (["precision=fp16", "grad_scaler.backoff_factor=1.5"], r"grad_scaler.backoff_factor must be in \(0, 1\)"),
     (["precision=fp16", "grad_scaler.growth_interval=0"], r"grad_scaler.growth_interval must be an integer >= 1"),
     (["compile=maybe"], r"compile='maybe' is not allowed; allowed: true, false"),
+    (["algo=local_sgd", "algo.comm_dtype=int8"], r"algo.comm_dtype='int8' is not allowed; allowed: fp32, bf16, fp16"),
     (["model.channels_last=1"], r"model.channels_last must be true or false"),
     (["model=gpt", "dataset=text", "+model.channels_last=true"], r"model.channels_last"),
 ])
