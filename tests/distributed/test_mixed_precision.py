@@ -8,8 +8,8 @@
   ddp (gradients all-reduced in backward) and local_sgd with H = 4 (the found-inf flag all-reduced).
 * ``algo.comm_dtype=bf16`` (local_sgd, H = 4): the rounds send 2 bytes per parameter, the replicas
   stay identical, and the model equals the reference that rounds each round's changes to bf16.
-* fp16 after a crash and a resume: the scaler's state comes back (scales and parameters of the
-  reference).
+* fp16 with ``algo.comm_dtype=bf16`` after a crash and a resume: the scaler's state and the
+  rounds' anchor come back (scales and parameters of the reference).
 * bf16: a tiny ddp run trains (the loss falls) and its parameters stay within a bounded distance of
   the fp32 reference's (bounds in the test's comments).
 
@@ -216,16 +216,20 @@ def test_fp16_resume_keeps_the_scale(tmp_path):
     uninterrupted run (the written-out reference, no overflow): the GradScaler's state (scale,
     growth tracker) is in the checkpoint. growth_interval 3 and a checkpoint every 5 steps: the
     tracker is mid-count (2 clean steps) at the checkpoint, so a resume without it would grow the
-    scale later (checked: the test fails when the trainer does not load it)."""
+    scale later (checked: the test fails when the trainer does not load it). With
+    ``algo.comm_dtype=bf16`` the anchor of the rounds is in the checkpoint too (checked likewise:
+    an anchor left at the initial model rounds differently)."""
     import pytest
     from torch.multiprocessing import ProcessRaisedException
     from trainer_runs import records, run
 
-    args = ["algo=local_sgd", f"algo.local_steps={H}", *FP16, "eval_unit=step", "checkpoint_every=5"]
+    args = ["algo=local_sgd", f"algo.local_steps={H}", "algo.comm_dtype=bf16", *FP16, "eval_unit=step",
+            "checkpoint_every=5"]
     with pytest.raises(ProcessRaisedException):
         run(tmp_path, [*args, "inject_failure.step=8", "inject_failure.rank=1"], name="crashed")
     resumed = run(tmp_path, args, name="crashed", resume=True)
-    _, ref1, ref_scales, _ = _reference(compose_cfg([*TINY, "launcher.nproc_per_node=2", *args]), H, inject=False)
+    _, ref1, ref_scales, _ = _reference(compose_cfg([*TINY, "launcher.nproc_per_node=2", *args]), H, inject=False,
+                                        comm_dtype=torch.bfloat16)
     scales = [r["grad_scale"] for r in records(resumed) if "kind" not in r]
     assert scales == ref_scales and len(set(scales)) > 1, (scales, ref_scales)
     for a, ref in zip(torch.load(resumed / "rank1.pt")["params"], ref1):
