@@ -44,6 +44,14 @@ LocalSGD/DiLoCo leave AMP to the user's inner loop. lsgd does the following, by 
   server methods step on the server; none of them is built for a skipped step yet. ``bf16`` works
   with all of them.
 
+The scaler handles overflow in the gradients only: a loss that is itself inf / NaN (an fp16
+activation out of range in forward) counts as a non-finite training loss, and the run stops at the
+next record with status ``diverged`` as at any precision.
+
+The cluster clock's compute profile (:mod:`lsgd.cluster`) counts a step's operators in float32
+whatever ``precision`` (bytes at 4 per element, FLOPs at the device's mixed-precision peak), so
+``modeled_time_s`` does not yet credit bf16 / fp16 with their halved memory traffic.
+
 Where a step is skipped the learning-rate schedule still advances (torch's AMP recipe: the
 scheduler steps every iteration), the batch is consumed and the algorithm's ``after_step`` runs
 (rounds stay aligned across workers).
