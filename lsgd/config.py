@@ -206,6 +206,10 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
     elif resolve_backend(cfg) == "nccl":
         raise ConfigError("launcher.backend=nccl needs device=cuda; allowed on CPU: gloo, auto")
 
+    from lsgd.accel import validate_precision
+
+    validate_precision(cfg, device, cls)
+
     from lsgd.cluster import validate_cluster
 
     validate_cluster(cfg.setdefault("cluster", {}), world)

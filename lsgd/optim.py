@@ -80,13 +80,17 @@ def scaled_lr(cfg: dict, world_size: int) -> float:
 SCHEDULES = ("constant", "step", "cosine", "inverse_sqrt")
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: dict) -> torch.optim.Optimizer:
-    """torch optimizer from the ``optim`` group.
+def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: dict, device: torch.device | str = "cpu") -> torch.optim.Optimizer:
+    """torch optimizer from the ``optim`` group, with the kernels of ``device``
+    (:func:`lsgd.accel.optimizer_kernels`: fused sgd / adamw on CUDA, torch's default on CPU).
 
     Raises:
         ConfigError: unknown ``optim.name`` (allowed: sgd, adamw, lamb).
     """
+    from lsgd.accel import optimizer_kernels
+
     name = cfg.get("name")
+    kernels = optimizer_kernels(name, device)
     if name == "sgd":
         return torch.optim.SGD(
             params,
@@ -94,6 +98,7 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: dict) -> torch.op
             momentum=float(cfg.get("momentum", 0.0)),
             nesterov=bool(cfg.get("nesterov", False)),
             weight_decay=float(cfg.get("weight_decay", 0.0)),
+            **kernels,
         )
     if name == "adamw":
         return torch.optim.AdamW(
@@ -102,6 +107,7 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: dict) -> torch.op
             betas=tuple(cfg.get("betas", (0.9, 0.999))),
             eps=float(cfg.get("eps", 1e-8)),
             weight_decay=float(cfg.get("weight_decay", 0.01)),
+            **kernels,
         )
     if name == "lamb":
         from timm.optim import Lamb

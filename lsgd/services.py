@@ -226,6 +226,7 @@ class Recorder:
             **self.figures,
             "samples_per_s": rate,
             **trainer.algorithm.metrics(),
+            **trainer.precision.metrics(),
             **({} if local else self.consensus(trainer)),
         }
 

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from lsgd.accel import Precision, batch_to_channels_last, compile_module, to_channels_last
 from lsgd.algorithms import ALGORITHMS, build_algorithm
 from lsgd.algorithms.base import RunContext
 from lsgd.cluster import ComputeModel, resolve_speeds
@@ -184,10 +185,14 @@ class Trainer:
         stream = worker_index if worker_index is not None else self.num_workers + self.rank
         torch.manual_seed(seed)
         self.model = build_model(cfg["model"], self.info).to(self.device)
+        self.channels_last = bool(cfg["model"].get("channels_last", False))  # lsgd.accel: NHWC convnets
+        if self.channels_last:
+            to_channels_last(self.model)
         torch.manual_seed(seed + 1000 * (stream + 1))
         random.seed(seed + stream)
         np.random.seed(seed + stream)
-        self.optimizer = build_optimizer(self.model.parameters(), {**cfg["optim"], "lr": scaled_lr(cfg, self.num_workers)})
+        self.optimizer = build_optimizer(self.model.parameters(), {**cfg["optim"], "lr": scaled_lr(cfg, self.num_workers)},
+                                         self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg["schedule"], self.steps_per_epoch, self.total_steps)
 
         # the cluster clock: compute from the profile (or measured), communication priced on the links
@@ -219,6 +224,10 @@ class Trainer:
         )
         self.algorithm = build_algorithm(cfg["algo"], self.comm)
         self.net = self.algorithm.setup(self.model, self.optimizer, self.ctx)
+        # lsgd.accel: autocast (and fp16's GradScaler, its skips agreed by all workers); compile
+        self.precision = Precision.from_config(cfg, self.device, self.comm, type(self.algorithm))
+        if cfg.get("compile"):
+            self.net = compile_module(self.net, self.device)
         if self.algorithm.bookkeeping == "server":  # no collective to agree on a step to stop at
             self.watch.without_interrupts()
         local_steps = cfg["algo"].get("local_steps")
@@ -378,12 +387,15 @@ class Trainer:
         b0, t0 = self.comm.blocked_s(), time.perf_counter()
         self.algorithm.before_step(self.step)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        out = self.net(x)
-        loss = self.loss_fn(out, y)
+        if self.channels_last:
+            x = batch_to_channels_last(x)
+        with self.precision.autocast():  # fp32: no autocast
+            out = self.net(x)
+            loss = self.loss_fn(out, y)
         t1 = self._sync_time()
         b1 = self.comm.blocked_s()
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        self.precision.backward(loss)  # fp16: of the scaled loss
         t2 = self._sync_time()
         b2 = self.comm.blocked_s()
         forward_s, backward_s = max(0.0, t1 - t0 - (b1 - b0)), max(0.0, t2 - t1 - (b2 - b1))
@@ -391,8 +403,12 @@ class Trainer:
         self.step_compute_s = (st.forward_s + st.backward_s, t2 - t0)  # (clock's, wall time)
         self.clock.compute(st.forward_s)
         self.clock.backward(st.backward_s)
+        # fp16: unscale, and skip the step on every worker if any worker's gradients overflowed
+        skip = self.precision.unscale_(self.optimizer)
         self.algorithm.after_backward(self.step)
-        self.algorithm.optimizer_step()
+        if not skip:
+            self.algorithm.optimizer_step()
+        self.precision.update()
         self._schedule_step()
         self.step += 1
         self.recorder.add_loss(loss.detach())  # before after_step: an algorithm may ship the losses there
@@ -561,6 +577,7 @@ class Trainer:
             "compute_time_s": self.compute_time_s,
             "wall_time_s": time.perf_counter() - self.start_time,
             "recorder": self.recorder.state_dict(),
+            "precision": self.precision.state_dict(),
             "step_rows": list(self.algorithm.step_rows),  # a checkpoint between two records holds some
         }, self.comm)
 
@@ -573,6 +590,7 @@ class Trainer:
         self.algorithm.load_state_dict(state["algorithm"])
         self.comm.load_state_dict(state["comm"])
         self.recorder.load_state_dict(state["recorder"])
+        self.precision.load_state_dict(state.get("precision") or {})
         self.algorithm.step_rows = list(state.get("step_rows", []))
         self.step = state.get("local_step", state["step"])  # older checkpoints: progress = local steps
         self.bookkept = state["step"]  # the checkpoint's record (a rank not in lockstep may be past it)

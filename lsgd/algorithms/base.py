@@ -183,6 +183,12 @@ class Algorithm:
     #: rejects ``checkpoint_every`` > 0). May be set per instance.
     bookkeeping = "collective"
 
+    #: How a skipped fp16 step (gradient overflow) is agreed by every worker (:mod:`lsgd.accel`):
+    #: ``synchronized`` (the gradients are all-reduced before the step: the verdict is already the
+    #: same everywhere), ``flag`` (the found-inf flag is all-reduced with MAX every step), or None:
+    #: ``precision=fp16`` is refused for this algorithm (bf16 is not).
+    grad_scaler: str | None = None
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         name = cls.__dict__.get("name")

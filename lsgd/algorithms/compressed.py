@@ -147,6 +147,7 @@ class Compressed(DDP):
     """
 
     name = "compressed"
+    grad_scaler = None  # error feedback would keep a skipped step's residual (lsgd.accel)
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:

@@ -110,6 +110,7 @@ class DDP(Algorithm):
     """Minibatch SGD with bucketed, overlapped gradient all-reduce (the baseline)."""
 
     name = "ddp"
+    grad_scaler = "synchronized"  # DDP all-reduces the (scaled) gradients inside backward
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, ctx=None) -> nn.Module:
         super().setup(model, optimizer, ctx)

@@ -35,15 +35,16 @@ from lsgd.data import DatasetInfo
 from lsgd.errors import ConfigError
 
 # Defaults of every key each model accepts (conf/model/<name>.yaml sets the same values).
+# ``channels_last`` (convnets): parameters and input batches in NHWC memory format (lsgd.accel).
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "cnn": {"channels": [16, 32], "hidden": 128},
+    "cnn": {"channels": [16, 32], "hidden": 128, "channels_last": False},
     "logreg": {"init": "zeros"},
-    "resnet20": {"shortcut": "A"},
-    "resnet56": {"shortcut": "A"},
-    "resnet18": {},
-    "resnet50": {},
-    "resnet101": {},
-    "vgg16": {"batch_norm": False, "dropout": 0.5},
+    "resnet20": {"shortcut": "A", "channels_last": False},
+    "resnet56": {"shortcut": "A", "channels_last": False},
+    "resnet18": {"channels_last": False},
+    "resnet50": {"channels_last": False},
+    "resnet101": {"channels_last": False},
+    "vgg16": {"batch_norm": False, "dropout": 0.5, "channels_last": False},
     "lstm_lm": {"num_layers": 2, "embed_dim": 256, "hidden_dim": 256, "dropout": 0.2, "tie_weights": True},
     "gpt": {"size": "tiny", "dropout": 0.0, "bias": True, "n_layer": None, "n_head": None, "n_embd": None},
     "transformer_mt": {
@@ -115,6 +116,8 @@ def resolve(model_cfg: dict) -> dict:
             raise ConfigError(f"model.n_embd ({n_embd}) must be divisible by model.n_head ({n_head})")
     elif name == "transformer_mt":
         transformer_mt_dims(cfg)
+    if "channels_last" in cfg and not isinstance(cfg["channels_last"], bool):
+        raise ConfigError(f"model.channels_last must be true or false; got {cfg['channels_last']!r}")
     dropout = cfg.get("dropout")
     from_size = name == "transformer_mt" and dropout is None  # null: from model.size
     if "dropout" in cfg and not from_size and not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
