@@ -45,6 +45,7 @@ from typing import ClassVar
 
 import torch
 
+from lsgd.compression.fastrand import random_float32, random_int64
 from lsgd.seeding import derive_seed
 
 COMPRESSORS = ("none", "fp16", "topk", "randomk", "dgc", "redsync", "qsgd", "lattice", "powersgd")
@@ -332,7 +333,8 @@ class Sparsifier(Compressor):
         s = self._scale(c)
         if s != 1.0:
             vals = vals * s
-        out.index_add_(0, c.indices.to(torch.long), vals)
+        idx = c.indices if c.indices.dtype in (torch.int32, torch.int64) else c.indices.long()
+        out.index_add_(0, idx, vals)  # int32 indices directly (no int64 copy)
 
 
 class TopK(Sparsifier):
@@ -353,18 +355,31 @@ class TopK(Sparsifier):
 
 
 class RandomK(Sparsifier):
-    """``randomk``: ``k = ceil(n / cf)`` coordinates drawn uniformly without replacement (GRACE's
-    RandomKCompressor; Stich, Cordonnier and Jaggi, NeurIPS 2018).
+    """``randomk``: ``k = ceil(n / cf)`` distinct coordinates, each kept with probability exactly
+    ``k / n`` (GRACE's RandomKCompressor; Stich, Cordonnier and Jaggi, NeurIPS 2018), drawn by
+    rotated stratified sampling so that no permutation of ``n`` is ever materialized.
 
-    The indices come from a generator seeded by ``(seed, step, key)`` (plus the level for
+    The indices come from a seed derived from ``(seed, step, key)`` (plus the level for
     :meth:`compress_further`), identical on every worker, so they are not sent
     (``send_indices=False``; payload 4 k bytes for float32) and the payloads of all workers can be
     summed by an all-reduce. ``unbiased=True`` multiplies by ``n / k`` on decompression
     (E[D(C(x))] = x); the default (biased, as GRACE with error feedback) does not.
 
-    Sampling: for ``4 k <= n`` i.i.d. draws are de-duplicated and a random k-subset of the distinct
-    ones is kept (a uniform k-subset by symmetry, without the O(n) ``randperm``); otherwise
-    ``randperm(n)[:k]``.
+    Sampling (:func:`stratified_indices`): the circle ``0 .. n - 1`` is cut, from a uniformly random
+    rotation ``r``, into ``k`` consecutive strata, the first ``n mod k`` of ``m + 1`` coordinates and
+    the rest of ``m = n // k``; one coordinate is drawn uniformly in each stratum. A coordinate lies
+    in a stratum of size ``b`` with probability (over ``r``) ``b * (number of such strata) / n``, and
+    is then drawn with probability ``1 / b``, so ``P(i kept) = sum_strata b (1 / b) / n = k / n``
+    for every ``i``: the estimator ``(n / k) x_i`` on the kept coordinates is unbiased, as for a
+    uniform k-subset (the documented scaling), and its variance ``E ||D(C(x)) - x||^2 = (n / k - 1)
+    ||x||^2`` is exactly a uniform k-subset's (it depends only on the inclusion probabilities). What
+    differs is the joint law: two coordinates of one stratum are never kept together, so the kept
+    set is spread over the tensor (a change of sampling scheme from the earlier i.i.d.-draws-and-
+    de-duplication, which moved the random-k goldens). Cost: O(k) in int64 (about
+    ten passes over ``k`` integers plus the gather), against O(n) for the permutation or the
+    de-duplication of i.i.d. draws it replaces. Random bits: numpy's PCG64
+    (:mod:`lsgd.compression.fastrand`); the offset in a stratum of ``b`` is ``(w b) >> 32`` of a
+    32-bit word ``w``, uniform within ``b / 2**32`` (relative) of exactly.
     """
 
     name = "randomk"
@@ -380,21 +395,28 @@ class RandomK(Sparsifier):
         n = x.numel()
         if k >= n:
             return torch.arange(n, device=x.device)
-        g = _generator(x.device, "randomk", self.seed, step, key, level)
-        if 4 * k > n:
-            return _ascending(torch.randperm(n, generator=g, device=x.device)[:k], n)
-        distinct = torch.empty(0, dtype=torch.long, device=x.device)
-        while distinct.numel() < k:
-            m = k - distinct.numel() + k // 8 + 16
-            draws = torch.randint(0, n, (m,), generator=g, device=x.device)
-            distinct = _unique(torch.cat([distinct, draws]), n)
-        if distinct.numel() > k:
-            keep = torch.randperm(distinct.numel(), generator=g, device=x.device)[:k]
-            distinct = distinct[_ascending(keep, distinct.numel())]
-        return distinct
+        return stratified_indices(n, k, derive_seed("randomk", self.seed, step, key, level), x.device)
 
     def _scale(self, c):
         return c.numel / c.values.numel() if self.unbiased and c.values.numel() else 1.0
+
+
+def stratified_indices(n: int, k: int, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``k`` distinct indices into ``range(n)`` (``1 <= k <= n < 2**31``), ascending, int64 of shape
+    ``[k]``: one uniform draw in each of ``k`` strata of a uniformly rotated circle
+    (:class:`RandomK`), every index kept with probability ``k / n``. Deterministic in ``seed``."""
+    m, extra = divmod(n, k)
+    words = random_int64(k + 1, seed)
+    low = words.bitwise_and_(0xFFFFFFFF)                        # k + 1 uniform 32-bit words, int64
+    rot = int(low[k]) * n >> 32                                 # rotation, uniform in [0, n)
+    pos = low[:k]
+    big = extra * (m + 1)
+    pos[:extra].mul_(m + 1).bitwise_right_shift_(32).add_(torch.arange(0, big, m + 1))
+    pos[extra:].mul_(m).bitwise_right_shift_(32).add_(torch.arange(big, n, m))
+    # positions ascend; shifting by -rot (mod n) keeps two ascending runs: those >= rot, then the rest
+    j0 = int(torch.searchsorted(pos, rot))
+    idx = torch.cat([pos[j0:].sub_(rot), pos[:j0].add_(n - rot)])
+    return idx if torch.device(device).type == "cpu" else idx.to(device)
 
 
 class DGC(Sparsifier):
@@ -443,6 +465,7 @@ class DGC(Sparsifier):
             raise ValueError(f"dgc warmup_epochs={warmup_epochs} needs steps_per_epoch >= 1, got {steps_per_epoch!r}")
         self.steps_per_epoch = int(steps_per_epoch) if steps_per_epoch is not None else None
         self.seed = int(seed)
+        self._buffers: dict = {}  # abs_at_least's scratch (ABS_BLOCK elements at most)
 
     def effective_cf(self, step: int, cf: float | None = None) -> float:
         """The compression factor used at local step ``step`` (0-based) for target ``cf``
@@ -462,26 +485,54 @@ class DGC(Sparsifier):
         n = x.numel()
         if k >= n:
             return torch.arange(n, device=x.device)
-        a = x.abs()
         s = min(n, max(math.ceil(self.sample_ratio * n), self.MIN_SAMPLE))
         if s >= n:
-            return topk_indices(a, k)
+            return topk_indices(x.abs(), k)
         g = _generator(x.device, "dgc", self.seed, step, key, level)
-        sample = a[torch.randint(0, n, (s,), generator=g, device=x.device)]
+        sample = x[torch.randint(0, n, (s,), generator=g, device=x.device)].abs()
         k_s = max(1, math.ceil(s / cf))
         threshold = torch.topk(sample, k_s, sorted=False).values.min()
         need = math.ceil(k / 2)
-        idx = (a >= threshold).nonzero().squeeze(1)
+        idx = abs_at_least(x, threshold, self._buffers)
         for _ in range(self.RETRIES):
             if idx.numel() >= need:
                 break
             threshold = threshold * 0.5
-            idx = (a >= threshold).nonzero().squeeze(1)
+            idx = abs_at_least(x, threshold, self._buffers)
         if idx.numel() < need:
-            return topk_indices(a, k)
+            return topk_indices(x.abs(), k)
         if idx.numel() > k:
-            idx = idx[topk_indices(a[idx], k)]
+            idx = idx[topk_indices(x[idx].abs(), k)]
         return idx
+
+
+#: elements per block of :func:`abs_at_least` (16 MiB of float32 |x| and 4 MiB of mask: inside the
+#: L3 cache of the 2-core machine these figures come from, and few enough blocks that the per-op
+#: cost of a loaded thread pool stays small)
+ABS_BLOCK = 1 << 22
+
+
+def abs_at_least(x: torch.Tensor, threshold: torch.Tensor, buffers: dict | None = None) -> torch.Tensor:
+    """Ascending int64 indices of the 1-D tensor ``x`` where ``|x| >= threshold``: the same set as
+    ``(x.abs() >= threshold).nonzero()``, computed in blocks of :data:`ABS_BLOCK` elements into two
+    scratch buffers (kept in ``buffers`` between calls when given): no ``|x|`` of the tensor's
+    size is allocated (page faults) nor written to memory and read back (DGC's selection pass,
+    the bulk of its cost)."""
+    n = x.numel()
+    m = min(n, ABS_BLOCK)
+    buffers = {} if buffers is None else buffers
+    key = (x.dtype, x.device)
+    if key not in buffers or buffers[key][0].numel() < m:
+        buffers[key] = (torch.empty(m, dtype=x.dtype, device=x.device), torch.empty(m, dtype=torch.bool, device=x.device))
+    buf, mask = buffers[key]
+    parts = []
+    for start in range(0, n, ABS_BLOCK):
+        block = x[start : start + ABS_BLOCK]
+        b = block.numel()
+        torch.ge(torch.abs(block, out=buf[:b]), threshold, out=mask[:b])
+        hits = mask[:b].nonzero().squeeze(1)
+        parts.append(hits.add_(start) if start else hits)
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class RedSync(Sparsifier):
@@ -567,7 +618,10 @@ class QSGD(Compressor):
     float32. The levels are computed in the tensor's dtype (float32 for float16 / bfloat16), the norm
     sent as float32. The rounding noise ``u`` comes from a generator seeded by ``(seed, step, key, rank)``,
     ``rank`` = the torch.distributed rank when initialized (or the ``rank`` argument), so workers
-    round independently. Exchanged by all-gather.
+    round independently. Exchanged by all-gather. float32 tensors on the CPU take a fast path
+    (:meth:`_levels_float32`: the same law of the levels up to a bias of 2**-16 of a level, random
+    bits from numpy's PCG64 instead of torch's generator, so other draws than before); float64
+    (the goldens) and other devices keep the torch-generator path unchanged.
 
     Raises:
         ValueError: ``levels`` not an integer in [1, 127].
@@ -598,17 +652,42 @@ class QSGD(Compressor):
             flat = flat.float()
         norm = flat.norm()
         s = self.levels
-        g = _generator(flat.device, "qsgd", self.seed, step, key, self._rank())
-        u = torch.rand(flat.numel(), generator=g, device=flat.device)
-        if float(norm) > 0:
-            level = torch.floor(flat.abs() * (s / norm) + u).clamp_(max=s)
-            values = (torch.sign(flat) * level).to(torch.int8)
+        if flat.dtype == torch.float32 and flat.device.type == "cpu":
+            values = self._levels_float32(flat, norm, derive_seed("qsgd", self.seed, step, key, self._rank()))
         else:
-            values = torch.zeros(flat.numel(), dtype=torch.int8, device=flat.device)
+            g = _generator(flat.device, "qsgd", self.seed, step, key, self._rank())
+            u = torch.rand(flat.numel(), generator=g, device=flat.device)
+            if float(norm) > 0:
+                level = torch.floor(flat.abs() * (s / norm) + u).clamp_(max=s)
+                values = (torch.sign(flat) * level).to(torch.int8)
+            else:
+                values = torch.zeros(flat.numel(), dtype=torch.int8, device=flat.device)
         return Compressed(values, None, tensor.shape, tensor.dtype, scale=norm.reshape(1).to(torch.float32))
 
+    def _levels_float32(self, flat: torch.Tensor, norm: torch.Tensor, seed: int) -> torch.Tensor:
+        """The fast path (float32 on the CPU): int8 ``floor(v + u)``, ``v = x s / norm`` signed, in
+        four passes over one float32 buffer that holds the random numbers first.
+
+        ``floor(v + u)`` with ``u ~ U[0, 1)`` has the law of ``sign(v) floor(|v| + u)`` (both are
+        ``floor(v)`` or ``floor(v) + 1``, the latter with probability ``frac(v)``), so the levels
+        are QSGD's, unbiased. ``128 + u`` comes from 16 random bits (numpy's PCG64,
+        :func:`lsgd.compression.fastrand.random_float32`: ``u`` on the 2**-16 grid of [0, 1)), so
+        ``t = v + 128 + u`` lies in ``[1, 256)`` (``|v| <= s <= 127``), where ``floor`` is a plain
+        truncation to uint8 and ``floor(t) - 128`` the int8 level (its top bit flipped). float32's
+        spacing on ``[128, 256)`` is 2**-16, so the rounding of ``t`` and the grid of ``u`` move the
+        probability of rounding up by at most 2**-16: a bias of at most ``2**-16 norm / s`` per
+        coordinate (the torch-generator path's float32 ``|x| s / norm + u``: up to 2**-17 of a
+        level at ``|v| >= 64``), against a rounding noise of up to ``norm / (2 s)``."""
+        s = self.levels
+        n = flat.numel()
+        if not float(norm) > 0:
+            return torch.zeros(n, dtype=torch.int8)
+        t = random_float32(n, seed, 128.0, 16)                 # 128 + u
+        t.add_(flat, alpha=float(s / norm)).clamp_(128 - s, 128 + s)
+        return t.to(torch.uint8).bitwise_xor_(0x80).view(torch.int8)
+
     def decompress(self, c):
-        out = c.values.to(torch.float32) * (c.scale.to(torch.float32) / self.levels)
+        out = torch.mul(c.values, c.scale.to(torch.float32) / self.levels)  # int8 * float32: one pass
         return out.to(c.dtype).reshape(c.shape)
 
 

@@ -61,8 +61,8 @@ checksum is computed from ``k`` as float64 with one matrix product (:func:`latti
 so it is exact in any summation order and equals the int64 definition bit for bit. Tensors with
 ``|x / s| >= 2**20`` somewhere (or not finite) take the float64 path; references with
 ``|y / s| >= 2**20 - q`` decode in float64. (5) The lattice points ``s k`` come back in float64 by
-default, or in float32 on request (``dtype=torch.float32``: ``s k`` rounded once, to the precision
-of the float32 model they go back into; SwarmSGD asks for it for float32 parameters, and both ends
+default, or in float32 on request (``dtype=torch.float32``: the float64 ``s k`` rounded to float32,
+the precision of the float32 model they go back into; SwarmSGD asks for it for float32 parameters, and both ends
 of a pair compute the same ``(a + b) / 2``). The fast path draws other random numbers than the
 float64 path, so float32 runs round differently from before this path existed (same law); float64
 runs, the goldens among them, are unchanged bit for bit.
@@ -342,8 +342,8 @@ class LatticeQuantizer:
                dtype: torch.dtype = torch.float64) -> tuple[LatticeCode, torch.Tensor]:
         """Encode ``x``; returns the message and the sender's own lattice point ``s k`` (flat,
         shape ``[n]``: what the receiver decodes to when the decode is exact) in ``dtype``
-        (float64, or float32: ``s k`` rounded once to float32, the precision of a float32 model it
-        goes back into, and no 8-byte-per-element output). float32 ``x`` with a generator takes
+        (float64, or float32: the float64 ``s k`` rounded to float32, the precision of a float32 model
+        it goes back into, and no 8-byte-per-element output). float32 ``x`` with a generator takes
         the fast path (module docstring), anything else the float64 path."""
         n = x.numel()
         dev = x.device
@@ -352,7 +352,7 @@ class LatticeQuantizer:
             kd = self._work.get("d", n, torch.float64, dev).copy_(k32)
             sums = _checksum_float64(kd)
             payload = pack(self._work.get("i", n, torch.int32, dev).copy_(k32), self.bits)
-            return LatticeCode(payload, sums, n), torch.mul(k32 if dtype == torch.float32 else kd, self.side)
+            return LatticeCode(payload, sums, n), self._points(k32, kd, dtype)
         k = _integers_float64(x, self.side, generator)
         return LatticeCode(pack(k, self.bits), lattice_checksum(k), n), (k.double() * self.side).to(dtype)
 
@@ -375,11 +375,18 @@ class LatticeQuantizer:
                 k_hat = torch.add(c, t, alpha=self.q, out=t)
                 kd = self._work.get("d", n, torch.float64, ref.device).copy_(k_hat)
                 ok = self._matches(_checksum_float64(kd), code)
-                return torch.mul(k_hat if dtype == torch.float32 else kd, self.side), ok
+                return self._points(k_hat, kd, dtype), ok
         y = ref.double() / self.side
         cl = c.long()
         k_hat = cl + self.q * torch.round((y - cl) / self.q).long()
         return (k_hat.double() * self.side).to(dtype), self._matches(lattice_checksum(k_hat), code)
+
+    def _points(self, k32: torch.Tensor, kd: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``s k`` from the float64 copy ``kd`` of ``k`` (scratch: scaled in place): float64 as
+        the float64 path computes it, or that value rounded to float32 (no float64 allocation)."""
+        if dtype == torch.float32:
+            return kd.mul_(self.side).to(torch.float32)
+        return kd.mul(self.side)
 
     @staticmethod
     def _matches(sums: torch.Tensor, code: LatticeCode) -> bool:
