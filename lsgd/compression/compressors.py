@@ -45,6 +45,7 @@ from typing import ClassVar
 
 import torch
 
+from lsgd.compression import alloc
 from lsgd.compression.fastrand import random_float32, random_int64
 from lsgd.seeding import derive_seed
 
@@ -301,7 +302,12 @@ class Sparsifier(Compressor):
         flat = tensor.detach().reshape(-1)
         k = num_kept(flat.numel(), cf)
         idx = self.select(flat, k, cf, step=step, key=key, level=0)
-        return Compressed(flat[idx], idx.to(torch.int32), tensor.shape, tensor.dtype, send_indices=self.send_indices)
+        # index_select, not flat[idx]: the same values, without advanced indexing's thread-pool
+        # dispatch (measured 6-16 ms for 20k of 200k floats on the loaded 2-core machine, vs 0.01 ms)
+        m = idx.numel()
+        values = torch.index_select(flat, 0, idx, out=alloc.empty(m, flat.dtype, flat.device))
+        return Compressed(values, alloc.empty(m, torch.int32, idx.device).copy_(idx), tensor.shape, tensor.dtype,
+                          send_indices=self.send_indices)
 
     def compress_further(self, c, cf, *, step=0, key=0):
         """Select again inside ``c`` with ``k2 = ceil(len(c.values) / cf)`` (GraVAC's multi-level
@@ -316,13 +322,14 @@ class Sparsifier(Compressor):
             raise TypeError("compress_further needs a sparse payload (with indices)")
         k2 = num_kept(c.values.numel(), cf)
         sub = self.select(c.values, k2, cf, step=step, key=key, level=1)
-        return Compressed(c.values[sub], c.indices[sub], c.shape, c.dtype, send_indices=c.send_indices)
+        return Compressed(c.values.index_select(0, sub), c.indices.index_select(0, sub), c.shape, c.dtype,
+                          send_indices=c.send_indices)
 
     def _scale(self, c: Compressed) -> float:
         return 1.0
 
     def decompress(self, c):
-        out = torch.zeros(c.numel, dtype=c.dtype, device=c.values.device)
+        out = alloc.zeros(c.numel, c.dtype, c.values.device)  # huge pages, lazily zeroed (alloc module)
         self.add_to(out, c)
         return out.reshape(c.shape)
 
@@ -489,7 +496,7 @@ class DGC(Sparsifier):
         if s >= n:
             return topk_indices(x.abs(), k)
         g = _generator(x.device, "dgc", self.seed, step, key, level)
-        sample = x[torch.randint(0, n, (s,), generator=g, device=x.device)].abs()
+        sample = x.index_select(0, torch.randint(0, n, (s,), generator=g, device=x.device)).abs()
         k_s = max(1, math.ceil(s / cf))
         threshold = torch.topk(sample, k_s, sorted=False).values.min()
         need = math.ceil(k / 2)
@@ -502,7 +509,7 @@ class DGC(Sparsifier):
         if idx.numel() < need:
             return topk_indices(x.abs(), k)
         if idx.numel() > k:
-            idx = idx[topk_indices(x[idx].abs(), k)]
+            idx = idx.index_select(0, topk_indices(x.index_select(0, idx).abs(), k))
         return idx
 
 
@@ -684,10 +691,13 @@ class QSGD(Compressor):
             return torch.zeros(n, dtype=torch.int8)
         t = random_float32(n, seed, 128.0, 16)                 # 128 + u
         t.add_(flat, alpha=float(s / norm)).clamp_(128 - s, 128 + s)
-        return t.to(torch.uint8).bitwise_xor_(0x80).view(torch.int8)
+        return alloc.empty(n, torch.uint8).copy_(t).bitwise_xor_(0x80).view(torch.int8)
 
     def decompress(self, c):
-        out = torch.mul(c.values, c.scale.to(torch.float32) / self.levels)  # int8 * float32: one pass
+        # int8 -> float32 copy, then an in-place float32 product (a mixed int8 * float32 product
+        # runs unvectorized: 150 ms vs 20 ms for 25M elements, measured)
+        out = alloc.empty(c.values.numel(), torch.float32, c.values.device).copy_(c.values)
+        out.mul_(c.scale.to(torch.float32) / self.levels)
         return out.to(c.dtype).reshape(c.shape)
 
 

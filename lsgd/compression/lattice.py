@@ -82,6 +82,7 @@ from functools import lru_cache
 
 import torch
 
+from lsgd.compression import alloc
 from lsgd.compression.fastrand import random_float32, seed_from
 
 #: allowed ``algo.bits``: codes pack evenly into bytes
@@ -385,8 +386,8 @@ class LatticeQuantizer:
         """``s k`` from the float64 copy ``kd`` of ``k`` (scratch: scaled in place): float64 as
         the float64 path computes it, or that value rounded to float32 (no float64 allocation)."""
         if dtype == torch.float32:
-            return kd.mul_(self.side).to(torch.float32)
-        return kd.mul(self.side)
+            return alloc.empty(kd.numel(), torch.float32, kd.device).copy_(kd.mul_(self.side))
+        return torch.mul(kd, self.side, out=alloc.empty(kd.numel(), torch.float64, kd.device))
 
     @staticmethod
     def _matches(sums: torch.Tensor, code: LatticeCode) -> bool:
