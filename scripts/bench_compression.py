@@ -1,7 +1,7 @@
 """Cost of the compressors, measured side by side in one run.
 
     python scripts/bench_compression.py [--sizes 1000000 25000000] [--reps 7] [--workers 4]
-                                        [--threads N] [--device cpu|cuda] [--quick]
+                                        [--threads N] [--device cpu|cuda] [--quick] [--figures]
 
 Prints three tables (times are medians over ``--reps`` repetitions after one warm-up, in ms):
 
@@ -10,14 +10,22 @@ Prints three tables (times are medians over ``--reps`` repetitions after one war
     (encode+decode) / (dense all-reduce of the same tensor on ``--workers`` gloo ranks, spawned with
     torch.multiprocessing in the same run, one thread each);
 (b) DGC's sampled-threshold top-k vs exact top-k at CF 1000 on the largest size (encode only):
-    the speedup (target >= 3x; Lin et al., ICLR 2018, Sec. 3 motivates the sampling by this cost);
+    the speedup (goal >= 8x; Lin et al., ICLR 2018, Sec. 3 motivates the sampling by this cost);
 (c) GraVAC's multi-level compression (papers.md section 2): ``compress_further(topk@10 output, 100)``
     vs top-k from scratch at 1000 on the raw tensor, and the same for dgc: time ratio
     scratch / multi-level for the candidate alone, and for one GraVAC iteration, which needs both
     CFs: (theta_min from scratch + candidate from scratch) / (theta_min + candidate from the
     theta_min output), the comparison of the paper's Table 3 (1.4-1.8x for Top-k).
 
-``--quick`` uses sizes 100000 and 1000000 and 3 repetitions (a smoke run).
+``--quick`` uses sizes 100000 and 1000000 and 3 repetitions (a smoke run). ``--figures`` (what
+``make bench`` runs) measures only the issue's figures on the largest size: random-k@10, QSGD and
+none against the dense all-reduce, and (b).
+
+The dense all-reduce is measured twice, before and after the compressors, and its median is taken
+over both sets of repetitions (drifting load on a shared machine hits the two sides alike). The run
+ends with one line per goal (``BENCH <figure> <now> <op> <goal>``, collected by
+``scripts/bench_all.py``): ``randomk_vs_allreduce`` <= 0.5 and ``qsgd_vs_allreduce`` <= 1
+(encode+decode / dense all-reduce, largest size) and ``dgc_speedup_vs_topk`` >= 8 (b).
 """
 
 from __future__ import annotations
@@ -49,6 +57,8 @@ CONFIGS = [
     ("redsync@1000", "redsync", {"cf": 1000}),
     ("qsgd", "qsgd", {}),
 ]
+#: the configurations ``--figures`` times (none: the floor of any decompress, for reference)
+FIGURE_CONFIGS = ("none", "randomk@10", "qsgd")
 
 
 def _sync(device: torch.device) -> None:
@@ -101,15 +111,16 @@ def _allreduce_worker(rank, world, port, sizes, reps, queue):
                 t0 = time.perf_counter()
                 dist.all_reduce(x)
                 times.append(time.perf_counter() - t0)
-            out[n] = statistics.median(times)
+            out[n] = times
         if rank == 0:
             queue.put(out)
     finally:
         dist.destroy_process_group()
 
 
-def allreduce_times(sizes: list[int], reps: int, world: int) -> dict[int, float]:
-    """Median seconds of a dense float32 all-reduce of each size on ``world`` gloo ranks."""
+def allreduce_times(sizes: list[int], reps: int, world: int) -> dict[int, list[float]]:
+    """Seconds of each of ``reps`` dense float32 all-reduces of each size on ``world`` gloo ranks
+    (rank 0's clock, after a barrier)."""
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     mp.start_processes(_allreduce_worker, args=(world, free_port(), sizes, reps, queue), nprocs=world, join=True,
@@ -135,6 +146,8 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads for the compressors")
     parser.add_argument("--device", default="cpu", help="device of the compressor timings")
     parser.add_argument("--quick", action="store_true", help="sizes 100000 and 1000000, 3 repetitions")
+    parser.add_argument("--figures", action="store_true",
+                        help="only the issue's figures (random-k@10, qsgd, none and (b)) on the largest size")
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.reps = [100_000, 1_000_000], 3
@@ -144,24 +157,35 @@ def main(argv=None) -> None:
     sizes = sorted(args.sizes)
 
     t_start = time.perf_counter()
-    ar = allreduce_times(sizes, args.reps, args.workers)
+    ar_before = allreduce_times(sizes, args.reps, args.workers)
     print(f"device {device}, {torch.get_num_threads()} torch threads for compression; dense all-reduce on "
-          f"{args.workers} gloo ranks (1 thread each); medians of {args.reps} reps\n")
+          f"{args.workers} gloo ranks (1 thread each); medians of {args.reps} reps; load average "
+          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores\n")
 
-    rows = []
+    configs = [c for c in CONFIGS if c[0] in FIGURE_CONFIGS] if args.figures else CONFIGS
+    if args.figures:
+        sizes = sizes[-1:]
+    enc_dec: dict[tuple[str, int], tuple[float, int]] = {}
     for n in sizes:
         x = torch.randn(n, generator=torch.Generator().manual_seed(0)).to(device)
-        for label, name, params in CONFIGS:
+        for label, name, params in configs:
             comp = build(name, **params)
             c = comp.compress(x, step=1, key=0)
 
-            def enc_dec(comp=comp, x=x):
+            def enc_dec_fn(comp=comp, x=x):
                 comp.decompress(comp.compress(x, step=1, key=0))
 
-            t = median_time(enc_dec, args.reps, device)
-            rows.append([label, f"{n:,}", f"{t * 1e3:.1f}", f"{c.nbytes:,}", f"{ar[n] * 1e3:.1f}",
-                         f"{t / ar[n]:.2f}"])
-    print("(a) encode+decode vs dense all-reduce")
+            enc_dec[label, n] = (median_time(enc_dec_fn, args.reps, device), c.nbytes)
+    ar_after = allreduce_times(sizes, args.reps, args.workers)
+    ar = {n: statistics.median(ar_before[n] + ar_after[n]) for n in sizes}
+    rows = []
+    for n in sizes:
+        for label, _, _ in configs:
+            t, nbytes = enc_dec[label, n]
+            rows.append([label, f"{n:,}", f"{t * 1e3:.1f}", f"{nbytes:,}", f"{ar[n] * 1e3:.1f}", f"{t / ar[n]:.2f}"])
+    print("(a) encode+decode vs dense all-reduce (all-reduce: median of the runs before and after: "
+          + ", ".join(f"{statistics.median(ar_before[n]) * 1e3:.1f} / {statistics.median(ar_after[n]) * 1e3:.1f} ms"
+                      for n in sizes) + ")")
     print(table(["compressor", "size", "enc+dec ms", "payload B", "allreduce ms", "ratio"], rows))
 
     n = sizes[-1]
@@ -171,6 +195,14 @@ def main(argv=None) -> None:
     print(f"\n(b) sampled vs exact top-k at CF 1000 on {n:,} floats (encode)")
     print(table(["exact topk ms", "dgc ms", "speedup"],
                 [[f"{t_topk * 1e3:.1f}", f"{t_dgc * 1e3:.1f}", f"{t_topk / t_dgc:.2f}x"]]))
+    figures = [("randomk_vs_allreduce", enc_dec["randomk@10", n][0] / ar[n], "<=", 0.5),
+               ("qsgd_vs_allreduce", enc_dec["qsgd", n][0] / ar[n], "<=", 1),
+               ("dgc_speedup_vs_topk", t_topk / t_dgc, ">=", 8)]
+    if args.figures:
+        print(f"\ntotal {time.perf_counter() - t_start:.0f} s; load average {os.getloadavg()[0]:.2f}")
+        for name, now, op, goal in figures:
+            print(f"BENCH {name} {now:.3f} {op} {goal:g}")
+        return
 
     rows = []
     for label, name in (("topk", "topk"), ("dgc", "dgc")):
@@ -184,7 +216,9 @@ def main(argv=None) -> None:
     print(f"\n(c) GraVAC multi-level on {n:,} floats: compress_further(@10 output, 100) vs from scratch @1000")
     print(table(["compressor", "@10 ms", "further ms", "scratch@1000 ms", "scratch/further",
                  "both CFs: separate/multi-level"], rows))
-    print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
+    print(f"\ntotal {time.perf_counter() - t_start:.0f} s; load average {os.getloadavg()[0]:.2f}")
+    for name, now, op, goal in figures:
+        print(f"BENCH {name} {now:.3f} {op} {goal:g}")
 
 
 if __name__ == "__main__":
