@@ -48,8 +48,10 @@ def random_float32(n: int, seed: int, low: float = 1.0, bits: int = 23,
     """float32 tensor of shape ``[n]``: ``low + m ulp``, ``m`` uniform on ``{0 .. 2**bits - 1}``,
     ``ulp = low 2**-23`` (float32's spacing on ``[low, 2 low)``), so values lie in
     ``[low, low + 2**bits ulp)``; ``low`` a power of two, ``1 <= bits <= 23``. Made by splicing
-    ``low``'s exponent onto the low ``bits`` bits of each word of :func:`random_int32` (numpy
-    integer ops in place on the 64-bit words: no conversion pass, no torch thread pool).
+    ``low``'s exponent onto ``bits`` random bits: 32-bit words of ``PCG64(seed)`` (as
+    :func:`random_int32`) for ``bits > 16``, 16-bit words for ``bits <= 16`` (half the generator's
+    work; measured 2-4 ns per 64-bit output); numpy integer ops, no conversion pass, no torch
+    thread pool.
 
     E.g. ``low=1, bits=23``: ``1 + u`` with ``u`` uniform on the 2**-23 grid of ``[0, 1)``;
     ``low=128, bits=16``: ``128 + u`` with ``u`` on the 2**-16 grid of ``[0, 1)``.
@@ -63,9 +65,17 @@ def random_float32(n: int, seed: int, low: float = 1.0, bits: int = 23,
     if not (low > 0 and mant == 0.5) or not 1 <= bits <= 23:
         raise ValueError(f"random_float32 needs low a power of two and 1 <= bits <= 23, got low={low!r}, bits={bits!r}")
     pattern = int(np.float32(low).view(np.uint32))
-    raw = np.random.PCG64(int(seed)).random_raw(-(-int(n) // 2))
+    n = int(n)
     mask = (1 << bits) - 1
-    raw &= np.uint64(mask | (mask << 32))
-    raw |= np.uint64(pattern | (pattern << 32))
-    out = torch.from_numpy(raw.view(np.float32)[: int(n)])
-    return out if torch.device(device).type == "cpu" else out.to(device)
+    if bits <= 16:  # 16-bit words (half the generator's work), widened by the OR itself
+        words = np.random.PCG64(int(seed)).random_raw(-(-n // 4)).view(np.uint16)[:n]
+        if bits < 16:
+            words &= np.uint16(mask)
+        out = np.bitwise_or(words, np.uint32(pattern), dtype=np.uint32)
+    else:
+        raw = np.random.PCG64(int(seed)).random_raw(-(-n // 2))
+        raw &= np.uint64(mask | (mask << 32))
+        raw |= np.uint64(pattern | (pattern << 32))
+        out = raw.view(np.uint32)[:n]
+    t = torch.from_numpy(out.view(np.float32))
+    return t if torch.device(device).type == "cpu" else t.to(device)

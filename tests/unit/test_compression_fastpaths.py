@@ -150,16 +150,15 @@ def test_fast_path_falls_back_beyond_its_range():
     assert ok and torch.equal(dec, own)
 
 
-# -- DGC's blocked selection -------------------------------------------------------------------------
-def test_abs_at_least_in_blocks_equals_the_one_pass_rule(monkeypatch):
-    monkeypatch.setattr(C, "ABS_BLOCK", 1000)
+# -- DGC's selection --------------------------------------------------------------------------------
+def test_abs_at_least_equals_the_one_pass_rule():
     x = torch.randn(3500, generator=torch.Generator().manual_seed(2))
-    buffers = {}
+    x[7] = 2.5
+    x[9] = -2.5
     for t in (0.0, 1.0, 2.5, 10.0):
         thr = torch.tensor(t)
-        want = (x.abs() >= thr).nonzero().squeeze(1)
-        assert torch.equal(C.abs_at_least(x, thr, buffers), want)
-    assert buffers[(x.dtype, x.device)][0].numel() == 1000
+        want = torch.tensor([i for i, v in enumerate(x.tolist()) if abs(v) >= t], dtype=torch.long)
+        assert torch.equal(C.abs_at_least(x, thr), want)
 
 
 # -- make bench's table ------------------------------------------------------------------------------
