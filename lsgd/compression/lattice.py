@@ -383,11 +383,10 @@ class LatticeQuantizer:
         return (k_hat.double() * self.side).to(dtype), self._matches(lattice_checksum(k_hat), code)
 
     def _points(self, k32: torch.Tensor, kd: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """``s k`` from the float64 copy ``kd`` of ``k`` (scratch: scaled in place): float64 as
-        the float64 path computes it, or that value rounded to float32 (no float64 allocation)."""
-        if dtype == torch.float32:
-            return alloc.empty(kd.numel(), torch.float32, kd.device).copy_(kd.mul_(self.side))
-        return torch.mul(kd, self.side, out=alloc.empty(kd.numel(), torch.float64, kd.device))
+        """``s k`` from the float64 copy ``kd`` of ``k``: float64 as the float64 path computes it,
+        or that value rounded to float32 (one pass, no float64 allocation)."""
+        out = alloc.empty(kd.numel(), torch.float32 if dtype == torch.float32 else torch.float64, kd.device)
+        return torch.mul(kd, self.side, out=out)  # computed in float64, rounded on the way out
 
     @staticmethod
     def _matches(sums: torch.Tensor, code: LatticeCode) -> bool:
