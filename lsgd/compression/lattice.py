@@ -368,11 +368,13 @@ class LatticeQuantizer:
         ref = reference.detach().reshape(-1)
         n = ref.numel()
         if ref.dtype == torch.float32 and n:
-            t = torch.div(ref, self.side, out=self._work.get("a", n, torch.float32, ref.device))
+            # t = y / (s q) = fl32(y / s) / q exactly (q a power of two), so fl32(t - c / q) is
+            # fl32(fl32(y / s) - c) / q: the docstring's decode, one pass shorter
+            t = torch.div(ref, self.side * self.q, out=self._work.get("a", n, torch.float32, ref.device))
             lo, hi = torch.aminmax(t)
-            bound = FAST_LIMIT - self.q
+            bound = (FAST_LIMIT - self.q) / self.q
             if float(hi) < bound and float(lo) > -bound:  # then |k_hat| < 2^20
-                t.sub_(c).mul_(1.0 / self.q).round_()
+                t.sub_(c, alpha=1.0 / self.q).round_()
                 k_hat = torch.add(c, t, alpha=self.q, out=t)
                 kd = self._work.get("d", n, torch.float64, ref.device).copy_(k_hat)
                 ok = self._matches(_checksum_float64(kd), code)

@@ -139,6 +139,25 @@ def test_float64_tensors_keep_the_float64_path():
     assert ok and torch.equal(dec32, p32)
 
 
+def test_float32_decode_equals_the_float64_decode_across_the_radius():
+    """References up to 0.999 of (q/2 - 1) s away (and some beyond): the float32 decode gives the
+    float64 path's integers, and both checksums agree on which tensors decoded."""
+    quant = LatticeQuantizer(8, 1e-3)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200_000, generator=g) * 0.3
+    reach = (quant.q / 2 - 1) * quant.side
+    y = x + (torch.rand(200_000, generator=g) * 2 - 1) * reach * 0.999
+    code, own = quant.encode(x, torch.Generator().manual_seed(1), dtype=torch.float32)
+    d32, ok32 = quant.decode(code, y, dtype=torch.float32)
+    d64, ok64 = quant.decode(code, y.double())
+    assert ok32 and ok64 and torch.equal(d32, d64.float()) and torch.equal(d32, own)
+    far = y.clone()
+    far[::1000] += 2 * reach
+    d32, ok32 = quant.decode(code, far, dtype=torch.float32)
+    d64, ok64 = quant.decode(code, far.double())
+    assert not ok32 and not ok64 and torch.equal(d32, d64.float())
+
+
 def test_fast_path_falls_back_beyond_its_range():
     """|x / s| >= 2**20 somewhere: the float64 path (exact), the decode still exact."""
     quant = LatticeQuantizer(8, 1e-6)
