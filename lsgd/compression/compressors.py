@@ -29,11 +29,15 @@ The compression factor ``cf`` (theta in GraVAC) is dense size / compressed size:
 sparsifiers support GraVAC's "multi-level" compression (:meth:`Compressor.compress_further`: select
 again inside an earlier selection, cheaper than starting from the dense tensor).
 
-Randomness (randomk's indices, dgc's threshold sample, qsgd's stochastic rounding) comes from a
-``torch.Generator`` on the tensor's device seeded by :func:`lsgd.seeding.derive_seed` of
-``(name, seed, step, key, ...)`` (the same mixer as the data partition's), so it is reproducible and, for randomk and dgc, identical on every worker that compresses the same
-``(step, key)``; qsgd also mixes in the worker's rank so its rounding noise is independent across
-workers. Selected indices are returned sorted ascending.
+Randomness (randomk's indices, dgc's threshold sample, qsgd's stochastic rounding) is seeded by
+:func:`lsgd.seeding.derive_seed` of ``(name, seed, step, key, ...)`` (the same mixer as the data
+partition's), so it is reproducible and, for randomk and dgc, identical on every worker that
+compresses the same ``(step, key)``; qsgd also mixes in the worker's rank so its rounding noise is
+independent across workers. dgc's sample (and qsgd's rounding of float64 tensors or on other
+devices) comes from a ``torch.Generator`` on the tensor's device with that seed; randomk's indices
+and qsgd's rounding of float32 CPU tensors from numpy's PCG64 with it
+(:mod:`lsgd.compression.fastrand`: torch's CPU generator costs 10-12 ns per number, more than these
+paths' whole budget). Selected indices are returned sorted ascending.
 """
 
 from __future__ import annotations
