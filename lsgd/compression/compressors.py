@@ -141,7 +141,7 @@ def topk_indices(a: torch.Tensor, k: int) -> torch.Tensor:
     if int((a == v).count_nonzero()) != int((vals == v).count_nonzero()):
         mask = a > v
         eq = (a == v).nonzero().squeeze(1)[: k - int(mask.count_nonzero())]
-        mask[eq] = True
+        mask.index_fill_(0, eq, True)
         return mask.nonzero().squeeze(1)
     return _ascending(idx, n)
 
@@ -161,7 +161,7 @@ def _unique(idx: torch.Tensor, n: int) -> torch.Tensor:
     if 16 * idx.numel() < n:
         return torch.unique(idx)
     mask = torch.zeros(n, dtype=torch.bool, device=idx.device)
-    mask[idx] = True
+    mask.index_fill_(0, idx, True)  # not mask[idx] = True: advanced indexing waits on the thread pool
     return mask.nonzero().squeeze(1)
 
 
