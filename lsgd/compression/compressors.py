@@ -310,9 +310,13 @@ class Sparsifier(Compressor):
         # index_select, not flat[idx]: the same values, without advanced indexing's thread-pool
         # dispatch (measured 6-16 ms for 20k of 200k floats on the loaded 2-core machine, vs 0.01 ms)
         m = idx.numel()
-        values = torch.index_select(flat, 0, idx, out=alloc.empty(m, flat.dtype, flat.device))
-        return Compressed(values, alloc.empty(m, torch.int32, idx.device).copy_(idx), tensor.shape, tensor.dtype,
-                          send_indices=self.send_indices)
+        if flat.device.type == "cpu" and m * flat.element_size() >= alloc.LARGE_BYTES:  # huge pages (alloc)
+            values = torch.index_select(flat, 0, idx, out=alloc.empty(m, flat.dtype))
+            ints = alloc.empty(m, torch.int32).copy_(idx)
+        else:  # small: fresh outputs (out= variants here made a resumed run's modeled compute differ in
+            # its last bit from the uninterrupted run's: tests/distributed/test_measurement.py, accordion)
+            values, ints = flat.index_select(0, idx), idx.to(torch.int32)
+        return Compressed(values, ints, tensor.shape, tensor.dtype, send_indices=self.send_indices)
 
     def compress_further(self, c, cf, *, step=0, key=0):
         """Select again inside ``c`` with ``k2 = ceil(len(c.values) / cf)`` (GraVAC's multi-level
