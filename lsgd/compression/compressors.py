@@ -349,8 +349,7 @@ class Sparsifier(Compressor):
         s = self._scale(c)
         if s != 1.0:
             vals = vals * s
-        idx = c.indices if c.indices.dtype in (torch.int32, torch.int64) else c.indices.long()
-        out.index_add_(0, idx, vals)  # int32 indices directly (no int64 copy)
+        out.index_add_(0, c.indices.to(torch.long), vals)
 
 
 class TopK(Sparsifier):
