@@ -2,6 +2,7 @@
 vs the exchange it saves, side by side in one run (issue 12).
 
     python scripts/bench_gossip.py [--workers 4 8 16] [--floats 1M 25M] [--repeats 3] [--quick]
+    python scripts/bench_gossip.py --lattice [--repeats 7]      # the quantizer alone (make bench)
 
 On ``--workers`` gloo ranks (spawned, one thread each), for a flat float32 model of ``--floats``
 elements, through :class:`lsgd.comm.Communicator` (counted as training counts, no clock), alternating
@@ -23,6 +24,15 @@ approach 2x the model. ``--quick``: 4 and 8 ranks, 1M floats, 2 repeats.
 
 All ranks share this machine's cores and loopback: the times are this machine's, not a cluster's
 (the cluster clock, ``modeled_time_s``, prices those).
+
+``--lattice`` times only the 8-bit quantizer (side 1e-3) on one core (one torch thread): encode +
+decode + both checksums of a float32 model of ``--lattice-floats`` elements (default 8M) in
+1M-element tensors, decoded against the model plus noise, side by side (alternating, median of
+``--repeats``) with :func:`reference_encode_decode`, the quantizer as it was before its fast path
+(float64 / int64 throughout). Time is this process's CPU time (``time.process_time``): what one core
+spends, not inflated by waiting for a core on a shared machine (wall time is printed too). It
+prints ``BENCH lattice_ns_per_element`` (goal <= 5) and ``BENCH lattice_speedup_vs_float64``
+(goal >= 10).
 """
 
 from __future__ import annotations
@@ -65,10 +75,93 @@ def lattice_seconds(model: torch.Tensor, quant: LatticeQuantizer, repeats: int) 
         g = torch.Generator().manual_seed(rep)
         t0 = time.perf_counter()
         for a, b in zip(model.split(CHUNK), ref.split(CHUNK)):
-            code, _ = quant.encode(a, g)
-            quant.decode(code, b)
+            code, _ = quant.encode(a, g, dtype=torch.float32)
+            quant.decode(code, b, dtype=torch.float32)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+# -- the quantizer before its fast path (float64 / int64 throughout), the comparator of --lattice ------
+def _reference_checksum(k: torch.Tensor) -> torch.Tensor:
+    p = 65521
+    r = torch.remainder(k, p)
+    n = r.numel()
+    periods = torch.nn.functional.pad(r, (0, -n % p)).view(-1, p)
+    sums = [r.sum()]
+    for g, root in zip((17, 29), (41, 46)):
+        w = _reference_weights(g)
+        per_block = torch.remainder((periods * w).sum(dim=1), p)
+        h = torch.tensor([pow(root, j, p) for j in range(periods.shape[0])], dtype=torch.int64)
+        sums.append((per_block * h).sum())
+    return torch.remainder(torch.stack(sums), p)
+
+
+_REF_WEIGHTS: dict[int, torch.Tensor] = {}
+
+
+def _reference_weights(g: int) -> torch.Tensor:
+    if g not in _REF_WEIGHTS:
+        w, x = [], 1
+        for _ in range(65521):
+            w.append(x)
+            x = x * g % 65521
+        _REF_WEIGHTS[g] = torch.tensor(w, dtype=torch.int64)
+    return _REF_WEIGHTS[g]
+
+
+def reference_encode_decode(x: torch.Tensor, y: torch.Tensor, side: float, gen: torch.Generator) -> bool:
+    """8-bit encode of ``x`` and decode against ``y`` as lsgd.compression.lattice did before its
+    fast path (commit 071c3de): float64 division and random numbers, int64 integers, a Python loop
+    over lanes when packing, the checksum in int64 with a padded copy."""
+    q = 256
+    scaled = x.reshape(-1).double() / side
+    k = torch.floor(scaled + torch.rand(scaled.shape, dtype=torch.float64, generator=gen)).long()
+    colours = torch.remainder(k, q)
+    padded = torch.zeros(colours.numel(), dtype=torch.uint8)
+    padded[:] = colours.to(torch.uint8)
+    payload = torch.zeros(colours.numel(), dtype=torch.uint8)
+    payload |= padded.view(-1, 1)[:, 0] << 0
+    sums = _reference_checksum(k)
+    point = k.double() * side
+    c = torch.stack([(payload >> 0) & 255], dim=1).reshape(-1).long()
+    yy = y.reshape(-1).double() / side
+    k_hat = c + q * torch.round((yy - c) / q).long()
+    ok = bool(torch.equal(_reference_checksum(k_hat), sums))
+    (k_hat.double() * side + point)  # the decoded and own points, as the averaging uses them
+    return ok
+
+
+def lattice_bench(floats: int, repeats: int) -> tuple[float, float, float, float]:
+    """(new CPU s, reference CPU s, new wall s, reference wall s): medians over ``repeats``
+    alternating repeats of encode + decode of ``floats`` float32 elements in CHUNK-element tensors."""
+    torch.set_num_threads(1)
+    model = torch.randn(floats, generator=torch.Generator().manual_seed(0)) * 0.05
+    ref = model + 1e-3 * torch.randn(floats, generator=torch.Generator().manual_seed(1))
+    quant = LatticeQuantizer(8, 1e-3)
+
+    def new(rep):
+        g = torch.Generator().manual_seed(rep)
+        for a, b in zip(model.split(CHUNK), ref.split(CHUNK)):
+            code, own = quant.encode(a, g, dtype=torch.float32)  # as SwarmSGD asks for a float32 model
+            dec, ok = quant.decode(code, b, dtype=torch.float32)
+            assert ok
+
+    def old(rep):
+        g = torch.Generator().manual_seed(rep)
+        for a, b in zip(model.split(CHUNK), ref.split(CHUNK)):
+            assert reference_encode_decode(a, b, 1e-3, g)
+
+    new(0), old(0)  # warm-up (allocator, caches, the checksum weights)
+    cpu = {"new": [], "old": []}
+    wall = {"new": [], "old": []}
+    for rep in range(repeats):
+        for name, fn in ((("new", new), ("old", old)) if rep % 2 == 0 else (("old", old), ("new", new))):
+            c0, w0 = time.process_time(), time.perf_counter()
+            fn(rep)
+            cpu[name].append(time.process_time() - c0)
+            wall[name].append(time.perf_counter() - w0)
+    med = statistics.median
+    return med(cpu["new"]), med(cpu["old"]), med(wall["new"]), med(wall["old"])
 
 
 def one_size(rank: int, peer: int, n: int, repeats: int, quant: LatticeQuantizer):
@@ -122,7 +215,21 @@ def main(argv=None) -> None:
     ap.add_argument("--floats", nargs="+", default=["1M", "25M"], choices=list(SIZES))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="4 and 8 ranks, 1M floats, 2 repeats")
+    ap.add_argument("--lattice", action="store_true", help="time the quantizer alone (one core) vs its float64 reference")
+    ap.add_argument("--lattice-floats", type=int, default=8 * CHUNK, help="elements of --lattice's model")
     args = ap.parse_args(argv)
+    if args.lattice:
+        reps = max(5, args.repeats if args.repeats != 3 else 7)
+        t_new, t_old, w_new, w_old = lattice_bench(args.lattice_floats, reps)
+        n = args.lattice_floats
+        print(f"lattice 8-bit, side 1e-3, {n:,} float32 elements in {CHUNK:,}-element tensors, one torch thread, "
+              f"median of {reps} alternating repeats; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+        print(f"{'':>22} {'cpu ns/el':>10} {'wall ns/el':>11}")
+        print(f"{'fast path (float32)':>22} {t_new / n * 1e9:>10.2f} {w_new / n * 1e9:>11.2f}")
+        print(f"{'reference (float64)':>22} {t_old / n * 1e9:>10.2f} {w_old / n * 1e9:>11.2f}")
+        print(f"BENCH lattice_ns_per_element {t_new / n * 1e9:.2f} <= 5")
+        print(f"BENCH lattice_speedup_vs_float64 {t_old / t_new:.2f} >= 10")
+        return
     if args.quick:
         args.workers, args.floats, args.repeats = [4, 8], ["1M"], 2
     ctx = mp.get_context("spawn")

@@ -75,6 +75,7 @@ from lsgd.compression.lattice import (
     LatticeCode,
     LatticeQuantizer,
     check_params,
+    point_dtype,
 )
 from lsgd.config import choice, int_at_least
 from lsgd.errors import ConfigError
@@ -114,7 +115,7 @@ class _Exchange:
         self.partner = partner
         self.reference = reference   # x_i (blocking) or the snapshot s_i (non-blocking)
         self.handle = handle         # the message exchange in flight (non-blocking)
-        self.own = own               # lattice: own lattice points (float64, flat), one per parameter
+        self.own = own               # lattice: own lattice points (flat; float32 for float32 parameters, else float64)
         self.recv = recv             # the receive buffer (uint8 message, or the flat model)
 
 
@@ -269,7 +270,7 @@ class SwarmSGD(Gossip):
             own = None
         else:
             gen = self._generator(self.round)
-            codes, own = zip(*(self.quantizer.encode(p, gen) for p in reference[: len(params)]))
+            codes, own = zip(*(self.quantizer.encode(p, gen, dtype=point_dtype(p)) for p in reference[: len(params)]))
             pieces = [c.payload.view(torch.uint8) for c in codes]
             pieces.append(torch.cat([c.checksum for c in codes]).view(torch.uint8))
             pieces += [b.detach().reshape(-1).view(torch.uint8) for b in reference[len(params):]]
@@ -303,7 +304,8 @@ class SwarmSGD(Gossip):
 
     def _average_lattice(self, ex: _Exchange, n_params: int) -> list[torch.Tensor]:
         """Decode the partner's codes against the reference, exchange decode flags, resend the
-        tensors either side failed at full precision; the float64 averages, one per tensor."""
+        tensors either side failed at full precision; the averages, one per tensor (float32 for a
+        float32 parameter decoded without a resend: the lattice points' fast path; else float64)."""
         quant = self.quantizer
         refs = ex.reference
         offset, codes = 0, []
@@ -316,7 +318,7 @@ class SwarmSGD(Gossip):
         decoded, flags = [], torch.zeros(n_params, dtype=torch.uint8, device=ex.recv.device)
         for t, (p, raw) in enumerate(zip(refs[:n_params], codes)):
             payload = raw.clone().view(torch.int16) if quant.bits == 16 else raw
-            value, ok = quant.decode(LatticeCode(payload, sums[t], p.numel()), p)
+            value, ok = quant.decode(LatticeCode(payload, sums[t], p.numel()), p, dtype=point_dtype(p))
             decoded.append(value)
             flags[t] = 0 if ok else 1
         theirs = torch.empty_like(flags)
