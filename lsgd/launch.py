@@ -393,7 +393,7 @@ def spawn_local(cfg: dict, run_dir: Path) -> int | None:
     # (lsgd.emulate builds them here and removes them however the launch ends) ---
     from lsgd import emulate
 
-    with emulate.launch(cfg, nproc, worker_main) as (entry, worker_cfg), \
+    with emulate.launch(cfg, nproc, worker_main, run_dir) as (entry, worker_cfg), \
             _MainSignals(stop) if interrupts else contextlib.nullcontext(types.SimpleNamespace(signal=None)) as signals:
         try:
             elastic_launch(config, entry)(worker_cfg, str(run_dir), stop)

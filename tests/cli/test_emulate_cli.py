@@ -55,7 +55,14 @@ def test_an_emulated_run_is_bound_by_the_cap_and_leaves_nothing(tmp_path, before
     at_cap = last["wire_bytes"] * 8 * 1514 / 1448 / (cap * 1e9)
     assert at_cap > 0.5 and last["wall_time_s"] >= 0.95 * at_cap, (last["wall_time_s"], at_cap)
     warned = res.stderr.count("is not emulated: this kernel has no netem")
-    assert warned == (0 if emulate.netem_available() else 1), res.stderr[-3000:]
+    netem = emulate.netem_available()
+    assert warned == (0 if netem else 1), res.stderr[-3000:]
+    # environment.json records the emulation; the clock priced the frames (network.wire_overhead)
+    emu = json.loads((run / "environment.json").read_text())["emulation"]
+    assert emu["cap_bit_s"] == {"egress": 20_000_000, "ingress": 20_000_000} and emu["nodes"] == 2
+    assert emu["frame_wire_factor"] == emu["clock_wire_overhead"] == pytest.approx(1514 / 1448, rel=1e-15)
+    assert emu["tcp_congestion_control"] == "reno" and emu["netem"] is netem
+    assert emu["latency_us"]["emulated"] == (emu["latency_us"]["configured"] if netem else 0.0)
     assert _new(before) == [] and _qdiscs_left() == []
 
 
