@@ -678,7 +678,7 @@ class Communicator:
         messages). Counted as one ``p2p`` per non-empty send. Clock: each send completes at
         ``start + cost``, ``start = max(issue, egress free)``, the sends taking this worker's egress
         one after another in the order ``(peer - rank) mod p``; each receive at
-        ``max(sender's start, ingress free) + cost`` (:mod:`lsgd.clock`, Ports), the sender's start
+        ``max(sender's start, receive posted, ingress free) + cost`` (:mod:`lsgd.clock`, Ports), the sender's start
         travelling as an uncounted float64 message after the payload.
 
         Returns None, or a :class:`Handle` with ``async_op`` (the received tensors are valid after
@@ -767,7 +767,8 @@ class Communicator:
         """The end (shape ``[k]``) of ``handle``'s messages, computed once (its transfer complete:
         the senders' stamps are in), moving no clock: a send ends where its egress lane let it
         (:meth:`exchange`); the receives take this worker's ingress in order of the senders'
-        stamps, then peer rank, each clock entry on its own (:meth:`lsgd.clock.Ports.occupy`)."""
+        stamps, then peer rank, each clock entry on its own (:meth:`lsgd.clock.Ports.occupy`), each
+        no earlier than this worker posted it (rendezvous)."""
         if handle.message_end is None:
             handle.complete_data()
             ports = self._s.clock.ports
@@ -779,7 +780,10 @@ class Communicator:
                 end = np.zeros(k)
                 for e in range(k):
                     for stamp, cost, link, _ in sorted(recvs, key=lambda m: (m[0][e], m[3])):
-                        _, done = ports.occupy(link, "ingress", stamp[e : e + 1], cost[e : e + 1], entries=[e])
+                        # rendezvous: the data moves once the receive is posted (gloo announces each
+                        # receive to the sender; MPI's and NCCL's large messages wait for it too)
+                        ready = np.maximum(stamp[e : e + 1], handle.issue[e : e + 1])
+                        _, done = ports.occupy(link, "ingress", ready, cost[e : e + 1], entries=[e])
                         end[e] = max(end[e], done[0])
                 ends.append(end)
             handle.message_end = np.maximum.reduce(ends)
