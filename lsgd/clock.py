@@ -27,9 +27,14 @@ and the communicator by communication, with these rules (``cost`` = alpha-beta c
   (:meth:`lsgd.comm.Communicator.resumed`) where the uninterrupted run does;
 * a message (point to point) occupies ports (below): it starts at
   ``start = max(issue, sender's egress free)``, the send completes at ``start + cost``, and it is
-  received at ``max(start, receiver's ingress free) + cost`` (the receiver's clock then moves to
-  ``max(now, that)`` when it waits); ``start`` travels with the message (an uncounted float64
-  message after the payload).
+  received at ``max(start, receive posted, receiver's ingress free) + cost`` (the receiver's clock
+  then moves to ``max(now, that)`` when it waits); ``start`` travels with the message (an uncounted
+  float64 message after the payload). *Receive posted* is rendezvous: gloo sends a message's data
+  only once the receiver has announced its receive (MPI and NCCL do the same for large messages),
+  so a server that posts its next incast after its broadcast has left sees the incast then, as
+  measured on the emulated cluster (issue 23: a parameter server of 4 workers took 8 message
+  times per step, the clock without this rule 5.2). The sender does not see a late receiver: its
+  send completes at ``start + cost`` on its own clock.
 
 Ports (LogGP)
 -------------
@@ -82,7 +87,12 @@ the configured inter-node latency (``network.latency_us``). The intra-node link 
 
 Alpha-beta cost model
 ---------------------
-``p`` workers, ``n`` payload bytes, ``alpha`` = latency (s), ``beta`` = 8 / bandwidth (s/byte).
+``p`` workers, ``n`` payload bytes, ``alpha`` = latency (s), ``beta`` = 8 w / bandwidth (s/byte), where
+``w`` = ``network.wire_overhead`` is the wire bytes per payload byte of the link's framing (1.0 by
+default: ``bandwidth_gbps`` is payload goodput; TCP/IPv4 with timestamps over Ethernet at MTU 1500
+puts 1448 payload bytes in a 1514-byte frame as a Linux qdisc meters it, ``w`` = 1514/1448 = 1.0456,
+the value ``launcher.emulate=true`` selects: its ``tbf`` caps frames, :data:`lsgd.emulate.WIRE_FACTOR`;
+a real Ethernet port also sends an 8-byte preamble and a 12-byte gap per frame, 1538/1448 = 1.0622).
 Sources: Thakur, Rabenseifner and Gropp, "Optimization of Collective Communication Operations in
 MPICH", IJHPCA 2005 (Sec. 4); Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for
 clusters of workstations", JPDC 2009:
@@ -157,12 +167,24 @@ class NetworkModel:
     """Alpha-beta parameters of one link.
 
     Args:
-        bandwidth_gbps: link bandwidth in gigabits per second (1e9 bits/s).
+        bandwidth_gbps: link bandwidth in gigabits per second (1e9 bits/s) of what the link meters
+            (frames on a capped link, payload when ``wire_overhead`` is 1).
         latency_us: per-message latency alpha in microseconds.
+        wire_overhead: wire bytes per payload byte (framing: protocol headers per segment), >= 1;
+            multiplies beta. 1514/1448 for TCP/IPv4 with timestamps over Ethernet at MTU 1500
+            (RFC 791, RFC 9293, RFC 7323's 12-byte timestamp option, the 14-byte Ethernet header).
+
+    Raises:
+        ValueError: ``wire_overhead`` < 1.
     """
 
     bandwidth_gbps: float = 10.0
     latency_us: float = 10.0
+    wire_overhead: float = 1.0
+
+    def __post_init__(self):
+        if not self.wire_overhead >= 1.0:
+            raise ValueError(f"wire_overhead must be >= 1 (wire bytes per payload byte), got {self.wire_overhead!r}")
 
     @property
     def alpha(self) -> float:
@@ -171,8 +193,8 @@ class NetworkModel:
 
     @property
     def beta(self) -> float:
-        """Seconds per byte."""
-        return 8.0 / (self.bandwidth_gbps * 1e9)
+        """Seconds per payload byte: ``8 wire_overhead / (bandwidth_gbps 1e9)``."""
+        return 8.0 * self.wire_overhead / (self.bandwidth_gbps * 1e9)
 
     def cost(self, alpha_terms: float, beta_bytes: float) -> float:
         """Seconds of ``alpha_terms`` latencies plus ``beta_bytes`` bytes at this bandwidth."""
@@ -280,7 +302,8 @@ class Network:
     ``models(link)`` gives the K link models of the clock entries: the configured link first, then
     (inter-node only) the what-if link at each bandwidth, with the latency of that bandwidth's
     network preset (:func:`what_if_latency_us`; the configured latency where no preset has that
-    bandwidth).
+    bandwidth) and the inter-node link's ``wire_overhead`` (the framing is the protocol stack's, not
+    the bandwidth's).
     """
 
     inter: NetworkModel = field(default_factory=NetworkModel)
@@ -301,10 +324,14 @@ class Network:
     def from_config(cls, network: Mapping, gpus_per_node: int = 1) -> Network:
         """Build from the ``network`` config group (``bandwidth_gbps``, ``latency_us``: the inter-node
         link; ``intra_node``: ``{bandwidth_gbps, latency_us}``; ``report_gbps``: what-if list; ``ports``:
-        lanes per port, default 1)."""
-        inter = NetworkModel(float(network["bandwidth_gbps"]), float(network["latency_us"]))
+        lanes per port, default 1; ``wire_overhead``: wire bytes per payload byte of the inter-node
+        link and its what-if links, default 1; ``intra_node.wire_overhead`` the same inside a node,
+        default 1)."""
+        inter = NetworkModel(float(network["bandwidth_gbps"]), float(network["latency_us"]),
+                             float(network.get("wire_overhead") or 1.0))
         intra_cfg = network.get("intra_node") or None
-        intra = NetworkModel(float(intra_cfg["bandwidth_gbps"]), float(intra_cfg["latency_us"])) if intra_cfg else None
+        intra = NetworkModel(float(intra_cfg["bandwidth_gbps"]), float(intra_cfg["latency_us"]),
+                             float(intra_cfg.get("wire_overhead") or 1.0)) if intra_cfg else None
         return cls(inter, intra, int(gpus_per_node or 1), tuple(network.get("report_gbps") or ()),
                    int(network.get("ports") or 1))
 
@@ -323,7 +350,8 @@ class Network:
     def models(self, link: str) -> list[NetworkModel]:
         if link == "intra":
             return [self.intra] * self.k
-        return [self.inter] + [NetworkModel(b, what_if_latency_us(b, self.inter.latency_us)) for b in self.report_gbps]
+        return [self.inter] + [NetworkModel(b, what_if_latency_us(b, self.inter.latency_us), self.inter.wire_overhead)
+                               for b in self.report_gbps]
 
     def costs(self, link: str, kind: str, nbytes: float, p: int) -> np.ndarray:
         """Seconds (shape ``[k]``, one per clock entry) of operation ``kind`` of ``nbytes`` on

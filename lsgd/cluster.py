@@ -161,6 +161,13 @@ trainer passes compute only: each window's wall time minus the time the worker's
 were blocked in communication inside it (``before_step``'s push/pull waits, a comm hook's
 synchronous exchange, DDP's end of backward waiting for its last buckets; :mod:`lsgd.blocked`,
 limits in ``Trainer.train_step``), so communication is priced once, by the clock's network model.
+The rest of the step is on the clock too, each part where it happens (the trainer, not this
+class): the optimizer's ``step()`` by its measured wall time (optimizer hooks; a server's step
+included), and the algorithm's ``after_backward`` / ``after_step`` (and a server's ``serve_step``)
+by their wall time less the communication blocked in them and the optimizer steps inside them:
+averaging, gossip mixing, outer steps, compression outside a comm hook. (Before, these were left
+out: on the emulated cluster at 1000 Mbit/s the clock was 33-37% fast for D-PSGD on a complete
+graph and non-blocking SwarmSGD, whose mixing is arithmetic on every step; issue 23.)
 
 Speeds and heterogeneity
 ------------------------
@@ -1635,8 +1642,8 @@ class ComputeModel:
 
     def seconds(self, flops: float) -> float:
         """Seconds of ``flops`` of extra compute-bound work on this worker (PowerSGD's matmuls):
-        ``flops / (peak x mfu) / speed`` in profile mode; 0 in measured mode, whose measured step
-        times already contain it."""
+        ``flops / (peak x mfu) / speed`` in profile mode; 0 in measured mode, where the trainer
+        charges the measured wall time of the hooks that do it (module docstring, Measured mode)."""
         if self.mode == "measured":
             return 0.0
         return float(flops) / self.roofline.flops_rate / self.speed

@@ -108,6 +108,27 @@ def in_half_open(cfg: dict, key: str, lo: float, hi: float, where: str) -> None:
         raise ConfigError(f"{where}{key} must be a number in [{lo:g}, {hi:g}), got {value!r}")
 
 
+def resolve_wire_overhead(cfg: dict) -> float:
+    """Check ``network.wire_overhead`` (wire bytes per payload byte of the inter-node link, >= 1, or
+    null) and resolve null in place: 1.0, or under ``launcher.emulate=true`` the emulated link's
+    frame factor :data:`lsgd.emulate.WIRE_FACTOR` = 1514/1448 (its ``tbf`` meters Ethernet frames of
+    1448 TCP payload bytes at MTU 1500), so the clock prices the link the run runs on. Returns it.
+
+    Raises:
+        ConfigError: not a number >= 1 (nor null).
+    """
+    net = cfg["network"]
+    if net.get("wire_overhead") is None:
+        from lsgd.emulate import WIRE_FACTOR
+
+        net["wire_overhead"] = WIRE_FACTOR if (cfg.get("launcher") or {}).get("emulate") is True else 1.0
+    number_at_least(net, "wire_overhead", 1, "network.")
+    intra = net.get("intra_node") or {}
+    if intra.get("wire_overhead") is not None:
+        number_at_least(intra, "wire_overhead", 1, "network.intra_node.")
+    return float(net["wire_overhead"])
+
+
 def validate(cfg: dict, world_size: int | None = None, local_world_size: int | None = None) -> None:
     """Check a resolved config (plain dict) and resolve ``launcher.nproc_per_node: auto`` in place.
 
@@ -169,6 +190,7 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
     if intra is not None:
         positive(intra, "bandwidth_gbps", "network.intra_node.")
         number_at_least(intra, "latency_us", 0, "network.intra_node.")
+    resolve_wire_overhead(cfg)
     if cfg["network"].get("ports") is not None:  # lanes per port (lsgd.clock.Ports)
         int_at_least(cfg["network"], "ports", 1, "network.")
     report = cfg["network"].get("report_gbps") or []

@@ -412,11 +412,46 @@ def _signals_raise():
 _warned_latency = False
 
 
+def describe(plan: Plan, cfg: dict, netem: bool) -> dict:
+    """What a run's ``environment.json`` records of its emulated cluster (the ``emulation`` entry of
+    its session): the run id, nodes and workers per node, the subnet, the cap of each direction of
+    each node link (bit/s) and the tbf's bucket and queue, the frame factor of the link
+    (:data:`WIRE_FACTOR`) beside the clock's ``network.wire_overhead``, the TCP congestion control
+    inside the namespaces, whether the kernel has netem, and the latency asked for and emulated (us)."""
+    tbf = tbf_args(plan.rate_bit)
+    return {
+        "run": plan.run, "nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node, "subnet": plan.subnet,
+        "qdisc": "tbf", "cap_bit_s": {"egress": plan.rate_bit, "ingress": plan.rate_bit},
+        "tbf_burst_bytes": int(tbf[tbf.index("burst") + 1]), "tbf_queue_ms": TBF_QUEUE_MS,
+        "mtu": MTU, "frame_wire_factor": WIRE_FACTOR,
+        "clock_wire_overhead": (cfg.get("network") or {}).get("wire_overhead"),
+        "tcp_congestion_control": TCP_CONGESTION_CONTROL, "netem": bool(netem),
+        "latency_us": {"configured": float((cfg.get("network") or {}).get("latency_us") or 0),
+                       "emulated": plan.latency_us},
+    }  # fmt: skip
+
+
+def _record(run_dir: str | Path | None, description: dict) -> None:
+    """Add ``description`` as ``emulation`` to the current session of the run's ``environment.json``
+    (written by the launch before the cluster is built); nothing when there is no run folder or file."""
+    if run_dir is None:
+        return
+    from lsgd import provenance
+    from lsgd.files import write_atomic
+
+    data = provenance.read_environment(run_dir)
+    if data is None:
+        return
+    provenance.current_session(data)["emulation"] = description
+    write_atomic(Path(run_dir) / provenance.ENVIRONMENT_FILE, json.dumps(data, indent=2, default=str) + "\n")
+
+
 @contextlib.contextmanager
-def cluster(cfg: dict, nproc: int) -> Iterator[Plan]:
+def cluster(cfg: dict, nproc: int, run_dir: str | Path | None = None) -> Iterator[Plan]:
     """Build the emulated cluster for ``nproc`` local workers of ``cfg`` and remove it on the way out
     (normal end, exception, Ctrl-C / SIGTERM turned into exceptions by torch elastic, a worker's
-    SIGKILL reported by the agent).
+    SIGKILL reported by the agent). With ``run_dir``, its ``environment.json`` gets the cluster's
+    description (:func:`describe`).
 
     Yields the :class:`Plan` the workers read.
 
@@ -430,7 +465,8 @@ def cluster(cfg: dict, nproc: int) -> Iterator[Plan]:
         raise ConfigError(f"launcher.emulate=true supports up to 999 nodes; got {nodes}")
     net = cfg["network"]
     latency = float(net.get("latency_us") or 0)
-    netem = latency > 0 and netem_available()
+    have_netem = netem_available()
+    netem = latency > 0 and have_netem
     if latency > 0 and not netem and not _warned_latency:
         _warned_latency = True
         log.warning("launcher.emulate: network.latency_us=%g is not emulated: this kernel has no netem qdisc "
@@ -451,6 +487,7 @@ def cluster(cfg: dict, nproc: int) -> Iterator[Plan]:
         log.info("emulated cluster %s: %d node(s) x %d worker(s) on %s, %g Mbit/s per direction per node%s",
                  run, nodes, gpn, subnet, plan.rate_bit / 1e6,
                  f", {latency:g} us one way" if netem else "")
+        _record(run_dir, describe(plan, cfg, have_netem))
         yield plan
 
 
@@ -505,13 +542,14 @@ def worker_entry(cfg: dict, run_dir: str | None, *args):
 
 
 @contextlib.contextmanager
-def launch(cfg: dict, nproc: int, entry):
+def launch(cfg: dict, nproc: int, entry, run_dir: str | Path | None = None):
     """What :func:`lsgd.launch.spawn_local` starts: ``(entry, cfg)`` unchanged without
-    ``launcher.emulate``, else ``(worker_entry, cfg + plan)`` inside :func:`cluster`."""
+    ``launcher.emulate``, else ``(worker_entry, cfg + plan)`` inside :func:`cluster` (which records
+    the cluster in ``run_dir``'s ``environment.json``)."""
     if not cfg["launcher"].get("emulate"):
         yield entry, cfg
         return
-    with cluster(cfg, nproc) as plan:
+    with cluster(cfg, nproc, run_dir) as plan:
         yield worker_entry, dict(cfg, _emulate=asdict(plan))
 
 

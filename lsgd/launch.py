@@ -454,7 +454,7 @@ def spawn_local(cfg: dict, run_dir: Path, signals: _MainSignals | None = None) -
     # (lsgd.emulate builds them here and removes them however the launch ends) ---
     from lsgd import emulate
 
-    with emulate.launch(cfg, nproc, worker_main) as (entry, worker_cfg), \
+    with emulate.launch(cfg, nproc, worker_main, run_dir) as (entry, worker_cfg), \
             signals if isinstance(signals, _MainSignals) and not signals.entered else contextlib.nullcontext():
         if signals.signal is not None:  # a signal before any worker started: start none
             raise RunInterrupted(signals.signal)

@@ -207,6 +207,13 @@ class Trainer:
             # the optimizer step's modeled compute, whenever this rank steps its optimizer (a parameter
             # server's workers never do; its server does), after the communication it waited for
             self.optimizer.register_step_post_hook(lambda *_: self.clock.compute(self.compute_model.step().optimizer_s))
+        self._measured_opt_s = 0.0  # measured mode: the optimizer steps' seconds charged so far (below)
+        self._gap = None            # measured mode: (perf_counter, blocked_s, optimizer s) after the last bookkeeping
+        if self.compute_model.mode == "measured":
+            # the optimizer step's measured seconds (/ speed), charged where it happens (a server's
+            # step between its incast and its broadcast); lsgd.cluster.ComputeModel measured mode
+            self.optimizer.register_step_pre_hook(lambda *_: setattr(self, "_opt_t0", time.perf_counter()))
+            self.optimizer.register_step_post_hook(lambda *_: self._charge_optimizer(time.perf_counter() - self._opt_t0))
 
         self.ctx = RunContext(
             rank=self.rank, world_size=self.world_size, role=self.role, worker_index=worker_index,
@@ -317,6 +324,30 @@ class Trainer:
         speeds = resolve_speeds(cluster.get("speeds"), self.world_size, seed)
         return tuple(base / speeds[r] for r in workers)
 
+    def _mark_gap(self) -> None:
+        """Measured mode: the time from here to the next step's start (the batch's loading, the
+        loop) is compute (:meth:`train_step` charges it); bookkeeping (records, evaluation,
+        checkpoints) is measurement and falls before the mark."""
+        self._gap = (time.perf_counter(), self.comm.blocked_s(), self._measured_opt_s)
+
+    def _charge_optimizer(self, seconds: float) -> None:
+        """Measured mode: an optimizer step of ``seconds`` wall time on the clock (/ speed)."""
+        seconds = max(0.0, seconds) / self.speed
+        self._measured_opt_s += seconds
+        self.clock.compute(seconds)
+
+    def _charge_measured(self, t0: float, b0: float, opt0: float) -> None:
+        """Measured mode: the compute of a hook window that began at ``t0`` (``perf_counter``), with
+        :meth:`lsgd.comm.Communicator.blocked_s` ``b0`` and optimizer seconds charged ``opt0`` then:
+        its wall time less the time blocked in communication and less the optimizer steps already
+        charged by their hook, / speed, on the clock now (the algorithms' own arithmetic: averaging,
+        mixing, outer steps, compression outside a comm hook). Nothing in profile mode."""
+        if self.compute_model.mode != "measured":
+            return
+        own = (time.perf_counter() - t0) - (self.comm.blocked_s() - b0) - (self._measured_opt_s - opt0) * self.speed
+        if own > 0:
+            self.clock.compute(own / self.speed)
+
     def _check_injected_failure(self) -> None:
         inject = self.cfg.get("inject_failure") or {}
         if inject.get("step") is not None and self.step == int(inject["step"]) and self.rank == int(inject.get("rank", 0)):
@@ -328,13 +359,16 @@ class Trainer:
         shard at its step count)."""
         if self.bookkeeping():  # records a resumed rank had crossed but not yet made (not lockstep)
             return
+        self._mark_gap()
         while self.algorithm.progress(self.step) < self.total_steps:
             shard, batch = self._data_position(self.step)
             epoch, start = divmod(batch, self.steps_per_epoch)
             for x, y in self._shard_loader(shard).batches(epoch, start):
                 self._check_injected_failure()
                 self.train_step(x, y)
-                if self.bookkeeping() or self.algorithm.progress(self.step) >= self.total_steps:
+                stop = self.bookkeeping()
+                self._mark_gap()
+                if stop or self.algorithm.progress(self.step) >= self.total_steps:
                     break
                 batch += 1
                 if self._data_position(self.step) != (shard, batch):  # moved to another shard or position
@@ -360,8 +394,9 @@ class Trainer:
             return
         while self.algorithm.progress(self.step) < self.total_steps:
             self._check_injected_failure()
-            b0, t0 = self.comm.blocked_s(), time.perf_counter()
+            b0, t0, opt0 = self.comm.blocked_s(), time.perf_counter(), self._measured_opt_s
             self.algorithm.serve_step(self.step)
+            self._charge_measured(t0, b0, opt0)
             self._schedule_step()
             self.step += 1
             self.compute_time_s += max(0.0, time.perf_counter() - t0 - (self.comm.blocked_s() - b0))
@@ -384,6 +419,9 @@ class Trainer:
         hooks (DDP's one-off bucket rebuild broadcast in the second forward) stays compute; on
         CUDA a wait hidden in ``torch.cuda.synchronize`` (an NCCL kernel still running) is compute.
         """
+        if getattr(self, "_gap", None) is not None:  # measured mode: loading the batch since the last step
+            self._charge_measured(*self._gap)
+            self._gap = None
         b0, t0 = self.comm.blocked_s(), time.perf_counter()
         self.algorithm.before_step(self.step)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
@@ -405,6 +443,9 @@ class Trainer:
         self.clock.backward(st.backward_s)
         # fp16: unscale, and skip the step on every worker if any worker's gradients overflowed
         skip = self.precision.unscale_(self.optimizer)
+        # measured mode: the rest of the step is on the clock too (optimizer step by its hook, the
+        # hooks' own arithmetic by _charge_measured), each where it happens
+        t3, b3, o3 = time.perf_counter(), self.comm.blocked_s(), self._measured_opt_s
         self.algorithm.after_backward(self.step)
         if not skip:
             self.algorithm.optimizer_step()
@@ -412,7 +453,10 @@ class Trainer:
         self._schedule_step()
         self.step += 1
         self.recorder.add_loss(loss.detach())  # before after_step: an algorithm may ship the losses there
+        self._charge_measured(t3, b3, o3)
+        t4, b4, o4 = time.perf_counter(), self.comm.blocked_s(), self._measured_opt_s
         self.algorithm.after_step(self.step)
+        self._charge_measured(t4, b4, o4)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.compute_time_s += max(0.0, time.perf_counter() - t0 - (self.comm.blocked_s() - b0))

@@ -42,11 +42,13 @@ def _qdiscs_left() -> list[str]:
 
 
 def test_an_emulated_run_is_bound_by_the_cap_and_leaves_nothing(tmp_path, before):
-    """ddp on 2 workers at 20 Mbit/s: the run completes, its wall time is at least the wire bytes at
-    the cap (n * 8 * 1514/1448 / cap; DDP overlaps the all-reduce with backward, so no more can be
-    said), the missing netem is said once, and nothing is left."""
+    """ddp on 3 workers (3 nodes: more than a pair) at 20 Mbit/s: the run completes, its wall time
+    is at least the wire bytes at the cap (n * 8 * 1514/1448 / cap; DDP overlaps the all-reduce with
+    backward, so no more can be said), the missing netem is said once, environment.json records the
+    emulation, and nothing is left."""
     cap = 0.02
-    res = lsgd(["train", *TINY, *EMULATED, "algo=ddp", "max_steps=6", f"network.bandwidth_gbps={cap}",
+    res = lsgd(["train", *TINY, *EMULATED, "launcher.nproc_per_node=3", "algo=ddp", "max_steps=6",
+                f"network.bandwidth_gbps={cap}",
                 f"results_dir={tmp_path}/r"], tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     (run,) = run_dirs(tmp_path / "r")
@@ -55,7 +57,14 @@ def test_an_emulated_run_is_bound_by_the_cap_and_leaves_nothing(tmp_path, before
     at_cap = last["wire_bytes"] * 8 * 1514 / 1448 / (cap * 1e9)
     assert at_cap > 0.5 and last["wall_time_s"] >= 0.95 * at_cap, (last["wall_time_s"], at_cap)
     warned = res.stderr.count("is not emulated: this kernel has no netem")
-    assert warned == (0 if emulate.netem_available() else 1), res.stderr[-3000:]
+    netem = emulate.netem_available()
+    assert warned == (0 if netem else 1), res.stderr[-3000:]
+    # environment.json records the emulation; the clock priced the frames (network.wire_overhead)
+    emu = json.loads((run / "environment.json").read_text())["emulation"]
+    assert emu["cap_bit_s"] == {"egress": 20_000_000, "ingress": 20_000_000} and emu["nodes"] == 3
+    assert emu["frame_wire_factor"] == emu["clock_wire_overhead"] == pytest.approx(1514 / 1448, rel=1e-15)
+    assert emu["tcp_congestion_control"] == "reno" and emu["netem"] is netem
+    assert emu["latency_us"]["emulated"] == (emu["latency_us"]["configured"] if netem else 0.0)
     assert _new(before) == [] and _qdiscs_left() == []
 
 

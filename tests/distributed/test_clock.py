@@ -134,14 +134,15 @@ def _chain(rank, world, out):
 
 
 def test_chain_of_messages(tmp_path):
-    """A message is received at max(receiver ready, sender start + cost), cost = alpha + 4000 beta;
-    the sender's send completes at its start + cost."""
+    """A message is received at max(sender start, receive posted) + cost (rendezvous: its data
+    moves once the receiver has posted the receive), cost = alpha + 4000 beta; the sender's send
+    completes at its start + cost on its own clock."""
     run_gloo(_chain, 3, tmp_path)
     got = [torch.load(tmp_path / f"{r}.pt") for r in range(3)]
     c = ALPHA + 4000 * BETA
     t0 = 0.0 + c                        # rank 0 sends at 0
-    t1 = max(1e-3, 0.0 + c) + c         # rank 1 receives at max(1 ms, c), then sends
-    t2 = max(2e-3, max(1e-3, c) + c)    # rank 2 receives
+    t1 = max(0.0, 1e-3) + c + c         # rank 1 posts at 1 ms, receives at 1 ms + c, then sends
+    t2 = max(t1 - c, 2e-3) + c          # rank 2 posts at 2 ms: rank 1's message (start 1 ms + c) moves then
     assert [g["t"] for g in got] == pytest.approx([t0, t1, t2], rel=1e-12)
     assert [g["bytes"] for g in got] == [4000, 4000, 0]
     assert got[1]["x"] == 0.0 and got[2]["x"] == 1.0

@@ -111,6 +111,28 @@ def test_what_if_entries_are_the_network_presets():
     assert costs[1] == pytest.approx(0.0081, rel=1e-12)
 
 
+def test_wire_overhead_multiplies_beta_of_the_inter_node_links():
+    """network.wire_overhead w: every byte term costs w times more (beta = 8 w / bandwidth), the
+    latency terms do not; the what-if links share the inter-node link's w, the intra-node link has
+    its own (default 1). Closed form: TCP/IPv4 with timestamps over Ethernet at MTU 1500 carries
+    1448 payload bytes in a 1514-byte frame (20 IP + 32 TCP + 14 Ethernet header bytes)."""
+    w = (1500 + 14) / (1500 - 20 - 20 - 12)
+    assert w == pytest.approx(1514 / 1448, rel=1e-15)
+    n, p = 3_000_000, 4
+    link = NetworkModel(0.05, 100, wire_overhead=w)
+    assert link.beta == pytest.approx(8 * 1514 / 1448 / 50e6, rel=1e-15)
+    assert link.all_reduce(n, p) == pytest.approx(2 * 3 * 100e-6 + 1.5 * n * 8 * w / 50e6, rel=1e-13)
+    assert link.p2p(n) == pytest.approx(100e-6 + n * 8 * w / 50e6, rel=1e-13)
+    assert NetworkModel(0.05, 100).p2p(n) == pytest.approx(100e-6 + n * 8 / 50e6, rel=1e-13)  # default 1
+    net = Network.from_config({"bandwidth_gbps": 0.05, "latency_us": 100, "wire_overhead": w, "report_gbps": [1],
+                               "intra_node": {"bandwidth_gbps": 100, "latency_us": 1}}, gpus_per_node=2)
+    assert [m.wire_overhead for m in net.models("inter")] == [w, w]
+    assert net.models("intra")[0].wire_overhead == 1.0
+    assert net.costs("inter", "p2p", n, 2) == pytest.approx([100e-6 + n * 8 * w / 50e6, 50e-6 + n * 8 * w / 1e9], rel=1e-13)
+    with pytest.raises(ValueError, match="wire_overhead"):
+        NetworkModel(1, 1, wire_overhead=0.9)
+
+
 def test_clock_backward_window_and_state():
     clock = Clock(2)
     clock.compute(1.0)

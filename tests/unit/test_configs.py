@@ -435,3 +435,21 @@ def test_documented_train_commands_name_only_existing_keys():
                 bad.append(f"{path.name}: {command}\n    {exc}")
             checked += 1
     assert checked >= 100 and not bad, "\n".join(bad)
+
+
+def test_wire_overhead_resolves_and_rejects_bad_values():
+    """network.wire_overhead: null is 1.0, or 1514/1448 (lsgd.emulate.WIRE_FACTOR) under
+    launcher.emulate=true; an explicit number stays; < 1 or not a number is a ConfigError naming the key."""
+    from lsgd.config import resolve_wire_overhead
+
+    cfg = load(["debug=default"])
+    assert cfg["network"]["wire_overhead"] is None
+    assert resolve_wire_overhead(cfg) == 1.0 and cfg["network"]["wire_overhead"] == 1.0
+    cfg = load(["debug=default", "launcher.emulate=true"])
+    assert resolve_wire_overhead(cfg) == pytest.approx(1514 / 1448, rel=1e-15)
+    cfg = load(["debug=default", "launcher.emulate=true", "network.wire_overhead=1.0622"])
+    assert resolve_wire_overhead(cfg) == 1.0622
+    for bad in ("0.9", "fast"):
+        cfg = load(["debug=default", f"network.wire_overhead={bad}"])
+        with pytest.raises(ConfigError, match="network.wire_overhead"):
+            validate(cfg)

@@ -1,0 +1,69 @@
+"""scripts/validate_clock.py's table logic (no emulation): the window of a run's records, the error,
+the verdict against issue 23's goals, the markdown table and the figure."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "validate_clock.py"
+
+
+@pytest.fixture(scope="module")
+def vc():
+    spec = importlib.util.spec_from_file_location("validate_clock", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["validate_clock"] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def records(steps, wall, modeled, compute=None):
+    return [{"step": s, "wall_time_s": w, "modeled_time_s": m, **({} if compute is None else {"modeled_compute_s": c})}
+            for s, w, m, c in zip(steps, wall, modeled, compute or [0] * len(steps))]
+
+
+def test_window_starts_at_the_first_record_after_warmup(vc):
+    # step 4's record is warm-up (slow connection setup): left out; window 8 -> 24
+    recs = records([4, 8, 16, 24], [9.0, 10.0, 11.0, 12.5], [0.5, 1.0, 2.0, 3.0], [0.1, 0.2, 0.4, 0.6])
+    w = vc.window(recs, 8)
+    assert w["steps"] == 16
+    assert w["measured_s"] == pytest.approx(2.5) and w["modeled_s"] == pytest.approx(2.0)
+    assert w["modeled_compute_s"] == pytest.approx(0.4)
+    assert w["error"] == pytest.approx(2.0 / 2.5 - 1)  # -20%: the clock is fast
+    with pytest.raises(ValueError, match="two records"):
+        vc.window(recs, 20)
+    with pytest.raises(ValueError, match="measured window"):
+        vc.window(records([8, 16], [3.0, 3.0], [1.0, 2.0]), 8)
+
+
+def test_read_records_skips_step_rows(vc, tmp_path):
+    lines = [{"step": 8, "wall_time_s": 1.0, "modeled_time_s": 0.5},
+             {"kind": "async_arrival", "step": 9, "wall_time_s": 1.1, "modeled_time_s": 0.6},
+             {"step": 16, "wall_time_s": 2.0, "modeled_time_s": 1.5}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    assert [r["step"] for r in vc.read_records(tmp_path)] == [8, 16]
+
+
+def test_verdict_median_and_worst_arm(vc, tmp_path):
+    def row(arm, bw, err):
+        return vc.Result(arm, arm, bw, "", "completed", steps=8, measured_s=1.0, modeled_s=1.0 + err,
+                         modeled_compute_s=0.1, error=err)
+
+    rows = [row("ddp", 50, 0.02), row("ddp", 1000, -0.08), row("dpsgd_ring", 50, 0.30), row("dpsgd_ring", 1000, 0.05),
+            vc.Result("param_server", "param_server", 50, "", "failed (exit 1)")]
+    v = vc.summarize(rows)
+    assert v["runs"] == 4 and v["median_abs_error"] == pytest.approx((0.05 + 0.08) / 2)  # |e| = .02 .05 .08 .30
+    assert v["median_ok"] and v["arms"] == pytest.approx({"ddp": 0.08, "dpsgd_ring": 0.30})
+    assert v["missed"] == ["dpsgd_ring"] and v["failed"] == ["param_server@50"]
+    md = vc.markdown(rows, v)
+    assert "| ddp | 50 | 8 | 1.000 | 1.020 | 0.100 | +2.0% |" in md and "missed by dpsgd_ring" in md
+    assert "| param_server | 50 | | | | | failed (exit 1) |" in md
+    vc.figure(rows, tmp_path / "fig")
+    assert (tmp_path / "fig.png").stat().st_size > 0 and (tmp_path / "fig.pdf").stat().st_size > 0
+    assert math.isnan(vc.summarize([])["median_abs_error"])
