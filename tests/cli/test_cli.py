@@ -220,8 +220,7 @@ def test_wandb_offline_logs_rank0_only_tagged_with_algo_and_variant(tmp_path):
     (2 workers, synthetic data, 2 rounds of K=2): one W&B run for the job (rank 0 only), whose run
     record (read back from its .wandb file) is tagged ``algo:local_sgd`` and
     ``variant:local_sgd_k``, grouped by the experiment and named by the arm label and seed."""
-    from wandb.proto import wandb_internal_pb2
-    from wandb_history import records
+    from wandb_history import run_records
 
     from lsgd.loggers import run_label
 
@@ -236,12 +235,7 @@ def test_wandb_offline_logs_rank0_only_tagged_with_algo_and_variant(tmp_path):
     assert len(offline) == 1  # one W&B run for the job, from rank 0
     assert summary(run)["status"] == "completed"
     (wandb_file,) = offline[0].glob("run-*.wandb")
-    runs = []
-    for payload in records(wandb_file):
-        rec = wandb_internal_pb2.Record()
-        rec.ParseFromString(payload)
-        if rec.WhichOneof("record_type") == "run":
-            runs.append(rec.run)
+    runs = run_records(wandb_file)
     assert runs and sorted(runs[0].tags) == ["algo:local_sgd", "variant:local_sgd_k"]
     assert runs[0].run_group == "local_vs_minibatch"
     label = run_label(yaml.safe_load((run / "config.yaml").read_text()))

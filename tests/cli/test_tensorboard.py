@@ -9,7 +9,7 @@ import json
 import numpy as np
 import yaml
 from runner import TINY, lsgd, run_dirs, summary
-from wandb_history import records
+from wandb_history import run_records
 
 from lsgd.loggers import run_label
 
@@ -30,7 +30,6 @@ def test_tensorboard_and_wandb_together_hold_what_metrics_jsonl_holds(tmp_path):
     in success; the W&B run of the same job is named, grouped and tagged."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
-    from wandb.proto import wandb_internal_pb2
 
     res = lsgd(["train", *TINY, "algo=gravac", "algo.compressor=topk", "algo.epsilon=0.3", "algo.window=1000",
                 "logger=[jsonl,tensorboard,wandb]", "log_every=3", "eval_every=8", "seed=1",
@@ -80,12 +79,7 @@ def test_tensorboard_and_wandb_together_hold_what_metrics_jsonl_holds(tmp_path):
 
     # W&B beside it: named by the arm label and seed, grouped by experiment, tagged with algo
     (wandb_file,) = (run / "wandb").glob("offline-run-*/run-*.wandb")
-    runs = []
-    for payload in records(wandb_file):
-        rec = wandb_internal_pb2.Record()
-        rec.ParseFromString(payload)
-        if rec.WhichOneof("record_type") == "run":
-            runs.append(rec.run)
+    runs = run_records(wandb_file)
     assert runs and runs[0].display_name == "GraVAC, top-k, seed 1"
     assert runs[0].run_group == "debug" and list(runs[0].tags) == ["algo:gravac"]
 

@@ -57,3 +57,16 @@ def history(path: Path) -> dict[int, dict]:
         row = {(item.key or "/".join(item.nested_key)): json.loads(item.value_json) for item in rec.history.item}
         out.setdefault(int(row.get("_step", rec.history.step.num)), {}).update(row)
     return out
+
+
+def run_records(path: Path) -> list:
+    """The run records (``wandb_internal_pb2.RunRecord``: name, group, tags...) of the file, in order."""
+    from wandb.proto import wandb_internal_pb2
+
+    runs = []
+    for payload in records(path):
+        rec = wandb_internal_pb2.Record()
+        rec.ParseFromString(payload)
+        if rec.WhichOneof("record_type") == "run":
+            runs.append(rec.run)
+    return runs
