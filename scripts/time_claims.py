@@ -111,6 +111,11 @@ def eval_cost(recs: list[dict]) -> float:
     return max(0.0, statistics.median(with_eval) - statistics.median(without))
 
 
+def _evals_s(n: int, ev: float) -> float:
+    """Wall seconds of ``n`` evaluations at ``ev`` each (none: 0, even where ``ev`` is unknown)."""
+    return n * ev if n else 0.0
+
+
 def reached(value: float, target: float, key: str) -> bool:
     return value >= target if key == "test_acc" else value <= target
 
@@ -124,9 +129,9 @@ def time_to(recs: list[dict], target: float, ev: float) -> dict:
     for r in recs:
         if key in r:
             if reached(r[key], target, key):
-                return {"step": r["step"], "raw_s": r["wall_time_s"], "wall_s": r["wall_time_s"] - evals * ev,
+                return {"step": r["step"], "raw_s": r["wall_time_s"], "wall_s": r["wall_time_s"] - _evals_s(evals, ev),
                         "prev_s": prev, "modeled_s": r["modeled_time_s"], "evals_before": evals}
-            prev = r["wall_time_s"] - evals * ev
+            prev = r["wall_time_s"] - _evals_s(evals, ev)
             evals += 1
     return {"step": None, "raw_s": math.nan, "wall_s": math.nan, "prev_s": math.nan, "modeled_s": math.nan,
             "evals_before": evals}
@@ -142,7 +147,7 @@ def summarize(run: Path) -> dict:
     n_evals = len(vals)
     return {"run": str(run), "metric": key, "best": best, "final": vals[-1], "steps": last["step"],
             "evals": n_evals, "eval_s": ev, "end_raw_s": last["wall_time_s"],
-            "end_wall_s": last["wall_time_s"] - (n_evals - 1) * ev, "end_modeled_s": last["modeled_time_s"],
+            "end_wall_s": last["wall_time_s"] - _evals_s(n_evals - 1, ev), "end_modeled_s": last["modeled_time_s"],
             "recs": recs}
 
 
