@@ -26,7 +26,10 @@ step's record, so the resumed run starts exactly after it) the ranks all-reduce 
 uncounted 4-byte collective), so every rank stops at the same step even when the signal reached them
 at different steps. The all-reduce is issued without waiting and read at the next step's
 bookkeeping (:meth:`PreemptionWatch.agreed`), so no step waits for its round trip; a signal stops
-the run one or two steps after it arrives. SLURM signals all tasks of the job (``scancel --signal=TERM``, preemption's
+the run a few steps after it arrives: the flag is read :attr:`~lsgd.algorithms.base.Algorithm.agreement_lag`
+steps (16) after it was issued, so the agreement lets workers drift apart between the method's own
+synchronizations as the method does (read one step later, it tied every step of every worker to
+the slowest's), and a signal stops the run 16 or 17 steps after it arrives. SLURM signals all tasks of the job (``scancel --signal=TERM``, preemption's
 SIGTERM, the ``--signal=USR1@120`` warning before a time limit, submitit's ``USR2``).
 
 Why our own handler: submitit's (``JobEnvironment._handle_signals``) pickles the *callable* again
@@ -42,6 +45,7 @@ revoked the old one, and the job then ends FAILED without running.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import signal
@@ -146,7 +150,10 @@ class PreemptionWatch:
         self.stop = stop
         self.signal: int | None = None  # the first signal received
         self._previous: dict[int, object] = {}
-        self._pending = None  # (handle, flag): the agreement in flight (agreed)
+        self._pending: collections.deque = collections.deque()  # (handle, flag): agreements in flight, oldest first
+        #: calls between an agreement's issue and its read (:meth:`agreed`; the trainer sets the
+        #: algorithm's :attr:`~lsgd.algorithms.base.Algorithm.agreement_lag`)
+        self.lag = 1
         self._mask: set | None = None  # the signal mask before __enter__ unblocked the interrupts
 
     @property
@@ -210,21 +217,21 @@ class PreemptionWatch:
         the caller); None on every rank when none did.
 
         The agreement is an uncounted all-reduce MAX of a code (preemption over interrupt, then the
-        larger signal number), issued without waiting and read at the next call: the ranks call
-        this at the same steps, so they all read the same answer one step later, and no step waits
-        for the flag's round trip (a blocking all-reduce per step cost 0.3-0.8 ms on 2 gloo ranks
-        here, several percent of a small model's step). A signal therefore stops the run one or
-        two steps after it arrives. The first call only issues; a call that reads a stop issues
-        nothing more.
+        larger signal number), issued without waiting and read :attr:`lag` calls later: the ranks
+        call this at the same steps, so they all read the same answer at the same step, and no step
+        waits for the flag's round trip (a blocking all-reduce per step cost 0.3-0.8 ms on 2 gloo
+        ranks here, several percent of a small model's step). A signal therefore stops the run
+        ``lag`` or ``lag + 1`` steps after it arrives. The first ``lag`` calls only issue; a call
+        that reads a stop completes the agreements still in flight and issues nothing more.
         """
         if not self.active:
             return None
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            handle, flag = pending
+        if len(self._pending) >= self.lag:
+            handle, flag = self._pending.popleft()
             handle.wait()
             code = int(flag.item())
             if code:
+                self.drain()  # every rank has the same agreements in flight: complete them all
                 kind, signum = divmod(code, 100)
                 return (Preempted if kind == 2 else Interrupted)(-1, signum)
         signum = self.signal or (self.stop.signum if self.stop is not None else 0)
@@ -233,15 +240,14 @@ class PreemptionWatch:
             code = (2 if self.is_preemption(signum) else 1) * 100 + signum
         flag = torch.tensor([code], dtype=torch.int32, device=device)
         handle = comm.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, count=False, async_op=True)
-        self._pending = (handle, flag)
+        self._pending.append((handle, flag))
         return None
 
     def drain(self) -> None:
-        """Complete the agreement in flight, if any (every rank calls it at the same point, before
+        """Complete the agreements in flight, if any (every rank calls it at the same point, before
         the collectives that end a run)."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending[0].wait()
+        while self._pending:
+            self._pending.popleft()[0].wait()
 
 
 def _exit_now(signum, frame) -> None:

@@ -237,6 +237,10 @@ class Trainer:
             self.net = compile_module(self.net, self.device)
         if self.algorithm.bookkeeping == "server":  # no collective to agree on a step to stop at
             self.watch.without_interrupts()
+        # lock-step ranks read the stop agreement agreement_lag steps after issuing it, so it adds no
+        # coupling between the method's own synchronizations; ranks that are not in lock step agree
+        # only at records: read at the next one
+        self.watch.lag = int(self.algorithm.agreement_lag) if self.algorithm.lockstep else 1
         local_steps = cfg["algo"].get("local_steps")
         if (self.is_main and isinstance(local_steps, int) and local_steps > self.total_steps
                 and not cfg["algo"].get("warmup_steps")):
@@ -288,7 +292,7 @@ class Trainer:
                 self.serve()
             else:
                 self.work()
-            self.watch.drain()  # the last step's stop agreement, still in flight (lsgd.preemption)
+            self.watch.drain()  # the last steps' stop agreements, still in flight (lsgd.preemption)
             self.algorithm.finish()
             if self.algorithm.bookkeeping == "server":
                 # every rank is out of its loop (the server released the workers): one gather of
