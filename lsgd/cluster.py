@@ -220,7 +220,8 @@ real compute is longer is not shortened. The time the step spent blocked in comm
 (a DDP all-reduce in backward, a gossip exchange in ``after_backward``) does not count towards
 the target: it is the step's communication, so a method that synchronizes every step runs at
 ``max_w(step_s[w] x time_scale) + its communication`` per step (the fast workers wait in the
-next step's collective for the slow ones), and a method that synchronizes every H steps at
+next step's collective for the slow ones; measured: DDP on 2 gloo workers at speeds [1.0, 0.5],
+0.05 s per step, took 0.103 s per step, the fast worker blocked 0.64 s over 12 steps), and a method that synchronizes every H steps at
 about ``H x max_w(step_s[w] x time_scale) + its synchronization`` per round. One limit: the sleep
 falls after the step's backward, so DDP's overlap of bucket all-reduces with the backward is
 not stretched (its communication runs on the real, short backward). The sleep is emulated
