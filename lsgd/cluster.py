@@ -15,6 +15,8 @@ key                meaning
 ``step_time_s``    compute seconds per local step at speed 1.0 (profile mode; overrides the count)
 ``speeds``         one relative speed per worker, or a preset of :data:`HETEROGENEITY`
 ``gpus_per_node``  workers per node (intra-node link inside a node, inter-node link between)
+``stretch``        make each worker's modeled speed real in wall time (profile mode; below)
+``time_scale``     wall seconds per modeled compute second of the stretch (> 0)
 =================  ==========================================================================
 
 Units: time in seconds (s), work in floating-point operations (FLOPs), rates in FLOP/s, memory
@@ -204,6 +206,30 @@ number of workers (independent draws would give 2 workers an arbitrary spread), 
 assigned to ranks by a permutation drawn from ``seed`` (the same permutation for every level, so
 the slowest rank of ``slight`` is the slowest of ``very``). The result depends only on
 (preset, world_size, seed): every rank computes the same list.
+
+Wall-clock stretch (``cluster.stretch``)
+----------------------------------------
+The clock makes a worker slow in ``modeled_time_s`` only; on this machine every worker computes
+at the same speed. ``cluster.stretch=true`` (profile mode only: the target must be a modeled step
+time) makes the speeds real in wall time for any method: each worker's local step (from the
+step's start, its batch loaded, through forward, backward and the optimizer step, up to the
+algorithm's ``after_step``, where local SGD, DiLoCo and SlowMo synchronize) lasts at least
+``step_s[w] x time_scale`` wall seconds, ``step_s[w]`` = the profile's step time / speed of worker
+w (``RunContext.worker_step_s``): the worker sleeps the rest (:func:`stretch_step`); a step whose
+real compute is longer is not shortened. The time the step spent blocked in communication
+(a DDP all-reduce in backward, a gossip exchange in ``after_backward``) does not count towards
+the target: it is the step's communication, so a method that synchronizes every step runs at
+``max_w(step_s[w] x time_scale) + its communication`` per step (the fast workers wait in the
+next step's collective for the slow ones; measured: DDP on 2 gloo workers at speeds [1.0, 0.5],
+0.05 s per step, took 0.103 s per step, the fast worker blocked 0.64 s over 12 steps), and a method that synchronizes every H steps at
+about ``H x max_w(step_s[w] x time_scale) + its synchronization`` per round. One limit: the sleep
+falls after the step's backward, so DDP's overlap of bucket all-reduces with the backward is
+not stretched (its communication runs on the real, short backward). The sleep is emulated
+compute: a worker's measured ``compute_time_s`` includes it; ``modeled_time_s`` and bytes do not
+change (the clock is not touched). The same rule, with ``algo.time_scale``, stretches the workers
+of ``algo=async_local_sgd algo.timing=real`` (:mod:`lsgd.algorithms.async_real`), which stretches
+its own steps: ``cluster.stretch=true`` with it is a ConfigError. A server rank (parameter server,
+asynchronous Local-SGD's server) has no local step and is never stretched.
 
 Nodes
 -----
@@ -448,6 +474,8 @@ CLUSTER_DEFAULTS: dict[str, Any] = {
     "step_time_s": None,
     "speeds": None,
     "gpus_per_node": 1,
+    "stretch": False,
+    "time_scale": 1.0,
 }
 
 
@@ -556,6 +584,51 @@ def validate_cluster(cluster: Mapping, world_size: int) -> None:
     gpus = cluster.get("gpus_per_node", CLUSTER_DEFAULTS["gpus_per_node"])
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise ConfigError(f"cluster.gpus_per_node must be an integer >= 1 (workers per node), got {gpus!r}")
+    stretch = cluster.get("stretch", CLUSTER_DEFAULTS["stretch"])
+    if not isinstance(stretch, bool):
+        raise ConfigError(f"cluster.stretch must be true or false (stretch each worker's local steps to its modeled "
+                          f"step time in wall time), got {stretch!r}")
+    scale = cluster.get("time_scale", CLUSTER_DEFAULTS["time_scale"])
+    if not (_is_number(scale) and scale > 0):
+        raise ConfigError(f"cluster.time_scale must be a number > 0 (wall seconds per modeled compute second of "
+                          f"cluster.stretch), got {scale!r}")
+    compute = cluster.get("compute", CLUSTER_DEFAULTS["compute"])
+    if stretch and compute != "profile":
+        raise ConfigError(f"cluster.stretch=true needs cluster.compute=profile (each worker's local step is stretched "
+                          f"to its modeled step time / speed); got cluster.compute={compute!r}; allowed: profile, "
+                          f"or cluster.stretch=false")
+
+
+def stretch_target_s(step_s: Sequence[float] | None, worker: int | None, time_scale: float) -> float | None:
+    """Wall seconds a local step of worker ``worker`` lasts at least under the stretch (module
+    docstring, "Wall-clock stretch"): ``step_s[worker] x time_scale`` (``step_s``: every worker's
+    modeled seconds per step, :attr:`lsgd.algorithms.base.RunContext.worker_step_s`). None for a
+    rank with no local step (``worker`` None: a server).
+
+    Raises:
+        ConfigError: ``step_s`` is None (not profile mode).
+    """
+    if worker is None:
+        return None
+    if step_s is None:
+        raise ConfigError("the wall-clock stretch needs cluster.compute=profile (modeled step times of every worker)")
+    return float(step_s[worker]) * float(time_scale)
+
+
+def stretch_step(target_s: float, start: float, blocked_s: float = 0.0, sleep: Callable[[float], Any] = time.sleep) -> float:
+    """Sleep the rest of a local step so that it lasts at least ``target_s`` wall seconds (module
+    docstring, "Wall-clock stretch"). ``start``: the step's ``time.perf_counter()`` at its start;
+    ``blocked_s``: seconds of it the worker was blocked in communication (not counted towards the
+    target). Returns the seconds slept (0 when the step already took ``target_s`` or more).
+
+    Shared by the trainer (``cluster.stretch``) and asynchronous Local-SGD's real timing
+    (``algo.timing=real``).
+    """
+    rest = target_s - (time.perf_counter() - start - blocked_s)
+    if rest <= 0:
+        return 0.0
+    sleep(rest)
+    return rest
 
 
 # -------------------------------------------------------------------------------- the cpu preset

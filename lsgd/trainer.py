@@ -34,7 +34,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from lsgd.accel import Precision, batch_to_channels_last, compile_module, to_channels_last
 from lsgd.algorithms import ALGORITHMS, build_algorithm
 from lsgd.algorithms.base import RunContext
-from lsgd.cluster import ComputeModel, resolve_speeds
+from lsgd.cluster import ComputeModel, resolve_speeds, stretch_step, stretch_target_s
 from lsgd.clock import Clock, Network
 from lsgd.comm import Communicator
 from lsgd.config import default_dtype, resolve_backend, resolve_device, threads_per_worker
@@ -229,6 +229,11 @@ class Trainer:
             take_losses=lambda: self.recorder.take_losses(),
             add_losses=lambda *losses: self.recorder.add_losses(*losses),
         )
+        # cluster.stretch: this worker's local steps last at least its modeled step time x
+        # cluster.time_scale of wall time (lsgd.cluster, "Wall-clock stretch"); None: off, or a server
+        self.stretch_s = (stretch_target_s(self.ctx.worker_step_s, worker_index, float(cluster.get("time_scale", 1.0)))
+                          if cluster.get("stretch") else None)
+        self.stretched_s = 0.0  # seconds slept by the stretch (in compute_time_s: emulated compute)
         self.algorithm = build_algorithm(cfg["algo"], self.comm)
         self.net = self.algorithm.setup(self.model, self.optimizer, self.ctx)
         # lsgd.accel: autocast (and fp16's GradScaler, its skips agreed by all workers); compile
@@ -422,6 +427,10 @@ class Trainer:
         matmuls run in the chain's callbacks); a wait torch makes outside lsgd's communicator and
         hooks (DDP's one-off bucket rebuild broadcast in the second forward) stays compute; on
         CUDA a wait hidden in ``torch.cuda.synchronize`` (an NCCL kernel still running) is compute.
+
+        ``cluster.stretch``: before ``after_step`` the worker sleeps until the step (less its time
+        blocked in communication) lasts ``stretch_s`` (:func:`lsgd.cluster.stretch_step`); the
+        sleep is in ``compute_time_s`` (emulated compute), not on the clock.
         """
         if getattr(self, "_gap", None) is not None:  # measured mode: loading the batch since the last step
             self._charge_measured(*self._gap)
@@ -458,6 +467,8 @@ class Trainer:
         self.step += 1
         self.recorder.add_loss(loss.detach())  # before after_step: an algorithm may ship the losses there
         self._charge_measured(t3, b3, o3)
+        if self.stretch_s is not None:  # cluster.stretch: sleep the rest of the step before after_step
+            self.stretched_s += stretch_step(self.stretch_s, t0, self.comm.blocked_s() - b0)
         t4, b4, o4 = time.perf_counter(), self.comm.blocked_s(), self._measured_opt_s
         self.algorithm.after_step(self.step)
         self._charge_measured(t4, b4, o4)

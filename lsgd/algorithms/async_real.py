@@ -9,8 +9,11 @@ Workers (ranks 1..W). Worker ``w`` runs tasks of ``H_w`` local steps (``algo.loc
 ``algo.dylu`` DyLU from the modeled step times, as in virtual mode). Each local step is stretched to
 at least ``step_s[w] x algo.time_scale`` wall seconds (``step_s[w]``: the modeled seconds per step
 of worker w, ``cluster.compute=profile`` with ``cluster.speeds``; the worker sleeps the rest of the
-step after its real compute; a step whose compute takes longer is not shortened). At the end of a
-task (in ``after_step`` of its last step, after that step's loss was accumulated) it pushes the
+step after its real compute; a step whose compute takes longer is not shortened): the rule of the
+trainer's ``cluster.stretch`` for every method (:func:`lsgd.cluster.stretch_step`, the same helper;
+:mod:`lsgd.cluster`, "Wall-clock stretch"), with ``algo.time_scale`` for its scale, so
+``cluster.stretch=true`` with real timing is a ConfigError (the steps would be stretched twice).
+At the end of a task (in ``after_step`` of its last step, after that step's loss was accumulated) it pushes the
 pseudo-gradient ``g = theta_start - theta_end`` with its floating buffers on its own 2-rank group,
 then a small header (float64: its loss sum, loss count and non-finite count since its last push,
 ``H_w``, and the model version it started from), and waits for the reply: a header (the server's
@@ -73,6 +76,7 @@ import torch
 
 from lsgd.algorithms.async_plan import dylu_steps
 from lsgd.algorithms.base import Algorithm
+from lsgd.cluster import stretch_step, stretch_target_s
 from lsgd.comm import copy_back
 from lsgd.errors import ConfigError
 
@@ -102,6 +106,9 @@ def validate_run(cfg: dict) -> None:
         raise ConfigError(f"algo=async_local_sgd with algo.timing=real needs cluster.compute=profile (each worker's "
                           f"local steps are stretched to its modeled step time x algo.time_scale); got "
                           f"cluster.compute={compute!r}")
+    if (cfg.get("cluster") or {}).get("stretch"):
+        raise ConfigError("algo=async_local_sgd with algo.timing=real stretches its workers' steps itself (by "
+                          "algo.time_scale): set cluster.stretch=false, got cluster.stretch=true")
     if int(cfg.get("checkpoint_every") or 0) > 0:
         raise ConfigError("algo=async_local_sgd with algo.timing=real makes no checkpoints (the server alone keeps "
                           "the records; the messages in flight and the arrival order cannot be restored): set "
@@ -171,7 +178,7 @@ class RealTiming:
                 raise ConfigError("algo=async_local_sgd with algo.timing=real needs cluster.compute=profile (modeled "
                                   "step times of every worker)")
             self.h = dylu_steps(a.local_steps, step_s, a.dylu)[a.worker]
-            self.target_s = float(step_s[a.worker]) * self.time_scale
+            self.target_s = stretch_target_s(step_s, a.worker, self.time_scale)
             a.start = [p.detach().clone() for p in a.params]
         return model
 
@@ -201,10 +208,8 @@ class RealTiming:
         a = self.algo
         if a.is_server:
             return
-        if self.t0 is not None:
-            rest = self.target_s - (time.perf_counter() - self.t0)
-            if rest > 0:
-                time.sleep(rest)
+        if self.t0 is not None:  # a worker blocks nowhere before its task's end: nothing to deduct
+            stretch_step(self.target_s, self.t0)
         self.task_steps += 1
         if self.task_steps < self.h:
             return

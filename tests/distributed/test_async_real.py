@@ -137,6 +137,8 @@ def test_real_timing_config_errors():
         compose_cfg(["algo=async_local_sgd", "algo.timing=real", "checkpoint_every=5"])
     with pytest.raises(ConfigError, match="timing=real needs cluster.compute=profile"):
         compose_cfg(["algo=async_local_sgd", "algo.timing=real", "cluster.compute=measured"])
+    with pytest.raises(ConfigError, match="stretches its workers' steps itself.*set cluster.stretch=false"):
+        compose_cfg(["algo=async_local_sgd", "algo.timing=real", "checkpoint_every=0", "cluster.stretch=true"])
     with pytest.raises(ConfigError, match="launcher.preemption=off"):
         compose_cfg(["algo=async_local_sgd", "algo.timing=real", "checkpoint_every=0",
                      "launcher.preemption=checkpoint"])

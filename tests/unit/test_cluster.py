@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.resources
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -30,6 +31,8 @@ from lsgd.cluster import (
     num_nodes,
     read_cpu_profile,
     resolve_speeds,
+    stretch_step,
+    stretch_target_s,
     validate_cluster,
     write_cpu_profile,
 )
@@ -414,6 +417,11 @@ def test_valid_variants():
         ("gpus_per_node", 1.5, (">= 1",)),
         ("gpus_per_node", True, (">= 1",)),
         ("gpus_per_node", None, (">= 1",)),
+        ("stretch", "yes", ("true", "false")),
+        ("stretch", 1, ("true", "false")),
+        ("time_scale", 0, ("> 0",)),
+        ("time_scale", -1.0, ("> 0",)),
+        ("time_scale", "1", ("> 0",)),
         ("nodes", 2, tuple(CLUSTER_DEFAULTS)),  # unknown key
     ],
 )
@@ -424,6 +432,33 @@ def test_bad_values_name_the_key_and_the_allowed_values(key, value, allowed):
     message = str(err.value)
     assert f"cluster.{key}" in message
     assert all(a in message for a in allowed), message
+
+
+def test_stretch_needs_profile_mode():
+    validate_cluster({"stretch": True, "time_scale": 0.5, "speeds": "very"}, 4)  # profile is the default
+    with pytest.raises(ConfigError, match=r"cluster.stretch=true needs cluster.compute=profile.*'measured'"):
+        validate_cluster({"stretch": True, "compute": "measured"}, 4)
+    validate_cluster({"stretch": False, "compute": "measured"}, 4)
+
+
+def test_stretch_target_is_the_modeled_step_time_times_the_scale():
+    step_s = (0.05, 0.1)  # speeds 1.0 and 0.5 of a 0.05 s step
+    assert stretch_target_s(step_s, 1, 2.0) == pytest.approx(0.2)
+    assert stretch_target_s(step_s, None, 1.0) is None  # a server has no local step
+    with pytest.raises(ConfigError, match="cluster.compute=profile"):
+        stretch_target_s(None, 0, 1.0)
+
+
+def test_stretch_step_sleeps_the_rest_less_the_blocked_time():
+    """The sleep is target - (elapsed - blocked), none when the step already took the target."""
+    slept = []
+    start = time.perf_counter() - 0.03  # 30 ms of the step already elapsed
+    rest = stretch_step(0.1, start, blocked_s=0.01, sleep=slept.append)  # 20 ms of compute so far
+    assert slept == [rest] and 0.075 <= rest <= 0.08  # 80 ms less the microseconds since `start`
+    assert stretch_step(0.01, start, sleep=slept.append) == 0.0 and len(slept) == 1
+    t0 = time.perf_counter()  # the real sleep
+    stretch_step(0.02, t0)
+    assert time.perf_counter() - t0 >= 0.02
 
 
 def test_nodes():
