@@ -38,7 +38,8 @@ from lsgd.cluster import ComputeModel, resolve_speeds
 from lsgd.clock import Clock, Network
 from lsgd.comm import Communicator
 from lsgd.config import default_dtype, resolve_backend, resolve_device, threads_per_worker
-from lsgd.data import ShardedLoader, build_datasets, dataset_info
+from lsgd.data import ShardedLoader, build_datasets, dataset_info, resolve
+from lsgd.data.pipeline import BatchPipeline
 from lsgd.models import build_model
 from lsgd.optim import build_optimizer, build_scheduler, lr_decay_steps, scaled_lr
 from lsgd.preemption import PreemptionWatch, StopFlag, Stopped
@@ -174,7 +175,11 @@ class Trainer:
         self.train_set, self.test_set = build_datasets(cfg["dataset"], seed)
         shard = worker_index if worker_index is not None else 0
         self.worker_index = worker_index
-        self.loader = ShardedLoader(self.train_set, cfg["dataset"], shard, self.num_workers, int(cfg["batch_size"]), seed)
+        # the input pipeline (lsgd.data.pipeline): DataLoader processes, pinned batches on cuda; one
+        # for every shard this worker reads; the same batches as built here
+        self.pipeline = BatchPipeline.from_config(self.train_set, resolve(cfg["dataset"]), self.device.type)
+        self.loader = ShardedLoader(self.train_set, cfg["dataset"], shard, self.num_workers, int(cfg["batch_size"]), seed,
+                                    pipeline=self.pipeline)
         self.loaders = {shard: self.loader}  # other shards' loaders, made when an algorithm moves this worker
         self.steps_per_epoch = self.loader.steps_per_epoch
         total = int(cfg["epochs"]) * self.steps_per_epoch
@@ -309,6 +314,7 @@ class Trainer:
             raise
         finally:
             self.recorder.close()
+            self.pipeline.close()
         summary = self.recorder.write_summary(self, status)
         self.recorder.finish(summary)
         # an interrupt's console line is the main process's (the resume command); train.log has this one
@@ -385,7 +391,8 @@ class Trainer:
         """The loader of worker shard ``shard`` (the same batches whichever worker reads them)."""
         if shard not in self.loaders:
             self.loaders[shard] = ShardedLoader(self.train_set, self.cfg["dataset"], shard, self.num_workers,
-                                                int(self.cfg["batch_size"]), int(self.cfg["seed"]))
+                                                int(self.cfg["batch_size"]), int(self.cfg["seed"]),
+                                                pipeline=getattr(self, "pipeline", None))
         return self.loaders[shard]
 
     def serve(self) -> None:
