@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from lsgd.accel import Precision, batch_to_channels_last, compile_module, to_channels_last
+from lsgd.accel import CudaStepTimes, Precision, batch_to_channels_last, compile_module, to_channels_last
 from lsgd.algorithms import ALGORITHMS, build_algorithm
 from lsgd.algorithms.base import RunContext
 from lsgd.cluster import ComputeModel, resolve_speeds
@@ -259,6 +259,9 @@ class Trainer:
         # progress counters (checkpointed)
         self.step = 0
         self.bookkept = 0  # the algorithm's progress at the last bookkeeping
+        # on cuda a step's measured compute comes from CUDA events, read at the records (no host
+        # sync per step); on cpu from perf_counter (train_step)
+        self._gpu_steps = CudaStepTimes() if self.device.type == "cuda" else None
         self.compute_time_s = 0.0
         self.wall_offset_s = 0.0
         self.diverged = False
@@ -321,6 +324,19 @@ class Trainer:
         (file_log if status == "interrupted" else log).info("finished: status %s, final test metrics %s", status,
                                                            self.recorder.last_eval)
         return summary
+
+    @property
+    def compute_time_s(self) -> float:
+        """Measured compute seconds of this rank so far (the ``compute_time_s`` metric): on cuda
+        the steps' CUDA-event times, read here (a host sync, at records and checkpoints)."""
+        timer = getattr(self, "_gpu_steps", None)
+        if timer is not None:
+            self._compute_time_s += timer.settle()
+        return self._compute_time_s
+
+    @compute_time_s.setter
+    def compute_time_s(self, value: float) -> None:
+        self._compute_time_s = float(value)
 
     def _worker_step_s(self, cluster: dict, workers: list[int], seed: int) -> tuple[float, ...] | None:
         """Every worker's modeled seconds per local step (profile mode; see RunContext)."""
@@ -425,10 +441,16 @@ class Trainer:
         matmuls run in the chain's callbacks); a wait torch makes outside lsgd's communicator and
         hooks (DDP's one-off bucket rebuild broadcast in the second forward) stays compute; on
         CUDA a wait hidden in ``torch.cuda.synchronize`` (an NCCL kernel still running) is compute.
+
+        On cuda nothing here reads the GPU back per step except where the run needs the value now
+        (:meth:`_sync_time` in measured mode; fp16's skip verdict, :meth:`Precision.unscale_`):
+        the loss is accumulated on the device (:meth:`Recorder.add_loss`) and the ``compute_time_s``
+        metric comes from CUDA events read at the records (:class:`lsgd.accel.CudaStepTimes`).
         """
         if getattr(self, "_gap", None) is not None:  # measured mode: loading the batch since the last step
             self._charge_measured(*self._gap)
             self._gap = None
+        gpu_start = self._gpu_steps.start() if self._gpu_steps is not None else None
         b0, t0 = self.comm.blocked_s(), time.perf_counter()
         self.algorithm.before_step(self.step)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
@@ -464,9 +486,10 @@ class Trainer:
         t4, b4, o4 = time.perf_counter(), self.comm.blocked_s(), self._measured_opt_s
         self.algorithm.after_step(self.step)
         self._charge_measured(t4, b4, o4)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.compute_time_s += max(0.0, time.perf_counter() - t0 - (self.comm.blocked_s() - b0))
+        if gpu_start is not None:  # no host sync: the events are read at the next record
+            self._compute_time_s += self._gpu_steps.stop(gpu_start)
+        else:
+            self.compute_time_s += max(0.0, time.perf_counter() - t0 - (self.comm.blocked_s() - b0))
 
     def _schedule_step(self) -> None:
         """Step the learning-rate schedule once; it follows the algorithm's count where
@@ -477,7 +500,11 @@ class Trainer:
         self.scheduler.step()
 
     def _sync_time(self) -> float:
-        if self.device.type == "cuda":
+        """``perf_counter`` after the GPU's queued work finished, where the clock needs the
+        forward / backward seconds now (``cluster.compute=measured`` on cuda: a host sync, which
+        the measured clock needs); profile mode prices the step from its profile and reads no time
+        from the GPU (no sync)."""
+        if self.device.type == "cuda" and self.compute_model.mode == "measured":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
