@@ -305,3 +305,50 @@ def optimizer_kernels(name: str, device: torch.device | str) -> dict:
     if torch.device(device).type == "cuda" and name in TORCH_OPTIMIZERS:
         return {"fused": True}
     return {}
+
+
+# --------------------------------------------------------------------------------------------
+# step time on a GPU without a host sync per step
+# --------------------------------------------------------------------------------------------
+class CudaStepTimes:
+    """GPU seconds of training steps from CUDA events (``torch.cuda.Event(enable_timing=True)``),
+    read back only when asked: a step records two events on the current stream and never waits for
+    them (CUDA C++ Programming Guide, "Events": ``cudaEventElapsedTime`` of two recorded events).
+
+    A step's time is the stream's time from its first to its last kernel, waits included: under
+    NCCL the compute stream waits for DDP's last all-reduce bucket at the end of backward, so that
+    wait counts as the step's time, as a ``torch.cuda.synchronize`` around the step would count it.
+    """
+
+    #: pending steps kept before completed ones are folded in without a wait
+    FOLD_EVERY = 256
+
+    def __init__(self):
+        self.pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def start(self) -> torch.cuda.Event:
+        """Record and return a step's start event."""
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def stop(self, start: torch.cuda.Event) -> float:
+        """Record the step's end event; returns the seconds of steps already complete that were
+        folded in (0.0 unless :data:`FOLD_EVERY` steps are pending; no wait either way)."""
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self.pending.append((start, end))
+        return self._fold(wait=False) if len(self.pending) >= self.FOLD_EVERY else 0.0
+
+    def settle(self) -> float:
+        """Seconds of all pending steps (waits for the last one's end: a host sync, at a record)."""
+        return self._fold(wait=True)
+
+    def _fold(self, wait: bool) -> float:
+        if wait and self.pending:
+            self.pending[-1][1].synchronize()
+        seconds = 0.0
+        while self.pending and (wait or self.pending[0][1].query()):
+            start, end = self.pending.pop(0)
+            seconds += start.elapsed_time(end) / 1e3  # elapsed_time: milliseconds
+        return seconds

@@ -227,6 +227,10 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
             )
     elif resolve_backend(cfg) == "nccl":
         raise ConfigError("launcher.backend=nccl needs device=cuda; allowed on CPU: gloo, auto")
+    from lsgd.data import resolve as resolve_dataset
+    from lsgd.data.pipeline import resolve_pin_memory
+
+    resolve_pin_memory(resolve_dataset(cfg["dataset"])["pin_memory"], device)  # true needs cuda
 
     from lsgd.accel import validate_precision
 

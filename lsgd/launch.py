@@ -165,9 +165,11 @@ def _submitit_env(env: Mapping[str, str]) -> LaunchEnv:
 
 
 #: Keys a resumed run may change from its saved config.yaml (they do not change what is trained
-#: before the end: how long it runs, where its logs go, how long a collective may wait).
+#: before the end: how long it runs, where its logs go, how long a collective may wait, how the
+#: input pipeline builds the same batches: lsgd.data.pipeline).
 RESUME_SAFE_KEYS = ("resume", "epochs", "max_steps", "target_acc", "results_dir", "logger", "launcher.timeout_s",
-                    "launcher.preemption", "launcher.interrupts")
+                    "launcher.preemption", "launcher.interrupts", "dataset.num_workers", "dataset.pin_memory",
+                    "dataset.persistent_workers", "dataset.prefetch_factor")
 
 
 #: Keys a resumed run takes from this command line, never from the saved config (a testing aid).

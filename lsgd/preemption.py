@@ -240,6 +240,14 @@ class PreemptionWatch:
             code = (2 if self.is_preemption(signum) else 1) * 100 + signum
         flag = torch.tensor([code], dtype=torch.int32, device=device)
         handle = comm.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, count=False, async_op=True)
+        if flag.device.type == "cuda":
+            # the answer comes to the host by an asynchronous copy into pinned memory queued behind
+            # the all-reduce; the next call waits for that copy alone (a .item() there would wait
+            # for every kernel queued since, i.e. a host sync per step)
+            handle.wait()  # NCCL: the stream waits for the all-reduce, the host does not
+            host = torch.empty(1, dtype=torch.int32).pin_memory()
+            host.copy_(flag, non_blocking=True)
+            handle, flag = _CopyDone(), host
         self._pending.append((handle, flag))
         return None
 
@@ -248,6 +256,17 @@ class PreemptionWatch:
         the collectives that end a run)."""
         while self._pending:
             self._pending.popleft()[0].wait()
+
+
+class _CopyDone:
+    """``wait()`` until the device-to-host copy queued before it on the current CUDA stream is done."""
+
+    def __init__(self):
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def wait(self) -> None:
+        self.event.synchronize()
 
 
 def _exit_now(signum, frame) -> None:

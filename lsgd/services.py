@@ -124,9 +124,10 @@ class Recorder:
     def __init__(self, cfg: dict, run_dir: Path, rank: int, total_steps: int):
         self.cfg, self.run_dir, self.rank = cfg, Path(run_dir), rank
         self.is_main = rank == 0
+        # the training-loss accumulators live on the losses' device (moved there at the first
+        # loss): a step adds to them without a device-to-host read; a record reads them once
         self.loss_sum = torch.zeros((), dtype=torch.float64)
-        self.loss_count = 0
-        self.nonfinite = 0
+        self._counts = torch.zeros(2, dtype=torch.int64)  # finite losses, non-finite losses
         self.best_test_acc = None
         self.best_test_ppl = None
         self.best_test_bleu = None
@@ -142,29 +143,49 @@ class Recorder:
         self.progress = Progress(total_steps) if self.is_main and sys.stdout.isatty() else None
 
     # -- accumulators ---------------------------------------------------------------------------
+    @property
+    def loss_count(self) -> int:
+        """Finite training losses accumulated since the last record (a device-to-host read)."""
+        return int(self._counts[0])
+
+    @loss_count.setter
+    def loss_count(self, value: int) -> None:
+        self._counts[0] = int(value)
+
+    @property
+    def nonfinite(self) -> int:
+        """Non-finite training losses accumulated (a device-to-host read)."""
+        return int(self._counts[1])
+
+    @nonfinite.setter
+    def nonfinite(self, value: int) -> None:
+        self._counts[1] = int(value)
+
     def add_loss(self, loss: torch.Tensor) -> None:
-        """Accumulate one step's (detached) training loss; non-finite losses are counted apart."""
-        value = loss.item()  # one read (a float64 holds a float32 / bfloat16 loss exactly)
-        if not math.isfinite(value):
-            self.nonfinite += 1
-        else:
-            self.loss_sum += value
-            self.loss_count += 1
+        """Accumulate one step's (detached, scalar) training loss; non-finite losses are counted
+        apart. No device-to-host read (no host sync on a GPU): the sums stay on the loss's device
+        until a record reads them. The arithmetic is the float64 sum of the float32 / bfloat16
+        losses in step order, as a host-side sum (adding 0.0 for a non-finite loss is exact)."""
+        v = loss.detach().reshape(()).to(torch.float64)
+        if self.loss_sum.device != v.device:
+            self.loss_sum, self._counts = self.loss_sum.to(v.device), self._counts.to(v.device)
+        finite = torch.isfinite(v)
+        self.loss_sum += torch.where(finite, v, torch.zeros_like(v))
+        self._counts += torch.stack([finite, ~finite]).long()
 
     def take_losses(self) -> tuple[float, int, int]:
         """This rank's ``(loss sum, count, non-finite count)`` since the last call or record; zeroes
         them (see ``RunContext.take_losses``)."""
-        out = (self.loss_sum.item(), self.loss_count, self.nonfinite)
+        counts = self._counts.tolist()
+        out = (self.loss_sum.item(), counts[0], counts[1])
         self.loss_sum.zero_()
-        self.loss_count = 0
-        self.nonfinite = 0
+        self._counts.zero_()
         return out
 
     def add_losses(self, loss_sum: float, count: int, nonfinite: int) -> None:
         """Add losses another rank shipped (see ``RunContext.add_losses``)."""
         self.loss_sum += float(loss_sum)
-        self.loss_count += int(count)
-        self.nonfinite += int(nonfinite)
+        self._counts += torch.tensor([int(count), int(nonfinite)], dtype=torch.int64).to(self._counts.device)
 
     def start(self, samples: int) -> None:
         """Training (re)starts: rank 0 opens the logger; after a resume it first replays the kept
@@ -191,16 +212,15 @@ class Recorder:
         it) has no ``train_loss`` key: no NaN in metrics.jsonl unless training diverged."""
         step = trainer.progress if step is None else step
         comm = trainer.comm
-        buf = torch.tensor([self.loss_sum.item(), float(self.loss_count), float(self.nonfinite)], dtype=torch.float64)
-        if trainer.device.type == "cuda" and not local:
-            buf = buf.to(trainer.device)
+        buf = torch.cat([self.loss_sum.reshape(1), self._counts.to(torch.float64)])  # on the losses' device
+        buf = buf.to(trainer.device) if trainer.device.type == "cuda" and not local else buf.cpu()
         if not local:
             comm.all_reduce(buf, count=False)
-        loss_sum, count, nonfinite = buf.tolist()
+        loss_sum, count, nonfinite = buf.tolist()  # the record's one read
         self.loss_sum.zero_()
-        self.loss_count = 0
+        self._counts[0] = 0
         if local:
-            self.nonfinite = 0
+            self._counts[1] = 0
         if nonfinite > 0:
             return None
         train_loss = loss_sum / count if count else None
@@ -390,7 +410,7 @@ class Recorder:
 
     def state_dict(self) -> dict:
         return {
-            "loss_sum": self.loss_sum.clone(), "loss_count": self.loss_count, "nonfinite": self.nonfinite,
+            "loss_sum": self.loss_sum.cpu().clone(), "loss_count": self.loss_count, "nonfinite": self.nonfinite,
             "best_test_acc": self.best_test_acc, "best_test_ppl": self.best_test_ppl,
             "best_test_bleu": self.best_test_bleu,
             "last_eval": self.last_eval, "target_hit": self.target_hit,
@@ -399,6 +419,7 @@ class Recorder:
     def load_state_dict(self, state: dict) -> None:
         for key in ("loss_sum", "loss_count", "nonfinite", "best_test_acc", "best_test_ppl", "last_eval", "target_hit"):
             setattr(self, key, state[key])
+        self.loss_sum = self.loss_sum.to(self._counts.device)  # saved on the host
         self.best_test_bleu = state.get("best_test_bleu")  # absent from checkpoints written before BLEU
 
 

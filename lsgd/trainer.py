@@ -31,14 +31,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from lsgd.accel import Precision, batch_to_channels_last, compile_module, to_channels_last
+from lsgd.accel import CudaStepTimes, Precision, batch_to_channels_last, compile_module, to_channels_last
 from lsgd.algorithms import ALGORITHMS, build_algorithm
 from lsgd.algorithms.base import RunContext
 from lsgd.cluster import ComputeModel, resolve_speeds, stretch_step, stretch_target_s
 from lsgd.clock import Clock, Network
 from lsgd.comm import Communicator
 from lsgd.config import default_dtype, resolve_backend, resolve_device, threads_per_worker
-from lsgd.data import ShardedLoader, build_datasets, dataset_info
+from lsgd.data import ShardedLoader, build_datasets, dataset_info, resolve
+from lsgd.data.pipeline import BatchPipeline
 from lsgd.models import build_model
 from lsgd.optim import build_optimizer, build_scheduler, lr_decay_steps, scaled_lr
 from lsgd.preemption import PreemptionWatch, StopFlag, Stopped
@@ -174,7 +175,11 @@ class Trainer:
         self.train_set, self.test_set = build_datasets(cfg["dataset"], seed)
         shard = worker_index if worker_index is not None else 0
         self.worker_index = worker_index
-        self.loader = ShardedLoader(self.train_set, cfg["dataset"], shard, self.num_workers, int(cfg["batch_size"]), seed)
+        # the input pipeline (lsgd.data.pipeline): DataLoader processes, pinned batches on cuda; one
+        # for every shard this worker reads; the same batches as built here
+        self.pipeline = BatchPipeline.from_config(self.train_set, resolve(cfg["dataset"]), self.device.type)
+        self.loader = ShardedLoader(self.train_set, cfg["dataset"], shard, self.num_workers, int(cfg["batch_size"]), seed,
+                                    pipeline=self.pipeline)
         self.loaders = {shard: self.loader}  # other shards' loaders, made when an algorithm moves this worker
         self.steps_per_epoch = self.loader.steps_per_epoch
         total = int(cfg["epochs"]) * self.steps_per_epoch
@@ -263,6 +268,9 @@ class Trainer:
         # progress counters (checkpointed)
         self.step = 0
         self.bookkept = 0  # the algorithm's progress at the last bookkeeping
+        # on cuda a step's measured compute comes from CUDA events, read at the records (no host
+        # sync per step); on cpu from perf_counter (train_step)
+        self._gpu_steps = CudaStepTimes() if self.device.type == "cuda" else None
         self.compute_time_s = 0.0
         self.wall_offset_s = 0.0
         self.diverged = False
@@ -318,12 +326,26 @@ class Trainer:
             raise
         finally:
             self.recorder.close()
+            self.pipeline.close()
         summary = self.recorder.write_summary(self, status)
         self.recorder.finish(summary)
         # an interrupt's console line is the main process's (the resume command); train.log has this one
         (file_log if status == "interrupted" else log).info("finished: status %s, final test metrics %s", status,
                                                            self.recorder.last_eval)
         return summary
+
+    @property
+    def compute_time_s(self) -> float:
+        """Measured compute seconds of this rank so far (the ``compute_time_s`` metric): on cuda
+        the steps' CUDA-event times, read here (a host sync, at records and checkpoints)."""
+        timer = getattr(self, "_gpu_steps", None)
+        if timer is not None:
+            self._compute_time_s += timer.settle()
+        return self._compute_time_s
+
+    @compute_time_s.setter
+    def compute_time_s(self, value: float) -> None:
+        self._compute_time_s = float(value)
 
     def _worker_step_s(self, cluster: dict, workers: list[int], seed: int) -> tuple[float, ...] | None:
         """Every worker's modeled seconds per local step (profile mode; see RunContext)."""
@@ -394,7 +416,8 @@ class Trainer:
         """The loader of worker shard ``shard`` (the same batches whichever worker reads them)."""
         if shard not in self.loaders:
             self.loaders[shard] = ShardedLoader(self.train_set, self.cfg["dataset"], shard, self.num_workers,
-                                                int(self.cfg["batch_size"]), int(self.cfg["seed"]))
+                                                int(self.cfg["batch_size"]), int(self.cfg["seed"]),
+                                                pipeline=getattr(self, "pipeline", None))
         return self.loaders[shard]
 
     def serve(self) -> None:
@@ -431,10 +454,15 @@ class Trainer:
         ``cluster.stretch``: before ``after_step`` the worker sleeps until the step (less its time
         blocked in communication) lasts ``stretch_s`` (:func:`lsgd.cluster.stretch_step`); the
         sleep is in ``compute_time_s`` (emulated compute), not on the clock.
+        On cuda nothing here reads the GPU back per step except where the run needs the value now
+        (:meth:`_sync_time` in measured mode; fp16's skip verdict, :meth:`Precision.unscale_`):
+        the loss is accumulated on the device (:meth:`Recorder.add_loss`) and the ``compute_time_s``
+        metric comes from CUDA events read at the records (:class:`lsgd.accel.CudaStepTimes`).
         """
         if getattr(self, "_gap", None) is not None:  # measured mode: loading the batch since the last step
             self._charge_measured(*self._gap)
             self._gap = None
+        gpu_start = self._gpu_steps.start() if self._gpu_steps is not None else None
         b0, t0 = self.comm.blocked_s(), time.perf_counter()
         self.algorithm.before_step(self.step)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
@@ -472,9 +500,10 @@ class Trainer:
         t4, b4, o4 = time.perf_counter(), self.comm.blocked_s(), self._measured_opt_s
         self.algorithm.after_step(self.step)
         self._charge_measured(t4, b4, o4)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.compute_time_s += max(0.0, time.perf_counter() - t0 - (self.comm.blocked_s() - b0))
+        if gpu_start is not None:  # no host sync: the events are read at the next record
+            self._compute_time_s += self._gpu_steps.stop(gpu_start)
+        else:
+            self.compute_time_s += max(0.0, time.perf_counter() - t0 - (self.comm.blocked_s() - b0))
 
     def _schedule_step(self) -> None:
         """Step the learning-rate schedule once; it follows the algorithm's count where
@@ -485,7 +514,11 @@ class Trainer:
         self.scheduler.step()
 
     def _sync_time(self) -> float:
-        if self.device.type == "cuda":
+        """``perf_counter`` after the GPU's queued work finished, where the clock needs the
+        forward / backward seconds now (``cluster.compute=measured`` on cuda: a host sync, which
+        the measured clock needs); profile mode prices the step from its profile and reads no time
+        from the GPU (no sync)."""
+        if self.device.type == "cuda" and self.compute_model.mode == "measured":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 

@@ -175,7 +175,7 @@ class Accordion(Compressed):
         if decayed:
             self.controller.force_low()
         if step % self.period_steps == 0:
-            norms = [float(a.norm()) for a in self.accum]
+            norms = torch.stack([a.norm() for a in self.accum]).tolist()  # one host read per period
             self.controller.end_period(norms, lr_decayed=decayed)
             for a in self.accum:
                 a.zero_()

@@ -268,9 +268,10 @@ class Compressed(DDP):
         """DGC's corrections of one local gradient before the memory (module docstring): clipping
         to ``clip_norm * sqrt(N)`` (per tensor), then ``+ wd * w``. Other compressors: ``grad``."""
         if self.clip_norm is not None:
-            norm = float(grad.norm())
-            if self.clip_norm / (norm + 1e-6) < 1:
-                grad = grad * (self.clip_norm / (norm + 1e-6))
+            # on the device (no host read per tensor): the factor min(1, clip / (norm + 1e-6)) in
+            # float64, as the host-side arithmetic it replaces; a factor of exactly 1 changes nothing
+            factor = (self.clip_norm / (grad.norm().double() + 1e-6)).clamp(max=1.0)
+            grad = grad * factor.to(grad.dtype)
         wd = self.weight_decay.get(key)
         if wd:
             grad = grad + wd * param.detach()

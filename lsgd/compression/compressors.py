@@ -138,7 +138,8 @@ def topk_indices(a: torch.Tensor, k: int) -> torch.Tensor:
         return torch.empty(0, dtype=torch.long, device=a.device)
     vals, idx = torch.topk(a, k, sorted=False)
     v = vals.min()
-    if int((a == v).count_nonzero()) != int((vals == v).count_nonzero()):
+    in_a, in_vals = torch.stack([(a == v).count_nonzero(), (vals == v).count_nonzero()]).tolist()  # one host read
+    if in_a != in_vals:
         mask = a > v
         eq = (a == v).nonzero().squeeze(1)[: k - int(mask.count_nonzero())]
         mask.index_fill_(0, eq, True)
@@ -665,11 +666,11 @@ class QSGD(Compressor):
         else:
             g = _generator(flat.device, "qsgd", self.seed, step, key, self._rank())
             u = torch.rand(flat.numel(), generator=g, device=flat.device)
-            if float(norm) > 0:
-                level = torch.floor(flat.abs() * (s / norm) + u).clamp_(max=s)
-                values = (torch.sign(flat) * level).to(torch.int8)
-            else:
-                values = torch.zeros(flat.numel(), dtype=torch.int8, device=flat.device)
+            # no host read of the norm (a GPU sync per tensor): a zero / non-finite norm gives zero
+            # levels through torch.where, as the branch on float(norm) > 0 did
+            positive = norm > 0
+            level = torch.floor(flat.abs() * (s / torch.where(positive, norm, torch.ones_like(norm))) + u).clamp_(max=s)
+            values = torch.where(positive, torch.sign(flat) * level, torch.zeros_like(level)).to(torch.int8)
         return Compressed(values, None, tensor.shape, tensor.dtype, scale=norm.reshape(1).to(torch.float32))
 
     def _levels_float32(self, flat: torch.Tensor, norm: torch.Tensor, seed: int) -> torch.Tensor:

@@ -12,7 +12,9 @@ from lsgd.errors import ConfigError
 
 PARTITIONS = ("iid", "dirichlet")
 
-_COMMON = {"root": "data", "partition": "iid", "alpha": 0.5, "num_workers": 0, "download": True}
+# num_workers, pin_memory, persistent_workers, prefetch_factor: the input pipeline (lsgd.data.pipeline)
+_COMMON = {"root": "data", "partition": "iid", "alpha": 0.5, "num_workers": 0, "pin_memory": "auto",
+           "persistent_workers": True, "prefetch_factor": 2, "download": True}
 
 # Defaults of every key each dataset accepts (conf/dataset/<name>.yaml sets the same values).
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -119,6 +121,9 @@ def resolve(dataset_cfg: dict) -> dict:
     if not _is_number(cfg["alpha"]) or not cfg["alpha"] > 0:
         raise ConfigError(f"dataset.alpha (Dirichlet concentration) must be a number > 0; got {cfg['alpha']!r}")
     _int(cfg, "num_workers", 0)
+    from lsgd.data.pipeline import check_pipeline_keys
+
+    check_pipeline_keys(cfg)
     if not isinstance(cfg["download"], bool):
         raise ConfigError(f"dataset.download must be true or false; got {cfg['download']!r}")
     if cfg["root"] is None or str(cfg["root"]) == "":

@@ -45,12 +45,16 @@ class ShardedLoader:
         rank, world_size: this worker and the number of workers.
         batch_size: local batch size (samples per worker per step).
         seed: run seed; must be the same on every rank.
+        pipeline: a :class:`lsgd.data.pipeline.BatchPipeline` of ``train`` building the batches
+            (DataLoader processes, pinned memory); None: built here, as ``num_workers=0``. The
+            batches are the same either way.
     Raises:
         ConfigError: the training set is smaller than one global batch, or dirichlet on unlabeled data.
         ValueError: ``rank`` not in ``[0, world_size)`` or ``batch_size < 1``.
     """
 
-    def __init__(self, train, dataset_cfg: dict, rank: int, world_size: int, batch_size: int, seed: int):
+    def __init__(self, train, dataset_cfg: dict, rank: int, world_size: int, batch_size: int, seed: int,
+                 pipeline=None):
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
         if batch_size < 1:
@@ -58,6 +62,7 @@ class ShardedLoader:
         self.cfg = resolve(dataset_cfg)
         self.train, self.rank, self.world_size = train, rank, world_size
         self.batch_size, self.seed = batch_size, int(seed)
+        self.pipeline = pipeline
         self.streaming = not hasattr(train, "__len__")
         if self.streaming:
             self.steps_per_epoch = int(self.cfg["steps_per_epoch"])
@@ -111,7 +116,10 @@ class ShardedLoader:
             return
         idx = self.indices(epoch).view(self.steps_per_epoch, self.batch_size)[start:]
         seeds = [derive_seed("batch", self.seed, epoch, self.rank, s) for s in range(start, self.steps_per_epoch)]
-        yield from self.train.iter_batches(idx, seeds)
+        if self.pipeline is not None:
+            yield from self.pipeline.batches(idx, seeds)
+        else:
+            yield from self.train.iter_batches(idx, seeds)
 
     def _next_block_batch(self) -> Tensor:
         b = torch.stack([next(self._stream) for _ in range(self.batch_size)])
@@ -127,6 +135,8 @@ class ShardedLoader:
             self._next_block_batch()
         for _ in range(start, self.steps_per_epoch):
             b = self._next_block_batch()
+            if self.pipeline is not None:
+                b = self.pipeline.pin(b)
             yield b[:, :-1], b[:, 1:]
 
 

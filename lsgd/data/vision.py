@@ -216,11 +216,23 @@ class ImageFolderSet(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         return self.folder[i]
 
+    def batch(self, idx: Tensor, aug_seed: int | None = None) -> tuple[Tensor, Tensor]:
+        """Decode and collate the samples ``idx`` in this process: x float32 (B, 3, image_size,
+        image_size), y int64 (B,). Training split with ``aug_seed``: sample j is augmented under
+        seed ``derive_seed(aug_seed, j)`` (the same batch in any process; the caller's RNG is
+        untouched). The training input pipeline (:mod:`lsgd.data.pipeline`) calls it in its
+        DataLoader processes: JPEG decoding happens there."""
+        items = _SeededItems(self.folder)
+        seed = aug_seed if self.train else None
+        got = [items[(int(i), None if seed is None else derive_seed(seed, j))] for j, i in enumerate(idx.tolist())]
+        return torch.stack([x for x, _ in got]), torch.tensor([y for _, y in got], dtype=torch.int64)
+
     def iter_batches(
         self, index_batches: Iterable[Tensor], aug_seeds: Iterable[int] | None = None
     ) -> Iterator[tuple[Tensor, Tensor]]:
-        """Decode and collate the given batches; sample j of a batch with seed s is augmented
-        under seed ``derive_seed(s, j)``."""
+        """Decode and collate the given batches (``dataset.num_workers`` DataLoader processes:
+        evaluation's path; training goes through :mod:`lsgd.data.pipeline`); sample j of a batch
+        with seed s is augmented under seed ``derive_seed(s, j)``."""
         index_batches = list(index_batches)
         seeds = list(aug_seeds) if (aug_seeds is not None and self.train) else [None] * len(index_batches)
         batch_sampler = [
@@ -228,7 +240,8 @@ class ImageFolderSet(torch.utils.data.Dataset):
             for idx, s in zip(index_batches, seeds)
         ]
         loader = torch.utils.data.DataLoader(
-            _SeededItems(self.folder), batch_sampler=batch_sampler, num_workers=self.num_workers
+            _SeededItems(self.folder), batch_sampler=batch_sampler, num_workers=self.num_workers,
+            generator=torch.Generator().manual_seed(0),  # its base seed not drawn from this process's RNG
         )
         for x, y in loader:
             yield x, y.long()
