@@ -39,9 +39,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
+
+if TYPE_CHECKING:  # networkx is imported where a graph is built: its 0.15 s of import are spared
+    import networkx as nx  # every process of a run without a topology (lsgd.algorithms imports this module)
 
 TOPOLOGIES = ("ring", "torus", "exponential", "one_peer_exponential", "hypercube", "complete", "matching")
 WEIGHTS = ("uniform", "metropolis")
@@ -176,6 +179,8 @@ def round_rng(seed: int, round: int) -> np.random.Generator:
 
 @lru_cache(maxsize=256)
 def _graph(name: str, n: int, seed: int, round: int) -> nx.DiGraph:
+    import networkx as nx
+
     if name == "ring":
         g = nx.cycle_graph(n)
     elif name == "torus":

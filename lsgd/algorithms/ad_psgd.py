@@ -77,7 +77,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-import networkx as nx
 import numpy as np
 import torch
 
@@ -95,6 +94,8 @@ PAIRINGS = ("lockstep", "virtual_time")
 def sides(topology: Topology) -> dict[int, int]:
     """``{worker: 0 (active) or 1 (passive)}``: the graph's two colours when it is bipartite (ring
     of even n, hypercube, torus of even sides; worker 0 active), else even / odd workers."""
+    import networkx as nx  # here, not at import (lsgd.topology says why)
+
     graph = nx.Graph(topology.graph(0).to_undirected())
     if nx.is_connected(graph) and nx.is_bipartite(graph):
         colour = nx.bipartite.color(graph)
@@ -105,6 +106,8 @@ def sides(topology: Topology) -> dict[int, int]:
 @lru_cache(maxsize=64)
 def bipartite_neighbors(topology: Topology) -> dict[int, list[int]]:
     """``{worker: its neighbours on the other side}`` (:func:`sides`)."""
+    import networkx as nx  # here, not at import (lsgd.topology says why)
+
     graph = nx.Graph(topology.graph(0).to_undirected())
     side = sides(topology)
     return {i: sorted(j for j in graph.neighbors(i) if side[j] != side[i]) for i in range(topology.n)}
@@ -116,6 +119,8 @@ def check_bipartition(topology: Topology) -> None:
     if topology.name in DYNAMIC:
         raise ValueError(f"algo.topology={topology.name} changes every round; ad_psgd needs a static topology")
     nbrs = bipartite_neighbors(topology)
+    import networkx as nx  # here, not at import (lsgd.topology says why)
+
     graph = nx.Graph([(i, j) for i, js in nbrs.items() for j in js])
     graph.add_nodes_from(range(topology.n))
     if not nx.is_connected(graph):

@@ -64,7 +64,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import networkx as nx
 import numpy as np
 import torch
 
@@ -92,6 +91,8 @@ def round_partners(topology: Topology, seed: int, round: int) -> dict[int, int]:
     """``{node: partner}`` of round ``round``: a random maximal matching of the (undirected) edges
     of the topology's round-``round`` graph, from an RNG seeded by ``(seed, round)``; nodes left
     out are absent."""
+    import networkx as nx  # here, not at import (lsgd.topology says why)
+
     graph = nx.Graph(topology.graph(round).to_undirected())
     rng = np.random.default_rng(derive_seed("swarm_matching", int(seed), int(round)))
     partners = {}

@@ -53,7 +53,6 @@ import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import networkx as nx
 import numpy as np
 
 from lsgd.seeding import derive_seed
@@ -148,6 +147,8 @@ def plan(topology: Topology, seed: int, round_steps: Callable[[int, int], int], 
     done = [False] * n
     ends: list[float] = []                     # every finished local step's end time, ascending
     t_end: float | None = None                 # when G reaches n x total
+    import networkx as nx  # here, not at import (lsgd.topology says why)
+
     adjacency: dict[int, list[list[int]]] = {}  # round key -> sorted neighbours of every node
     heap = [(float(step_s[i]), i) for i in range(n)]
     heapq.heapify(heap)

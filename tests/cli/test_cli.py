@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from crash_resume import CHECKPOINT, CRASH_RANK, CRASH_STEP
 from runner import (
     LSGD,
     TINY,
@@ -90,51 +91,67 @@ def test_swarm_run_records_its_topology_and_the_nodes_own_accuracy(tmp_path):
     assert last["comm_rounds"] == 4  # 8 steps of H = 2; a maximal matching of a 4-cycle is perfect
 
 
-def test_sweep_of_two_jobs_and_report(tmp_path):
-    res = lsgd(["train", "-m", *TINY, "algo=ddp,local_sgd", f"results_dir={tmp_path}/r"], tmp_path, timeout=400)
+#: the arms of the study sweep (variant: algo): the dense baseline, local SGD and two compressions
+STUDY = {"dense": "ddp", "local_sgd_h4": "local_sgd", "topk_10x": "compressed", "gravac_eps0.7": "gravac"}
+
+
+@pytest.fixture(scope="module")
+def study_sweep(tmp_path_factory):
+    """One `lsgd train -m` over :data:`STUDY`'s arms and its `lsgd report`, read by the two sweep
+    tests below (before, each ran a sweep and a report of its own, of 2 and 3 jobs, the dense one in
+    both): (tmp folder, the sweep's process, run folder by algo, the report's process)."""
+    tmp = tmp_path_factory.mktemp("study")
+    res = lsgd(["train", "-m", *TINY, f"variant={','.join(STUDY)}", f"results_dir={tmp}/r"], tmp, timeout=500)
     _ok(res)
-    runs = run_dirs(tmp_path / "r")
-    assert len(runs) == 2
-    algos = sorted(yaml.safe_load((r / "config.yaml").read_text())["algo"]["name"] for r in runs)
-    assert algos == ["ddp", "local_sgd"]
+    runs = {yaml.safe_load((r / "config.yaml").read_text())["algo"]["name"]: r for r in run_dirs(tmp / "r")}
+    rep = lsgd(["report", str(tmp / "r" / "debug"), "--out", str(tmp / "rep")], tmp)
+    return tmp, res, runs, rep
+
+
+def test_sweep_of_jobs_and_report(study_sweep, tmp_path):
+    tmp, res, runs, rep = study_sweep
+    assert len(runs) == len(STUDY) and sorted(runs) == sorted(STUDY.values())
     # each job says where it runs, as [k/N] and its overrides (issue 24)
     starts = [ln for ln in res.stderr.splitlines() if ln.startswith("lsgd: [") and ": run folder " in ln]
-    assert [ln.split("]")[0] for ln in starts] == ["lsgd: [1/2", "lsgd: [2/2"] and "algo=local_sgd" in starts[1]
-    by_algo = {yaml.safe_load((r / "config.yaml").read_text())["algo"]["name"]: summary(r) for r in runs}
-    # local SGD with H=8 communicates less than DDP over the same steps
-    assert by_algo["local_sgd"]["comm_bytes"] < by_algo["ddp"]["comm_bytes"] / 4
-    rep = lsgd(["report", str(tmp_path / "r" / "debug"), "--out", str(tmp_path / "rep")], tmp_path)
+    assert [ln.split("]")[0] for ln in starts] == [f"lsgd: [{k}/{len(STUDY)}" for k in range(1, len(STUDY) + 1)]
+    assert all(f"variant={v}" in ln for v, ln in zip(STUDY, starts))
+    by_algo = {algo: summary(r) for algo, r in runs.items()}
+    # local SGD with H=4 averages the model at 5 of the 20 steps at which DDP all-reduces gradients
+    assert by_algo["local_sgd"]["comm_rounds"] * 4 == by_algo["ddp"]["comm_rounds"] == 20
+    assert by_algo["local_sgd"]["comm_bytes"] < by_algo["ddp"]["comm_bytes"] / 3
     _ok(rep)
-    report = tmp_path / "rep" / "report.md"
+    report = tmp / "rep" / "report.md"
     assert report.stat().st_size > 0 and "local_sgd" in report.read_text()
-    # both runs' environment, one row (same torch, commit and machine)
+    # every run's environment, one row (same torch, commit and machine)
     text = report.read_text()
-    assert f"Environment: torch {torch.__version__}, " in text and "(all 2 runs)." in text
+    assert f"Environment: torch {torch.__version__}, " in text and f"(all {len(STUDY)} runs)." in text
     assert "### Environment" in text and "differ in their environment" not in text
-    pngs = list((tmp_path / "rep").rglob("*.png"))
-    svgs = list((tmp_path / "rep").rglob("*.svg"))
+    pngs = list((tmp / "rep").rglob("*.png"))
+    svgs = list((tmp / "rep").rglob("*.svg"))
     assert pngs and svgs and all(p.stat().st_size > 0 for p in pngs + svgs)
-    plot = lsgd(["plot", str(tmp_path / "r" / "debug"), "--out", str(tmp_path / "plots")], tmp_path)
+    plot = lsgd(["plot", str(tmp / "r" / "debug"), "--out", str(tmp_path / "plots")], tmp_path)
     _ok(plot)
     assert list((tmp_path / "plots").glob("*.png"))
 
 
-def test_resume_after_crash_matches_uninterrupted_run(tmp_path):
-    common = [*TINY, "algo=slowmo", "algo.local_steps=3", "checkpoint_every=5", "eval_every=5", "log_every=1"]
-    _ok(lsgd(["train", *common, f"results_dir={tmp_path}/a"], tmp_path))
-    crashed = lsgd(["train", *common, f"results_dir={tmp_path}/b", "inject_failure.step=13", "inject_failure.rank=1"], tmp_path)
-    assert crashed.returncode != 0
-    (run_b,) = run_dirs(tmp_path / "b")
-    assert summary(run_b)["status"] == "failed"
-    assert max(r["step"] for r in metrics(run_b)) >= 13
-    first = json.loads((run_b / "environment.json").read_text())
-    _ok(lsgd(["train", *common, f"results_dir={tmp_path}/b", "resume=true"], tmp_path))
-    assert run_dirs(tmp_path / "b") == [run_b]
-    (run_a,) = run_dirs(tmp_path / "a")
-    assert summary(run_b)["status"] == "completed"
-    assert metrics(run_b) == metrics(run_a)
+def test_resume_after_crash_matches_uninterrupted_run(gravac_crash):
+    """A rank raises at step 13 (conftest.gravac_crash: checkpoints every 5 steps): the run ends
+    failed, naming the failure; ``resume=true`` finds the run folder and finishes it with the
+    uninterrupted run's metrics; environment.json keeps the first session's record and appends the
+    resuming session's. (The exactness of each algorithm's resume is test_measurement.py's, for
+    every algorithm; here the CLI's resume path.)"""
+    r = gravac_crash
+    assert r.crashed.returncode != 0
+    assert r.crashed_summary["status"] == "failed"
+    assert f"inject_failure: rank {CRASH_RANK} fails at step {CRASH_STEP}" in r.crashed_summary["error"]
+    assert max(r.crashed_steps) > CHECKPOINT  # it recorded past the checkpoint the resume starts from
+    _ok(r.resumed)
+    assert run_dirs(r.run.parent.parent) == [r.run]  # resumed in place, no new folder
+    assert summary(r.run)["status"] == "completed"
+    assert metrics(r.run) == metrics(r.plain)
     # the first session's record is kept; the resuming session's is appended
-    env = json.loads((run_b / "environment.json").read_text())
+    first = r.first_environment
+    env = json.loads((r.run / "environment.json").read_text())
     (resumed,) = env.pop("resumed")
     assert env == first and resumed["session"] == "resume" and resumed["torch"] == first["torch"]
     assert resumed["started_at"] >= first["started_at"] and resumed["threads"] >= 1
@@ -258,18 +275,29 @@ def test_srun_style_tasks_join_one_group_and_one_folder(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
 
 
-def test_killed_run_resumes_to_the_same_metrics(tmp_path):
+#: a local SGD run long enough to stop mid-run (150 steps, a record every step, a checkpoint every
+#: 10): the killed run and the signalled joined launch below both run it
+LONG = [*TINY, "epochs=40", "max_steps=150", "log_every=1", "checkpoint_every=10", "algo=local_sgd",
+        "algo.local_steps=3", "launcher.preemption=checkpoint"]
+
+
+@pytest.fixture(scope="module")
+def long_reference(tmp_path_factory) -> Path:
+    """:data:`LONG` run uninterrupted on 2 local workers: the run folder the two stopped-and-resumed
+    runs below must equal (before, each test ran its own reference of about the same config)."""
+    tmp = tmp_path_factory.mktemp("long")
+    _ok(lsgd(["train", *LONG, "launcher.nproc_per_node=2", f"results_dir={tmp}/a"], tmp, timeout=300))
+    (run,) = run_dirs(tmp / "a")
+    return run
+
+
+def test_killed_run_resumes_to_the_same_metrics(tmp_path, long_reference):
     """SIGKILL the whole job once a checkpoint exists, resume, compare with an uninterrupted run."""
     import os
     import signal
 
-    common = [*TINY, "dataset.num_train=1024", "epochs=20", "max_steps=200", "algo=local_sgd", "algo.local_steps=3",
-              "checkpoint_every=10", "eval_every=50", "log_every=5"]
-    _ok(lsgd(["train", *common, f"results_dir={tmp_path}/a"], tmp_path, timeout=300))
     e = dict(os.environ, WANDB_MODE="disabled")
-    from runner import LSGD
-
-    proc = subprocess.Popen(LSGD + ["train", *common, f"results_dir={tmp_path}/b"], cwd=tmp_path, env=e,
+    proc = subprocess.Popen(LSGD + ["train", *LONG, f"results_dir={tmp_path}/b"], cwd=tmp_path, env=e,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list((tmp_path / "b").rglob("last.json")):
@@ -285,43 +313,32 @@ def test_killed_run_resumes_to_the_same_metrics(tmp_path):
     # the README's form: the run folder alone; the run's own config.yaml (2 workers, not the
     # default 4, and its data set, model and algorithm) comes back
     _ok(lsgd(["train", f"resume={run_b}"], tmp_path, timeout=300))
-    (run_a,) = run_dirs(tmp_path / "a")
-    assert metrics(run_b) == metrics(run_a)
+    assert metrics(run_b) == metrics(long_reference)
     assert summary(run_b)["status"] == "completed" and summary(run_b)["world_size"] == 2
 
 
-def test_gravac_writes_per_step_rows_and_resumes_exactly(tmp_path):
-    common = [*TINY, "algo=gravac", "algo.compressor=topk", "algo.epsilon=0.3", "algo.window=1000",
-              "checkpoint_every=5", "eval_every=5", "log_every=5"]
-    _ok(lsgd(["train", *common, f"results_dir={tmp_path}/a"], tmp_path))
-    (run_a,) = run_dirs(tmp_path / "a")
-    recs = metrics(run_a)
+def test_gravac_writes_per_step_rows_and_resumes_exactly(gravac_crash):
+    """GraVAC writes one compression row per step beside the regular records (conftest.gravac_crash,
+    records every 2 steps); a crash at step 13 and a resume reproduce the same records and rows."""
+    recs = metrics(gravac_crash.plain)
     rows = [r for r in recs if r.get("kind") == "compression"]
     regular = [r for r in recs if "kind" not in r]
     assert [r["step"] for r in rows] == list(range(1, 21))
     assert all(r["sent"] in ("candidate", "min", "dense") and 0 < r["gain"] <= 1 for r in rows)
     assert "kind" not in recs[-1] and recs[-1]["step"] == 20 and "cf" in regular[-1]
-    # a crash at step 13 and a resume reproduce the same records and rows
-    crashed = lsgd(["train", *common, f"results_dir={tmp_path}/b", "inject_failure.step=13"], tmp_path)
-    assert crashed.returncode != 0
-    _ok(lsgd(["train", *common, f"results_dir={tmp_path}/b", "resume=true"], tmp_path))
-    (run_b,) = run_dirs(tmp_path / "b")
-    assert metrics(run_b) == recs
+    _ok(gravac_crash.resumed)
+    assert metrics(gravac_crash.run) == recs
 
 
-def test_compression_study_sweep_and_report(tmp_path):
-    res = lsgd(["train", "-m", *TINY, "variant=dense,topk_10x,gravac_eps0.7",
-                f"results_dir={tmp_path}/r"], tmp_path, timeout=400)
-    _ok(res)
-    runs = {yaml.safe_load((r / "config.yaml").read_text())["algo"]["name"]: r for r in run_dirs(tmp_path / "r")}
-    assert sorted(runs) == ["compressed", "ddp", "gravac"]
+def test_compression_study_sweep_and_report(study_sweep):
+    tmp, _, runs, rep = study_sweep
+    assert {"compressed", "ddp", "gravac"} <= set(runs)
     dense, topk = summary(runs["ddp"])["comm_bytes"], summary(runs["compressed"])["comm_bytes"]
     assert 3 < dense / topk < 6  # CF 10 with int32 indices: about 5x fewer bytes (buffers broadcast dense)
-    rep = lsgd(["report", str(tmp_path / "r" / "debug"), "--out", str(tmp_path / "rep")], tmp_path)
     _ok(rep)
-    text = (tmp_path / "rep" / "report.md").read_text()
+    text = (tmp / "rep" / "report.md").read_text()
     assert "gravac" in text and "dense" in text.lower()
-    assert list((tmp_path / "rep").rglob("*compression*.png"))
+    assert list((tmp / "rep").rglob("*compression*.png"))
 
 
 def test_local_vs_minibatch_sweep_equal_rounds_and_samples(tmp_path):
@@ -428,18 +445,14 @@ def test_a_rank_that_cannot_see_the_run_folder_fails_clearly(tmp_path):
     assert not (run / "train.log").exists() or "[rank 1]" not in (run / "train.log").read_text()
 
 
-def test_a_signal_to_one_rank_stops_every_rank_at_one_checkpoint_and_resume_is_exact(tmp_path):
+def test_a_signal_to_one_rank_stops_every_rank_at_one_checkpoint_and_resume_is_exact(tmp_path, long_reference):
     """launcher.preemption=checkpoint in a joined 2-task launch: SIGTERM reaches rank 1 only; both
     ranks agree, checkpoint at the same step and exit 143 with status preempted; `resume=<run>`
     then finishes with metrics equal to an uninterrupted run's."""
     import signal
 
-    common = [*TINY, "epochs=40", "max_steps=150", "log_every=1", "algo=local_sgd", "algo.local_steps=3",
-              "launcher.preemption=checkpoint"]
-    _ok(lsgd(["train", *common, "launcher.nproc_per_node=2", f"results_dir={tmp_path}/a"], tmp_path))
-
     def start(extra):
-        return start_tasks(["train", *common, *extra, f"results_dir={tmp_path}/b"], tmp_path, style="torchrun")
+        return start_tasks(["train", *LONG, *extra, f"results_dir={tmp_path}/b"], tmp_path, style="torchrun")
 
     procs = start([])
     deadline = time.monotonic() + 120
@@ -460,9 +473,8 @@ def test_a_signal_to_one_rank_stops_every_rank_at_one_checkpoint_and_resume_is_e
     procs = start([f"resume={run}"])
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
-    (ref,) = run_dirs(tmp_path / "a")
     assert summary(run)["status"] == "completed"
-    assert stable(metrics(run)) == stable(metrics(ref))
+    assert stable(metrics(run)) == stable(metrics(long_reference))
 
 
 # ---------------------------------------------------------------- finding your way (issue 24)

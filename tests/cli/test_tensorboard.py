@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import yaml
-from runner import TINY, lsgd, run_dirs, summary
+from runner import summary
 from wandb_history import run_records
 
 from lsgd.loggers import run_label
@@ -22,8 +22,9 @@ def flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def test_tensorboard_and_wandb_together_hold_what_metrics_jsonl_holds(tmp_path):
-    """GraVAC (per-step rows) with logger=[jsonl,tensorboard,wandb]: every number of every
+def test_tensorboard_and_wandb_together_hold_what_metrics_jsonl_holds(gravac_crash):
+    """GraVAC (per-step rows) with logger=[jsonl,tensorboard,wandb] (the uninterrupted run of
+    conftest.gravac_crash: records every 2 steps, evaluations every 5): every number of every
     metrics.jsonl line is a TensorBoard scalar at its step (float32, as TensorBoard stores them),
     records again under by_modeled_time/ at round(modeled_time_s * 1e6); nothing else is there;
     one event file (rank 0 only); the HParams session holds the saved config.yaml's values and ends
@@ -31,11 +32,7 @@ def test_tensorboard_and_wandb_together_hold_what_metrics_jsonl_holds(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    res = lsgd(["train", *TINY, "algo=gravac", "algo.compressor=topk", "algo.epsilon=0.3", "algo.window=1000",
-                "logger=[jsonl,tensorboard,wandb]", "log_every=3", "eval_every=8", "seed=1",
-                f"results_dir={tmp_path}/r"], tmp_path, env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
-    assert res.returncode == 0, res.stderr[-3000:]
-    (run,) = run_dirs(tmp_path / "r")
+    run = gravac_crash.plain
     assert summary(run)["status"] == "completed"
     assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1
     acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})

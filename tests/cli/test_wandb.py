@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-from runner import TINY, lsgd, run_dirs, summary
+from crash_resume import CHECKPOINT
+from runner import summary
 from wandb_history import history
-
-WANDB = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 
 
 def expected_history(run) -> dict[int, dict]:
@@ -21,22 +20,17 @@ def expected_history(run) -> dict[int, dict]:
     return out
 
 
-def test_wandb_history_equals_metrics_after_a_crash_and_resume(tmp_path):
-    """GraVAC (per-step rows) crashes at step 15 after a checkpoint at 10 and records up to 14;
-    the resumed attempt is a new W&B run (<run_id>-r1) whose history holds exactly metrics.jsonl:
-    the records of steps 12 and 14 are the resumed run's, not the crashed attempt's, and the rows
-    are there."""
-    common = [*TINY, "algo=gravac", "algo.compressor=topk", "algo.epsilon=0.3", "algo.window=1000",
-              "logger=wandb", "checkpoint_every=10", "eval_every=10", "log_every=2", f"results_dir={tmp_path}/r"]
-    crashed = lsgd(["train", *common, "inject_failure.step=15", "inject_failure.rank=1"], tmp_path, env=WANDB)
-    assert crashed.returncode != 0
-    (run,) = run_dirs(tmp_path / "r")
-    assert summary(run)["status"] == "failed"
-    # the crashed attempt recorded past its checkpoint (step 10): the resume must replace those records
-    crashed_steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert max(crashed_steps) > 10
-    res = lsgd(["train", *common, f"resume={run}"], tmp_path, env=WANDB)
-    assert res.returncode == 0, res.stderr[-4000:]
+def test_wandb_history_equals_metrics_after_a_crash_and_resume(gravac_crash):
+    """GraVAC (per-step rows, conftest.gravac_crash) crashes at step 13 after a checkpoint at 10 and
+    records up to 12; the resumed attempt is a new W&B run (<run_id>-r1) whose history holds exactly
+    metrics.jsonl: the record of step 12 is the resumed run's, not the crashed attempt's, and the
+    rows are there."""
+    run = gravac_crash.run
+    assert gravac_crash.crashed.returncode != 0
+    assert gravac_crash.crashed_summary["status"] == "failed"
+    # the crashed attempt recorded past its checkpoint: the resume must replace those records
+    assert max(gravac_crash.crashed_steps) > CHECKPOINT
+    assert gravac_crash.resumed.returncode == 0, gravac_crash.resumed.stderr[-4000:]
     assert summary(run)["status"] == "completed"
     ids = json.loads((run / "wandb_runs.json").read_text())
     assert ids == [run.name, f"{run.name}-r1"]

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
@@ -22,6 +23,29 @@ def test_srun_spreads_four_tasks_over_two_nodes(slurm_cluster):
     assert res.returncode == 0, res.stderr
     rows = sorted(tuple(map(int, line.split())) for line in res.stdout.splitlines())
     assert rows == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    """``local_run(args)``: the run folder of ``lsgd train ARGS launcher.nproc_per_node=4`` on this
+    machine, the reference a SLURM job's metrics must equal; made once per ``args`` for the module
+    (a 4-worker run costs about 10 s on 2 cores; the sbatch test and the sweep share one)."""
+    made: dict[tuple[str, ...], Path] = {}
+
+    def get(args: list[str]) -> Path:
+        key = tuple(args)
+        if key not in made:
+            folder = tmp_path_factory.mktemp("local")
+            res = lsgd(["train", *args, "launcher.nproc_per_node=4", f"results_dir={folder}/r"], folder)
+            assert res.returncode == 0, res.stderr[-3000:]
+            (made[key],) = run_dirs(folder / "r")
+        return made[key]
+
+    return get
+
+
+#: a local SGD job of 6 steps at H = 3 (two averaging rounds): the sbatch job and one arm of the sweep
+LOCAL_SGD = [*TINY, "max_steps=6", "algo=local_sgd"]
 
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
@@ -43,18 +67,16 @@ def sbatch(cluster, tmp_path: Path, options: list[str], overrides: list[str], ti
     return wait_for(ended, timeout, f"job {job} to end", poll=0.2)
 
 
-def test_sbatch_script_trains_on_four_ranks_like_a_local_run(slurm_cluster, tmp_path):
+def test_sbatch_script_trains_on_four_ranks_like_a_local_run(slurm_cluster, tmp_path, local_run):
     """scripts/slurm/train.sbatch: `srun lsgd train ...` on 2 nodes x 2 tasks joins one 4-rank gloo
     group (ranks from SLURM_PROCID, master = first node); its run folder records world_size 4 and
     its metrics equal those of the same config run locally with 4 workers."""
-    args = [*TINY, "max_steps=8", "algo=local_sgd", "algo.local_steps=2"]
-    local = lsgd(["train", *args, "launcher.nproc_per_node=4", f"results_dir={tmp_path}/local"], tmp_path)
-    assert local.returncode == 0, local.stderr[-3000:]
+    args = [*LOCAL_SGD, "algo.local_steps=3"]
     state = sbatch(slurm_cluster, tmp_path, ["--nodes=2", "--ntasks-per-node=2"], [*args, f"results_dir={tmp_path}/slurm"])
     out = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
     assert state["JobState"] == "COMPLETED", f"{state}\n{out[-4000:]}"
     (run,) = run_dirs(tmp_path / "slurm")
-    (ref,) = run_dirs(tmp_path / "local")
+    ref = local_run(args)
     assert run.name.startswith("slurm-")
     assert yaml.safe_load((run / "config.yaml").read_text())["world_size"] == 4
     assert summary(run)["status"] == "completed"
@@ -65,14 +87,13 @@ def test_sbatch_script_trains_on_four_ranks_like_a_local_run(slurm_cluster, tmp_
     assert not slurm_cluster.job_processes()
 
 
-def test_submitit_sweep_runs_each_job_on_both_nodes(slurm_cluster, tmp_path):
+def test_submitit_sweep_runs_each_job_on_both_nodes(slurm_cluster, tmp_path, local_run):
     """`lsgd train -m hydra/launcher=submitit_slurm nodes=2 tasks_per_node=2`: a sweep of 2 jobs,
     each a 4-rank gloo job over both nodes writing one run folder with world_size 4, whose metrics
     equal the same job run locally with 4 workers."""
-    args = [*TINY, "max_steps=6", "algo=local_sgd"]
     res = lsgd(["train", "-m", "hydra/launcher=submitit_slurm", "hydra.launcher.nodes=2",
                 "hydra.launcher.tasks_per_node=2", "hydra.launcher.mem_gb=1", "hydra.launcher.timeout_min=10",
-                f"hydra.launcher.submitit_folder={tmp_path}/submitit/%j", *args, "algo.local_steps=1,3",
+                f"hydra.launcher.submitit_folder={tmp_path}/submitit/%j", *LOCAL_SGD, "algo.local_steps=1,3",
                 f"results_dir={tmp_path}/slurm"], tmp_path, timeout=300, env=slurm_cluster.env)
     assert res.returncode == 0, f"{res.stdout[-3000:]}\n{res.stderr[-5000:]}"
     runs = {yaml.safe_load((r / "config.yaml").read_text())["algo"]["local_steps"]: r for r in run_dirs(tmp_path / "slurm")}
@@ -80,10 +101,7 @@ def test_submitit_sweep_runs_each_job_on_both_nodes(slurm_cluster, tmp_path):
     for h, run in runs.items():
         assert yaml.safe_load((run / "config.yaml").read_text())["world_size"] == 4
         assert summary(run)["status"] == "completed"
-        local = lsgd(["train", *args, f"algo.local_steps={h}", "launcher.nproc_per_node=4",
-                      f"results_dir={tmp_path}/local{h}"], tmp_path)
-        assert local.returncode == 0, local.stderr[-3000:]
-        (ref,) = run_dirs(tmp_path / f"local{h}")
+        ref = local_run([*LOCAL_SGD, f"algo.local_steps={h}"])
         assert stable(metrics(run)) == stable(metrics(ref))
     assert not slurm_cluster.job_processes()
 
