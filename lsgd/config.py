@@ -176,6 +176,8 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
         choice(cfg["optim"], "lr_scaling", LR_SCALINGS, "optim.")
     if cfg["optim"].get("base_batch_size") is not None:
         int_at_least(cfg["optim"], "base_batch_size", 1, "optim.")
+    if cfg["optim"].get("clip_grad_norm") is not None:  # lsgd.optim.clip_grad_norm (null: off)
+        positive(cfg["optim"], "clip_grad_norm", "optim.")
     choice(cfg["schedule"], "name", SCHEDULES, "schedule.")
     if cfg["schedule"]["name"] == "inverse_sqrt":
         int_at_least(cfg["schedule"], "warmup_steps", 1, "schedule.")

@@ -5,6 +5,19 @@ Optimizers are torch's own: ``sgd`` (momentum, Nesterov, weight decay; dampening
 ICLR 2020): Adam moments with bias correction, per-layer trust ratio ||x|| / ||r + lambda x|| applied
 always (``always_adapt``), no global gradient clipping unless ``optim.max_grad_norm`` is set.
 
+Gradient clipping, every optimizer (``optim.clip_grad_norm``, :func:`clip_grad_norm`; null: off):
+global-norm clipping, ``g <- g * min(1, c / ||g||_2)`` with ``||g||_2`` over all parameters'
+gradients together (Pascanu, Mikolov and Bengio, ICML 2013, "On the difficulty of training
+recurrent neural networks", Algorithm 2; the LSTM language models of Zaremba et al. 2014 and Merity
+et al. 2018 clip at 5 and 0.25), through torch's ``torch.nn.utils.clip_grad_norm_``. The trainer
+applies it to the gradient the optimizer is about to apply: after the algorithm's ``after_backward``
+(for ddp, compressed, accordion and gravac the synchronized gradient every worker holds, so the
+replicas stay identical; for compressed methods after compression, exchange and error feedback:
+the residual keeps the unclipped ``g_ef - C(g_ef)``) and before ``optimizer_step``; for local-update
+methods, the worker's local gradient. It is not DGC's local per-tensor clipping before compression
+(``algo.clip_norm``, :mod:`lsgd.algorithms.compressed`). Its few memory-bound operations (one norm
+and one scale over the gradients) are not charged to the profile clock.
+
 Learning-rate scaling (``optim.lr_scaling``, :func:`scaled_lr`), with B = batch_size x workers the
 global batch and B0 = ``optim.base_batch_size`` (null: one worker's batch) the batch ``optim.lr`` was
 tuned for:
@@ -78,6 +91,27 @@ def scaled_lr(cfg: dict, world_size: int) -> float:
         return lr * min(ratio, float(optim.get("adasum_lr_factor", 2.0))) * local
     raise ConfigError(f"optim.lr_scaling={rule!r} is unknown; allowed: {', '.join(LR_SCALINGS)}")
 SCHEDULES = ("constant", "step", "cosine", "inverse_sqrt")
+
+
+def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float | None) -> float | None:
+    """Clip the gradients of ``params`` in place to global L2 norm ``max_norm`` (module docstring).
+
+    ``g <- g * min(1, max_norm / (||g||_2 + 1e-6))``, the norm taken over every ``.grad`` together
+    (parameters without a gradient are skipped), by ``torch.nn.utils.clip_grad_norm_``.
+
+    Args:
+        params: the parameters whose ``.grad`` is clipped (any shapes).
+        max_norm: the threshold c > 0 (the gradient's units), or None: no clipping.
+
+    Returns:
+        The total norm before clipping (a float; NaN or inf when a gradient is, and then the
+        gradients are scaled by NaN or 0, as torch does: the trainer's divergence check stops
+        the run), or None when ``max_norm`` is None.
+    """
+    if max_norm is None:
+        return None
+    norm = torch.nn.utils.clip_grad_norm_(list(params), float(max_norm))
+    return float(norm)
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: dict, device: torch.device | str = "cpu") -> torch.optim.Optimizer:

@@ -6,7 +6,8 @@ optimizer, the cluster clock and the algorithm from the config, asks the algorit
 role and runs one linear loop:
 
     worker: batch -> forward/backward (clock: compute) -> algorithm.after_backward
-            -> algorithm.optimizer_step -> schedule step -> algorithm.after_step -> bookkeeping
+            -> gradient clipping (optim.clip_grad_norm) -> algorithm.optimizer_step -> schedule step
+            -> algorithm.after_step -> bookkeeping
     server: algorithm.serve_step -> schedule step -> bookkeeping
 
 Bookkeeping (log / evaluate / checkpoint, :mod:`lsgd.services`) happens at the same progress
@@ -41,7 +42,7 @@ from lsgd.config import default_dtype, resolve_backend, resolve_device, threads_
 from lsgd.data import ShardedLoader, build_datasets, dataset_info, resolve
 from lsgd.data.pipeline import BatchPipeline
 from lsgd.models import build_model
-from lsgd.optim import build_optimizer, build_scheduler, lr_decay_steps, scaled_lr
+from lsgd.optim import build_optimizer, build_scheduler, clip_grad_norm, lr_decay_steps, scaled_lr
 from lsgd.preemption import PreemptionWatch, StopFlag, Stopped
 from lsgd.provenance import record_workers
 from lsgd.services import Checkpointer, Evaluator, Recorder, loss_fn
@@ -199,6 +200,8 @@ class Trainer:
         self.optimizer = build_optimizer(self.model.parameters(), {**cfg["optim"], "lr": scaled_lr(cfg, self.num_workers)},
                                          self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg["schedule"], self.steps_per_epoch, self.total_steps)
+        clip = cfg["optim"].get("clip_grad_norm")
+        self.clip_grad_norm = float(clip) if clip is not None else None  # global-norm clipping before each step
 
         # the cluster clock: compute from the profile (or measured), communication priced on the links
         cluster = cfg.get("cluster") or {}
@@ -489,6 +492,8 @@ class Trainer:
         t3, b3, o3 = time.perf_counter(), self.comm.blocked_s(), self._measured_opt_s
         self.algorithm.after_backward(self.step)
         if not skip:
+            # optim.clip_grad_norm: the (synchronized) gradient the step applies (lsgd.optim)
+            clip_grad_norm(self.model.parameters(), self.clip_grad_norm)
             self.algorithm.optimizer_step()
         self.precision.update()
         self._schedule_step()

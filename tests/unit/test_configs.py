@@ -162,6 +162,9 @@ def test_slurm_launcher_composes():
         (["algo=lead", "algo.alpha=0", "launcher.nproc_per_node=4"], "algo.alpha"),
         (["algo=lead", "algo.bits=16", "launcher.nproc_per_node=4"], "algo.bits"),
         (["algo=lead", "algo.compressor=topk", "launcher.nproc_per_node=4"], "algo.compressor"),
+        (["optim.clip_grad_norm=0"], "optim.clip_grad_norm"),
+        (["optim=adamw", "optim.clip_grad_norm=-1"], "optim.clip_grad_norm"),
+        (["optim.clip_grad_norm=big"], "optim.clip_grad_norm"),
     ],
 )
 def test_validation_names_the_key(overrides, key):
@@ -202,6 +205,28 @@ def test_every_variant_composes_with_its_study(variant):
     assert cfg["algo"]["name"] == expected
     assert cfg["experiment_name"] == experiment
     validate(cfg)
+
+
+GRAVAC_ARMS = ("dense", "topk_10x", "topk_1000x", "dgc_10x", "dgc_1000x", "gravac_eps0.5", "gravac_eps0.7",
+               "gravac_eps0.9", "accordion")
+
+
+def test_gravac_lstm_text_arms_compose_with_the_studys_keys():
+    """Every arm of gravac_lstm_text validates with the bundle's window, switch period, no DGC
+    warm-up and the clipping every arm shares; gravac_fmnist keeps the variants' own values."""
+    for arm in GRAVAC_ARMS:
+        cfg = load(["experiment=gravac_lstm_text", f"variant={arm}"])
+        validate(cfg)
+        assert cfg["experiment_name"] == "gravac_lstm_text"
+        assert (cfg["model"]["name"], cfg["dataset"]["name"], cfg["dataset"]["tokenizer"]) == ("lstm_lm", "text", "byte")
+        assert cfg["optim"]["clip_grad_norm"] == 0.25 and cfg["optim"]["momentum"] == 0.0
+        assert cfg["algo"].get("clip_norm") is None  # DGC's local clipping stays off: one rule for every arm
+        tuned = {"gravac": ("window", "gravac_window", 100), "dgc": ("warmup_epochs", "dgc_warmup_epochs", 4),
+                 "accordion": ("switch_period", "accordion_switch_period", 0.5)}.get(arm.split("_")[0])
+        if tuned is not None:
+            key, study_key, fmnist_value = tuned
+            assert cfg["algo"][key] == cfg["study"][study_key], arm
+            assert load(["experiment=gravac_fmnist", f"variant={arm}"])["algo"][key] == fmnist_value, arm
 
 
 def _rounds_and_samples(cfg: dict) -> dict:

@@ -1,4 +1,5 @@
-"""optim=lamb follows the LAMB paper's update; optim.lr_scaling gives the documented rates;
+"""optim.clip_grad_norm clips to the global norm (Pascanu et al. 2013) as torch's clip_grad_norm_ does;
+optim=lamb follows the LAMB paper's update; optim.lr_scaling gives the documented rates;
 schedule=inverse_sqrt is Vaswani et al.'s rate; schedule=step warms up as Goyal et al. 2017."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from lsgd.errors import ConfigError
 from lsgd.optim import (
     build_optimizer,
     build_scheduler,
+    clip_grad_norm,
     lr_decay_steps,
     lr_factor_fn,
     scaled_lr,
@@ -144,3 +146,43 @@ def test_step_warmup_keys_are_the_cosine_schedules():
     cos = lr_factor_fn({"name": "cosine", "min_factor": 0.0, **keys}, 8, 100)
     assert [step(n) for n in range(13)] == [cos(n) for n in range(13)]  # W = round(1.5 x 8) = 12
     assert step(12) == 1.0 and cos(12) == 1.0
+
+
+def _params_with_grads(seed: int = 0):
+    """Three parameters with gradients (a matrix, a vector, a scalar) and one without."""
+    g = torch.Generator().manual_seed(seed)
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in ((5, 3), (4,), ())]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g, dtype=torch.float32)
+    return params + [torch.nn.Parameter(torch.zeros(2))]
+
+
+@pytest.mark.parametrize("ratio", [0.1, 0.5, 2.0])
+def test_clip_grad_norm_scales_every_gradient_by_one_global_factor(ratio):
+    params = _params_with_grads()
+    grads = [p.grad.double().clone() for p in params[:3]]
+    total = math.sqrt(sum(float((g * g).sum()) for g in grads))  # the global L2 norm, by hand
+    c = ratio * total
+    reference = [torch.nn.Parameter(p.detach().clone()) for p in params]  # torch's own, on copies
+    for r, p in zip(reference, params):
+        r.grad = None if p.grad is None else p.grad.clone()
+    torch_norm = torch.nn.utils.clip_grad_norm_(reference, c)
+
+    norm = clip_grad_norm(params, c)
+
+    assert norm == pytest.approx(total, rel=1e-6) and norm == pytest.approx(float(torch_norm), rel=1e-7)
+    factor = min(1.0, c / (total + 1e-6))  # Pascanu et al.'s rule; torch adds 1e-6 to the norm
+    for p, g, r in zip(params, grads, reference):
+        torch.testing.assert_close(p.grad.double(), g * factor, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(p.grad, r.grad, rtol=0, atol=0)
+    assert params[3].grad is None  # a parameter without a gradient is left alone
+    clipped = math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in params[:3]))
+    assert clipped == pytest.approx(min(c, total), rel=1e-5)
+
+
+def test_clip_grad_norm_off_leaves_the_gradients():
+    params = _params_with_grads()
+    before = [p.grad.clone() for p in params[:3]]
+    assert clip_grad_norm(params, None) is None
+    for p, g in zip(params, before):
+        assert torch.equal(p.grad, g)
