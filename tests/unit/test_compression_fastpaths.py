@@ -6,20 +6,17 @@ the BENCH line convention of scripts/bench_all.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from script_module import load_script
 
 from lsgd.compression import build
 from lsgd.compression import compressors as C
 from lsgd.compression.fastrand import random_float32, random_int32
 from lsgd.compression.lattice import CHECKSUM_PRIME, LatticeQuantizer, lattice_checksum
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 # -- fastrand --------------------------------------------------------------------------------------
@@ -182,11 +179,7 @@ def test_abs_at_least_equals_the_one_pass_rule():
 
 # -- make bench's table ------------------------------------------------------------------------------
 def _bench_all():
-    spec = importlib.util.spec_from_file_location("bench_all", REPO / "scripts" / "bench_all.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_all"] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench_all")
 
 
 def test_bench_lines_parse_and_compare():

@@ -4,17 +4,14 @@ against a hand-computed example."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from script_module import load_script
 
 from lsgd.analysis.load import RunData
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gravac_gains.py"
-spec = importlib.util.spec_from_file_location("gravac_gains", SCRIPT)
-gravac_gains = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gravac_gains)
+gravac_gains = load_script("gravac_gains")
 
 
 def _run(seed: int, rows: list[tuple], algo: str = "gravac") -> RunData:

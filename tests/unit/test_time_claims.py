@@ -5,24 +5,17 @@ record interval, seconds per evaluation), so every expected value is closed form
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
+from script_module import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "time_claims.py"
 
 
 @pytest.fixture(scope="module")
 def tc():
-    spec = importlib.util.spec_from_file_location("time_claims", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["time_claims"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("time_claims")
 
 
 def schedule(metric: list[float | None], train_s: float, eval_s: float, key: str = "test_acc", every: int = 24):

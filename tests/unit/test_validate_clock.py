@@ -3,24 +3,17 @@ the verdict against issue 23's goals, the markdown table and the figure."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
+from script_module import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "validate_clock.py"
 
 
 @pytest.fixture(scope="module")
 def vc():
-    spec = importlib.util.spec_from_file_location("validate_clock", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["validate_clock"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("validate_clock")
 
 
 def records(steps, wall, modeled, compute=None):
