@@ -18,7 +18,6 @@ from lsgd.compression.fastrand import random_float32, random_int32
 from lsgd.compression.lattice import CHECKSUM_PRIME, LatticeQuantizer, lattice_checksum
 
 
-
 # -- fastrand --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("low,bits", [(1.0, 23), (128.0, 16), (2.0, 4)])
 def test_random_float32_grid_and_moments(low, bits):
