@@ -26,10 +26,11 @@ step's record, so the resumed run starts exactly after it) the ranks all-reduce 
 uncounted 4-byte collective), so every rank stops at the same step even when the signal reached them
 at different steps. The all-reduce is issued without waiting and read at the next step's
 bookkeeping (:meth:`PreemptionWatch.agreed`), so no step waits for its round trip; a signal stops
-the run a few steps after it arrives: the flag is read :attr:`~lsgd.algorithms.base.Algorithm.agreement_lag`
-steps (16) after it was issued, so the agreement lets workers drift apart between the method's own
-synchronizations as the method does (read one step later, it tied every step of every worker to
-the slowest's), and a signal stops the run 16 or 17 steps after it arrives. SLURM signals all tasks of the job (``scancel --signal=TERM``, preemption's
+the run one or two steps after it arrives. Methods whose workers drift apart between
+synchronizations (local SGD and its family, Overlap-Local-SGD, the gossip family) read it 16 steps
+after its issue (:attr:`~lsgd.algorithms.base.Algorithm.agreement_lag`), so the agreement lets them
+drift as the method does (read one step later, it tied every step of every worker to the
+slowest's); a signal stops them 16 or 17 steps after it arrives. SLURM signals all tasks of the job (``scancel --signal=TERM``, preemption's
 SIGTERM, the ``--signal=USR1@120`` warning before a time limit, submitit's ``USR2``).
 
 Why our own handler: submitit's (``JobEnvironment._handle_signals``) pickles the *callable* again

@@ -250,9 +250,9 @@ class Trainer:
             self.net = compile_module(self.net, self.device)
         if self.algorithm.bookkeeping == "server":  # no collective to agree on a step to stop at
             self.watch.without_interrupts()
-        # lock-step ranks read the stop agreement agreement_lag steps after issuing it, so it adds no
-        # coupling between the method's own synchronizations; ranks that are not in lock step agree
-        # only at records: read at the next one
+        # lock-step ranks read the stop agreement agreement_lag steps after issuing it (16 where workers
+        # drift apart between synchronizations: no added coupling); ranks that are not in lock step
+        # agree only at records: read at the next one
         self.watch.lag = int(self.algorithm.agreement_lag) if self.algorithm.lockstep else 1
         local_steps = cfg["algo"].get("local_steps")
         if (self.is_main and isinstance(local_steps, int) and local_steps > self.total_steps

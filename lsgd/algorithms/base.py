@@ -159,6 +159,15 @@ def restore_(tensors: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
             t.copy_(s)
 
 
+#: :attr:`Algorithm.agreement_lag` of methods whose workers drift apart between synchronizations:
+#: read one step after its issue, the stop agreement tied every worker's every step to the
+#: slowest's (measured on the emulated cluster at 50 Mbit/s: local SGD's wall time 5% and SlowMo's
+#: 13% above the clock's), which these methods do not do; read 16 steps later it lets them drift
+#: as the method does. A signal then stops them within 17 steps (SLURM's ``--signal=USR1@120``
+#: warning leaves 7 s per step).
+DRIFT_AGREEMENT_LAG = 16
+
+
 class Algorithm:
     """Base class: a method is a subclass in its own module of ``lsgd.algorithms``.
 
@@ -191,16 +200,13 @@ class Algorithm:
 
     #: Calls (steps, for lock-step methods) between the issue of the stop agreement
     #: (:class:`lsgd.preemption.PreemptionWatch`: one uncounted MAX all-reduce of a 4-byte flag per
-    #: step) and its read. A rank can run this many steps ahead of the slowest before the agreement
-    #: makes it wait, so the agreement adds no coupling to methods whose workers synchronize every H
-    #: steps (local SGD, SlowMo, DiLoCo, Overlap-Local-SGD) or only with neighbours (the gossip
-    #: family); read one step later it tied every worker's every step to the slowest's (measured on
-    #: the emulated cluster at 50 Mbit/s: local SGD's wall time 5% and SlowMo's 13% above the
-    #: clock's). Methods that all-reduce every step are coupled by their own collectives: the lag
-    #: costs them nothing. The price is latency: a signal stops a run ``agreement_lag`` or
-    #: ``agreement_lag + 1`` steps after it arrives (16 steps: SLURM's ``--signal=USR1@120`` warning
-    #: leaves 7 s per step). May be set per class or instance (>= 1).
-    agreement_lag = 16
+    #: step) and its read; a rank can run this many steps ahead of the slowest before the agreement
+    #: makes it wait, and a signal stops the run ``agreement_lag`` or ``agreement_lag + 1`` steps
+    #: after it arrives. 1 (the default) for methods that all-reduce every step: their own
+    #: collectives couple the workers anyway, and a signal stops them at once.
+    #: :data:`DRIFT_AGREEMENT_LAG` for methods whose workers drift apart between synchronizations
+    #: (local SGD and its family, Overlap-Local-SGD, the gossip family).
+    agreement_lag = 1
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from lsgd.algorithms.base import Algorithm, float_buffers
+from lsgd.algorithms.base import DRIFT_AGREEMENT_LAG, Algorithm, float_buffers
 from lsgd.config import choice
 from lsgd.errors import ConfigError
 from lsgd.topology import Topology, check
@@ -71,6 +71,8 @@ class Gossip(Algorithm):
 
     Config keys: ``topology``, ``weights``, ``average_buffers`` (bool), ``seed``.
     """
+
+    agreement_lag = DRIFT_AGREEMENT_LAG  # workers wait only for their neighbours (Algorithm.agreement_lag)
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from lsgd.algorithms.base import Algorithm, float_buffers, model_tensors
+from lsgd.algorithms.base import DRIFT_AGREEMENT_LAG, Algorithm, float_buffers, model_tensors
 from lsgd.config import choice, int_at_least
 
 BUFFER_POLICIES = ("reset", "maintain", "average")
@@ -56,6 +56,7 @@ class LocalSGD(Algorithm):
     """
 
     name = "local_sgd"
+    agreement_lag = DRIFT_AGREEMENT_LAG  # workers drift apart for H steps (Algorithm.agreement_lag)
     grad_scaler = "flag"  # workers step on their own gradients (lsgd.accel); SlowMo, DiLoCo, post-local SGD inherit it
 
     @classmethod

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from lsgd.algorithms.base import Algorithm
+from lsgd.algorithms.base import DRIFT_AGREEMENT_LAG, Algorithm
 from lsgd.algorithms.gossip import flat_of, write_flat
 from lsgd.config import in_interval, int_at_least
 
@@ -36,6 +36,7 @@ class OverlapLocalSGD(Algorithm):
     ``anchor_momentum`` (gmf in [0, 1])."""
 
     name = "overlap_local_sgd"
+    agreement_lag = DRIFT_AGREEMENT_LAG  # workers drift apart for tau steps (Algorithm.agreement_lag)
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:

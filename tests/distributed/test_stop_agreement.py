@@ -66,3 +66,17 @@ def test_a_rank_runs_lag_calls_ahead_then_waits_and_all_stop_together(lag, tmp_p
     assert waited > DELAY_S * 0.8, waited      # the (lag + 1)th reads rank 1's first issue: it waited
     # the signal went into the agreement issued at call 1 of the loop, read lag calls later
     assert stops == [lag + 1, lag + 1], stops
+
+
+def test_only_methods_whose_workers_drift_apart_read_it_late():
+    """16 steps for the methods whose workers run on between synchronizations (periodic averaging,
+    background anchor, neighbours only); 1 for those that all-reduce (or serve) every step, which the
+    agreement cannot couple more and which a signal should stop at once."""
+    from lsgd.algorithms import ALGORITHMS
+    from lsgd.algorithms.base import DRIFT_AGREEMENT_LAG
+
+    drift = {"local_sgd", "post_local_sgd", "slowmo", "diloco", "overlap_local_sgd",
+             "dpsgd", "swarm_sgd", "sgp", "decentlam", "lead", "ad_psgd"}
+    assert DRIFT_AGREEMENT_LAG == 16 and drift <= set(ALGORITHMS)
+    for name, cls in ALGORITHMS.items():
+        assert cls.agreement_lag == (16 if name in drift else 1), name
