@@ -253,6 +253,30 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
     check_available(cfg["dataset"])
 
 
+def compose_config(overrides: list[str], *, check: bool = True, throw_on_missing: bool = False) -> dict:
+    """The resolved run config (a plain dict) of ``overrides``, Hydra overrides as on the ``lsgd
+    train`` command line (``["algo=local_sgd", "algo.local_steps=8"]``), composed from lsgd's config
+    groups without launching anything: for tests, benchmarks and scripts that build a Trainer
+    themselves. Hydra's compose API, initialised for the call (it must not be initialised already).
+
+    Raises:
+        ConfigError: ``check`` and a key or value :func:`validate` rejects.
+        omegaconf.errors.MissingMandatoryValue: ``throw_on_missing`` and a ``???`` value left.
+    """
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from lsgd.resolvers import register_resolvers
+
+    register_resolvers()
+    with initialize_config_module(config_module="lsgd.conf", version_base="1.3"):
+        node = compose("config", overrides=list(overrides))
+    cfg = OmegaConf.to_container(node, resolve=True, throw_on_missing=throw_on_missing)
+    if check:
+        validate(cfg)
+    return cfg
+
+
 def threads_per_worker(nproc: int) -> int:
     """Torch intra-op threads per worker so ``nproc`` workers share the cores without
     oversubscription: max(1, cores // nproc)."""

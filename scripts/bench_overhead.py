@@ -43,16 +43,9 @@ from lsgd.launch import free_port
 
 
 def compose(overrides: list[str]) -> dict:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from omegaconf import OmegaConf
+    from lsgd.config import compose_config
 
-    from lsgd.cli import _register_resolvers
-
-    _register_resolvers()
-    with initialize_config_module(config_module="lsgd.conf", version_base="1.3"):
-        cfg = hydra_compose("config", overrides=overrides)
-    cfg = OmegaConf.to_container(cfg, resolve=True)
+    cfg = compose_config(overrides, check=False)
     cfg.update(run_id="bench", eval_unit="step", eval_every=10**9, checkpoint_every=0, epochs=1000, max_steps=None)
     return cfg
 

@@ -127,18 +127,9 @@ class Setup:
 # ----------------------------------------------------------------------------------------------
 def compose(overrides: list[str]) -> dict:
     """The validated lsgd config of ``overrides`` (Hydra compose, as ``lsgd train`` would)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from omegaconf import OmegaConf
+    from lsgd.config import compose_config
 
-    from lsgd.cli import _register_resolvers
-    from lsgd.config import validate
-
-    _register_resolvers()
-    with initialize_config_module(config_module="lsgd.conf", version_base="1.3"):
-        cfg = OmegaConf.to_container(hydra_compose("config", overrides=overrides), resolve=True)
-    validate(cfg)
-    return cfg
+    return compose_config(overrides)
 
 
 @contextlib.contextmanager

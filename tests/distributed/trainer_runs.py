@@ -7,11 +7,8 @@ from pathlib import Path
 
 import torch
 from gloo import run_gloo
-from hydra import compose, initialize_config_module
-from omegaconf import OmegaConf
 
-from lsgd.cli import _register_resolvers
-from lsgd.config import validate
+from lsgd.config import compose_config
 
 #: tiny synthetic settings; 2 gloo workers unless the world size says otherwise
 TINY = ["debug=default", "dataset.num_train=512", "dataset.num_test=64", "log_every=1", "eval_every=1000",
@@ -19,11 +16,7 @@ TINY = ["debug=default", "dataset.num_train=512", "dataset.num_test=64", "log_ev
 
 
 def compose_cfg(overrides: list[str]) -> dict:
-    _register_resolvers()
-    with initialize_config_module(config_module="lsgd.conf", version_base="1.3"):
-        cfg = OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
-    validate(cfg)
-    return cfg
+    return compose_config(overrides)
 
 
 def _train(rank, world, cfg, run_dir):

@@ -213,18 +213,9 @@ CASES_BY_NAME = {c.name: c for c in CASES}
 def compose(case: Case, dtype: str = "float64") -> dict:
     """The resolved, validated run config of ``case`` (as ``lsgd train`` builds it before workers
     start), in ``dtype``."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from omegaconf import OmegaConf
+    from lsgd.config import compose_config
 
-    from lsgd.cli import _register_resolvers
-    from lsgd.config import validate
-
-    _register_resolvers()
-    with initialize_config_module(config_module="lsgd.conf", version_base="1.3"):
-        node = hydra_compose("config", overrides=case.all_overrides(dtype))
-    cfg = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
-    validate(cfg)
+    cfg = compose_config(case.all_overrides(dtype), throw_on_missing=True)
     cfg["run_id"] = f"golden-{case.name}"  # lsgd.launch.run sets the run folder name here
     return cfg
 
