@@ -29,9 +29,11 @@ All ranks share this machine's cores and loopback: the times are this machine's,
 decode + both checksums of a float32 model of ``--lattice-floats`` elements (default 8M) in
 1M-element tensors, decoded against the model plus noise, side by side (alternating, median of
 ``--repeats``) with :func:`reference_encode_decode`, the quantizer as it was before its fast path
-(float64 / int64 throughout). Time is this process's CPU time (``time.process_time``): what one core
-spends, not inflated by waiting for a core on a shared machine (wall time is printed too). It
-prints ``BENCH lattice_ns_per_element`` (goal <= 5) and ``BENCH lattice_speedup_vs_float64``
+(float64 / int64 throughout), and with the quantizer's torch fast path (numba's fused loops switched
+off: the dozen torch passes the fused loops replace). Time is this process's CPU time
+(``time.process_time``): what one core spends, not inflated by waiting for a core on a shared machine
+(wall time is printed too); the fast paths' encode and decode separately, and PCG64's random words
+alone (drawn by the encode). It prints ``BENCH lattice_ns_per_element`` (goal <= 5) and ``BENCH lattice_speedup_vs_float64``
 (goal >= 10).
 """
 
@@ -43,6 +45,7 @@ import statistics
 import time
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -131,37 +134,60 @@ def reference_encode_decode(x: torch.Tensor, y: torch.Tensor, side: float, gen: 
     return ok
 
 
-def lattice_bench(floats: int, repeats: int) -> tuple[float, float, float, float]:
-    """(new CPU s, reference CPU s, new wall s, reference wall s): medians over ``repeats``
-    alternating repeats of encode + decode of ``floats`` float32 elements in CHUNK-element tensors."""
+def lattice_bench(floats: int, repeats: int) -> dict[str, dict[str, float]]:
+    """Medians over ``repeats`` alternating repeats of encode + decode of ``floats`` float32 elements
+    in CHUNK-element tensors: ``{path: {"cpu": s, "wall": s, "encode": s, "decode": s}}`` for
+    ``fused`` (the quantizer as it runs: numba's fused loops), ``torch`` (its torch fast path, numba's
+    loops switched off: what the fused loops replace) and ``reference`` (float64 / int64
+    throughout); ``{"bits": {"cpu": s}}``: PCG64's random words alone (what the encode draws)."""
+    from lsgd.compression import lattice as L
+
     torch.set_num_threads(1)
     model = torch.randn(floats, generator=torch.Generator().manual_seed(0)) * 0.05
     ref = model + 1e-3 * torch.randn(floats, generator=torch.Generator().manual_seed(1))
     quant = LatticeQuantizer(8, 1e-3)
+    fused = L.fused_kernels()
 
-    def new(rep):
+    def new(rep, kernels):
+        L._FUSED = kernels  # None: the torch path
         g = torch.Generator().manual_seed(rep)
+        enc = dec = 0.0
         for a, b in zip(model.split(CHUNK), ref.split(CHUNK)):
+            c0 = time.process_time()
             code, own = quant.encode(a, g, dtype=torch.float32)  # as SwarmSGD asks for a float32 model
-            dec, ok = quant.decode(code, b, dtype=torch.float32)
+            c1 = time.process_time()
+            dec_points, ok = quant.decode(code, b, dtype=torch.float32)
+            dec += time.process_time() - c1
+            enc += c1 - c0
             assert ok
+        L._FUSED = fused
+        return enc, dec
 
     def old(rep):
         g = torch.Generator().manual_seed(rep)
         for a, b in zip(model.split(CHUNK), ref.split(CHUNK)):
             assert reference_encode_decode(a, b, 1e-3, g)
+        return 0.0, 0.0
 
-    new(0), old(0)  # warm-up (allocator, caches, the checksum weights)
-    cpu = {"new": [], "old": []}
-    wall = {"new": [], "old": []}
+    def bits(rep):
+        for a in model.split(CHUNK):
+            np.random.PCG64(rep).random_raw(-(-a.numel() // 2))
+        return 0.0, 0.0
+
+    runs = {"fused": lambda rep: new(rep, fused), "torch": lambda rep: new(rep, None), "reference": old,
+            "bits": bits}
+    for fn in runs.values():  # warm-up (allocator, caches, the checksum weights, numba's cache)
+        fn(0)
+    out = {name: {"cpu": [], "wall": [], "encode": [], "decode": []} for name in runs}
     for rep in range(repeats):
-        for name, fn in ((("new", new), ("old", old)) if rep % 2 == 0 else (("old", old), ("new", new))):
+        for name in (list(runs) if rep % 2 == 0 else list(reversed(runs))):
             c0, w0 = time.process_time(), time.perf_counter()
-            fn(rep)
-            cpu[name].append(time.process_time() - c0)
-            wall[name].append(time.perf_counter() - w0)
-    med = statistics.median
-    return med(cpu["new"]), med(cpu["old"]), med(wall["new"]), med(wall["old"])
+            enc, dec = runs[name](rep)
+            out[name]["cpu"].append(time.process_time() - c0)
+            out[name]["wall"].append(time.perf_counter() - w0)
+            out[name]["encode"].append(enc)
+            out[name]["decode"].append(dec)
+    return {name: {k: statistics.median(v) for k, v in d.items()} for name, d in out.items()}
 
 
 def one_size(rank: int, peer: int, n: int, repeats: int, quant: LatticeQuantizer):
@@ -220,14 +246,20 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.lattice:
         reps = max(5, args.repeats if args.repeats != 3 else 7)
-        t_new, t_old, w_new, w_old = lattice_bench(args.lattice_floats, reps)
+        r = lattice_bench(args.lattice_floats, reps)
         n = args.lattice_floats
+        ns = 1e9 / n
         print(f"lattice 8-bit, side 1e-3, {n:,} float32 elements in {CHUNK:,}-element tensors, one torch thread, "
               f"median of {reps} alternating repeats; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-        print(f"{'':>22} {'cpu ns/el':>10} {'wall ns/el':>11}")
-        print(f"{'fast path (float32)':>22} {t_new / n * 1e9:>10.2f} {w_new / n * 1e9:>11.2f}")
-        print(f"{'reference (float64)':>22} {t_old / n * 1e9:>10.2f} {w_old / n * 1e9:>11.2f}")
-        print(f"BENCH lattice_ns_per_element {t_new / n * 1e9:.2f} <= 5")
+        print(f"{'':>28} {'cpu ns/el':>10} {'wall ns/el':>11} {'encode':>7} {'decode':>7}")
+        for name, label in (("fused", "fast path (numba, fused)"), ("torch", "fast path, torch passes"),
+                            ("reference", "reference (float64)")):
+            t = r[name]
+            split = f"{t['encode'] * ns:>7.2f} {t['decode'] * ns:>7.2f}" if name != "reference" else ""
+            print(f"{label:>28} {t['cpu'] * ns:>10.2f} {t['wall'] * ns:>11.2f} {split}")
+        print(f"{'of which PCG64 random words':>28} {r['bits']['cpu'] * ns:>10.2f}   (in the encode)")
+        t_new, t_old = r["fused"]["cpu"], r["reference"]["cpu"]
+        print(f"BENCH lattice_ns_per_element {t_new * ns:.2f} <= 5")
         print(f"BENCH lattice_speedup_vs_float64 {t_old / t_new:.2f} >= 10")
         return
     if args.quick:

@@ -36,10 +36,17 @@ and side.
 
 *float32 tensors with* ``|x / s| < 2**20`` (the fast path; ``scripts/bench_gossip.py --lattice``): the
 random bits come from numpy's PCG64 (:mod:`lsgd.compression.fastrand`, seeded by one draw from the
-generator) and the arithmetic runs in float32, with ``k`` held as float32 integers:
+generator) and the arithmetic runs in float32, with ``k`` held as float32 integers; ``s32 = fl32(s)``
+(the side as float32, as torch divides a float32 tensor by a Python float):
 
-    z = fl32(x / s);  f = z - floor(z);  k = floor(z) + floor(fl32(f + u')) - 1,
+    z = fl32(x / s32);  f = z - floor(z);  k = floor(z) + floor(fl32(f + u')) - 1,
     u' = 1 + m 2**-23,  m uniform on {0 .. 2**23 - 1}   (random bits with float32's exponent of 0)
+
+On CPU it runs as one compiled loop per side (:mod:`lsgd.compression.lattice_fused`, numba), else
+(another device, or numba missing or failing to compile: :func:`fused_kernels`) as torch passes
+(:func:`_integers_float32`, :meth:`LatticeQuantizer.decode`). Both compute the same float32
+operations in the same order, so payload, checksum, points and random stream agree bit for bit
+(``tests/unit/test_lattice_fused.py``).
 
 Exactness argument: (1) every integer of magnitude below 2**24 is a float32, so ``floor(z)``, ``k``
 and every intermediate integer are exact; ``f = z - floor(z)`` is exact (Sterbenz: both have the
@@ -48,38 +55,54 @@ rounded by at most 2**-24. (2) ``f + u'`` lies in ``[1, 3)``, where float32's sp
 2**-22, so its rounding moves it by at most 2**-23 and changes ``floor`` (1 or 2: rounding down or
 up) only for ``f`` within 2**-23 of a grid point of ``u``; with ``u = u' - 1`` uniform on a 2**-23
 grid, ``P(k = floor(z) + 1)`` is the fractional part of ``z`` within ``3 * 2**-23``, so
-``E[s k] = s z`` within ``2**-21 s``; ``z`` itself is within ``2**-24 |x / s|`` of ``x / s`` (one
-correctly rounded division), so ``E[s k] - x`` is at most ``2**-21 s + 2**-24 |x|``: half an ulp of
-``x`` itself plus a 2**-21 fraction of one lattice step (the float64 path: about 2**-53).
-(3) The decode, ``t = fl32(y / s)``, ``k_hat = c + q round(fl32(t - c) / q)`` (``/ q`` exact, a
-power of two), errs only if ``|fl32(t - c) - (k - c)| >= q / 2``; with ``|z - k| < 1`` and the two
-roundings above, that needs ``|x - y| >= (q / 2 - 1) s - 2**-23 (|x| + |y| + q s)``: the safe radius
-shrinks by at most ``2**-23 (|x| + |y| + q s)`` (about 3e-7 for weights of magnitude 1 at s = 1e-3,
-q = 256, against a radius of 0.127), and a decode beyond it is caught by the checksum as before. (4) The
-checksum is computed from ``k`` as float64 with one matrix product (:func:`lattice_checksum`):
-``|k| < 2**20`` and weights below 2**16 keep every partial sum of a 65521-element block below 2**52,
-so it is exact in any summation order and equals the int64 definition bit for bit. Tensors with
-``|x / s| >= 2**20`` somewhere (or not finite) take the float64 path; references with
-``|y / s| >= 2**20 - q`` decode in float64. (5) The lattice points ``s k`` come back in float64 by
-default, or in float32 on request (``dtype=torch.float32``: the float64 ``s k`` rounded to float32,
-the precision of the float32 model they go back into; SwarmSGD asks for it for float32 parameters, and both ends
-of a pair compute the same ``(a + b) / 2``). The fast path draws other random numbers than the
-float64 path, so float32 runs round differently from before this path existed (same law); float64
-runs, the goldens among them, are unchanged bit for bit.
+``E[s k] = s z`` within ``2**-21 s``; ``z`` itself is within about ``2**-23 |x / s|`` of ``x / s``
+(``s32`` within a relative 2**-24 of ``s``, then one correctly rounded division), so ``E[s k] - x`` is
+at most about ``2**-21 s + 2**-23 |x|``: an ulp of ``x`` itself plus a 2**-21 fraction of one
+lattice step (the float64 path: about 2**-53).
+(3) The decode, ``t = fl32(y / s32)``, ``k_hat = c + q round(fl32(t - c) / q)`` (``/ q`` exact, a
+power of two; computed as ``fl32(y / fl32(s q))``, which is ``t / q`` exactly), errs only if
+``|fl32(t - c) - (k - c)| >= q / 2``; sender and receiver divide by the same ``s32``, so with
+``|z - k| < 1`` and the roundings above that needs ``|x - y| >= (q / 2 - 1) s - 2**-23 (|x| + |y| + 2 q s)``:
+the safe radius shrinks by at most ``2**-23 (|x| + |y| + 2 q s)`` (about 3e-7 for weights of
+magnitude 1 at s = 1e-3, q = 256, against a radius of 0.127), and a decode beyond it is caught by
+the checksum as before. (4) The checksum of ``|k| < 2**20`` is exact either way: the torch path takes
+one float64 matrix product (:func:`lattice_checksum`: weights below 2**16 keep every partial sum of a
+65521-element block below 2**52, exact in any summation order), the fused loops sum ``k``, ``k g^i``
+in int64 per block (the same integers, below 2**52 < 2**63) and reduce each block modulo 65521; both
+equal the int64 definition bit for bit. Tensors with ``|x / s| >= 2**20`` somewhere (or not finite)
+take the float64 path (the fused loop notices as it goes, puts the generator back as it was and
+hands over); references with ``|y / s| >= 2**20 - q`` decode in float64. (5) The lattice points
+``s k`` come back in float64 by default, or in float32 on request (``dtype=torch.float32``: the
+float64 ``s k`` rounded to float32, the precision of the float32 model they go back into; SwarmSGD
+asks for it for float32 parameters, and both ends of a pair compute the same ``(a + b) / 2``). The
+fast path draws other random numbers than the float64 path, so float32 runs round differently from
+before this path existed (same law); float64 runs, the goldens among them, are unchanged bit for bit.
 
-Where the time went (25 Nov 2026, one core, 1M-element tensors, 8 bits): the float64 path spends
-it in fresh multi-megabyte allocations (page faults: with glibc's allocator kept from returning
-memory it ran 3x faster), torch's mt19937 (about 10 ns per float64 draw under load), the int64
-``remainder`` and padded copy of the checksum, and the Python lane loop of the packing. The fast
-path keeps its scratch in reused buffers (:class:`_Workspace`), draws 32 bits per element from
-PCG64 (about 1 ns), and does the checksum as one ``[3, 65521] @ [65521, blocks]`` product.
+Where the time went (26 Nov 2026, one core, 8M floats in 1M-element tensors, 8 bits, load average
+2.9; ``bench_gossip.py --lattice``): the float64 path (63 ns per element here, 26-85 ns as glibc
+maps its buffers afresh or not) in fresh multi-megabyte allocations, torch's mt19937 (about 10 ns
+per float64 draw under load), the int64 ``remainder`` and padded copy of the checksum, and the
+Python lane loop of the packing. The torch fast path (6.7 ns: encode 4.1, decode 2.5) keeps its
+scratch in reused buffers (:class:`_Workspace`) and draws 32 bits per element from PCG64, but makes
+a dozen passes over each tensor (divide, min / max, floor, subtract / add / floor, a float64 copy and
+matrix product for the checksum, an int32 copy and a cast for the payload, the points), each
+0.3-0.6 ns per element in memory traffic. The fused loops (2.2 ns: encode 1.5, decode 0.6) make one
+pass per side in 1024-element stages that stay in L1 (vectorized to AVX-512 by LLVM); what is left
+is PCG64 itself (0.86 ns per element: 32 of its 64 bits per element, its 128-bit multiply a serial
+chain) and writing the outputs (a byte of payload and 4 bytes of points per element). numba's
+price is per process: 2.7 s to compile both loops the first time on a machine (then cached on disk
+next to :mod:`lsgd.compression.lattice_fused`, also under ``PYTHONDONTWRITEBYTECODE``), 0.4 s to load
+them in every later process (measured after ``import lsgd.trainer``).
 """
 
 from __future__ import annotations
 
+import importlib
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import torch
 
 from lsgd.compression import alloc
@@ -177,6 +200,34 @@ class _Workspace:
 #: the largest tensor (elements) whose scratch buffers a quantizer keeps between calls
 WORKSPACE_MAX = 1 << 22
 
+_UNSET = object()
+_FUSED = _UNSET
+
+
+def fused_kernels():
+    """The compiled encode / decode loops (:mod:`lsgd.compression.lattice_fused`), or None when numba
+    is missing or they fail to compile (a warning, once per process; the quantizer then takes its
+    torch path, same results). Imported on first use: the first process on a machine compiles them
+    (about 2 s), later ones load numba's on-disk cache."""
+    global _FUSED
+    if _FUSED is _UNSET:
+        try:
+            lattice_fused = importlib.import_module("lsgd.compression.lattice_fused")
+        except Exception as exc:  # ImportError (no numba), numba's typing / lowering errors
+            warnings.warn(f"lattice quantizer: numba's fused loops unavailable ({type(exc).__name__}: {exc}); "
+                          "using the slower torch path (same results)", RuntimeWarning, stacklevel=2)
+            _FUSED = None
+        else:
+            _FUSED = lattice_fused
+    return _FUSED
+
+
+def _fused_for(t: torch.Tensor):
+    """The fused kernels if ``t`` can take them (a non-empty float32 CPU tensor), else None."""
+    if t.dtype != torch.float32 or t.device.type != "cpu" or t.numel() == 0:
+        return None
+    return fused_kernels()
+
 
 def pack(colours: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack colours (integers in ``[0, 2**bits)``, or any integers / integral float32 values,
@@ -230,6 +281,13 @@ def _checksum_weights(device: torch.device) -> torch.Tensor:
             x = x * g % CHECKSUM_PRIME
         rows.append(w)
     return torch.tensor(rows, dtype=torch.int64, device=device)
+
+
+@lru_cache(maxsize=1)
+def _element_weights_numpy() -> tuple[np.ndarray, np.ndarray]:
+    """The two rows of :func:`_checksum_weights` as contiguous int64 numpy arrays (the fused loops')."""
+    w = _checksum_weights(torch.device("cpu")).numpy()
+    return np.ascontiguousarray(w[0]), np.ascontiguousarray(w[1])
 
 
 @lru_cache(maxsize=8)
@@ -348,6 +406,11 @@ class LatticeQuantizer:
         the fast path (module docstring), anything else the float64 path."""
         n = x.numel()
         dev = x.device
+        kernels = _fused_for(x) if generator is not None else None
+        if kernels is not None:
+            fused = self._encode_fused(kernels, x, generator, dtype)
+            if fused is not None:
+                return fused
         k32 = _integers_float32(x, self.side, generator, self._work) if generator is not None else None
         if k32 is not None and n:  # |k| <= 2^20: the checksum's float64 product is exact
             kd = self._work.get("d", n, torch.float64, dev).copy_(k32)
@@ -364,6 +427,11 @@ class LatticeQuantizer:
         checksum matched (False: the sender's tensor lay outside the safe radius of
         ``reference``; the values are wrong). A float32 reference with ``|y / s| < 2**20 - q``
         decodes in float32 (module docstring), anything else in float64."""
+        kernels = _fused_for(reference)
+        if kernels is not None:
+            fused = self._decode_fused(kernels, code, reference, dtype)
+            if fused is not None:
+                return fused
         c = _unpack(code.payload, self.bits, code.numel)
         ref = reference.detach().reshape(-1)
         n = ref.numel()
@@ -383,6 +451,56 @@ class LatticeQuantizer:
         cl = c.long()
         k_hat = cl + self.q * torch.round((y - cl) / self.q).long()
         return (k_hat.double() * self.side).to(dtype), self._matches(lattice_checksum(k_hat), code)
+
+    def _payload_out(self, n: int) -> tuple[torch.Tensor, np.ndarray]:
+        """A fresh payload tensor for ``n`` elements (as :func:`pack` returns it) and its bytes as
+        a numpy array (zeroed for bits 1, 2, 4, whose lanes are OR-ed in)."""
+        if self.bits == 16:
+            payload = alloc.empty(n, torch.int16)
+        elif self.bits == 8:
+            payload = alloc.empty(n, torch.uint8)
+        else:
+            payload = alloc.zeros(-(-n * self.bits // 8), torch.uint8)
+        return payload, payload.view(torch.uint8).numpy()
+
+    def _encode_fused(self, kernels, x: torch.Tensor, generator: torch.Generator,
+                      dtype: torch.dtype) -> tuple[LatticeCode, torch.Tensor] | None:
+        """:meth:`encode`'s fast path as one compiled loop (:mod:`lsgd.compression.lattice_fused`):
+        the same random stream, payload, checksum and points as the torch fast path, or None
+        (``|x / s| >= 2**20`` or NaN somewhere: the generator is put back as it was, and the caller
+        takes the float64 path as the torch fast path would)."""
+        xs = x.detach().reshape(-1).contiguous().numpy()
+        n = xs.shape[0]
+        state = generator.get_state()
+        # the 32-bit words random_float32(n, seed, 1.0, 23) draws (their low 23 bits are m)
+        words = np.random.PCG64(seed_from(generator)).random_raw(-(-n // 2)).view(np.uint32)
+        payload, pay = self._payload_out(n)
+        points = alloc.empty(n, torch.float32 if dtype == torch.float32 else torch.float64)
+        sums = np.empty(3, dtype=np.int64)
+        w1, w2 = _element_weights_numpy()
+        if not kernels.encode(xs, np.float32(self.side), words, self.bits, self.side, w1, w2, pay,
+                              points.numpy(), sums):
+            generator.set_state(state)
+            return None
+        return LatticeCode(payload, torch.from_numpy(sums), n), points
+
+    def _decode_fused(self, kernels, code: LatticeCode, reference: torch.Tensor,
+                      dtype: torch.dtype) -> tuple[torch.Tensor, bool] | None:
+        """:meth:`decode`'s float32 path as one compiled loop, or None (``|y / s| >= 2**20 - q``
+        or NaN somewhere, or a payload too short: the caller's float64 / torch path)."""
+        ys = reference.detach().reshape(-1).contiguous().numpy()
+        n = ys.shape[0]
+        payload = code.payload.reshape(-1).contiguous().view(torch.uint8)
+        if payload.numel() < -(-n * self.bits // 8):
+            return None
+        points = alloc.empty(n, torch.float32 if dtype == torch.float32 else torch.float64)
+        sums = np.empty(3, dtype=np.int64)
+        w1, w2 = _element_weights_numpy()
+        bound = (FAST_LIMIT - self.q) / self.q
+        if not kernels.decode(payload.numpy(), self.bits, ys, np.float32(self.side * self.q), bound, self.side,
+                              w1, w2, points.numpy(), sums):
+            return None
+        return points, self._matches(torch.from_numpy(sums), code)
 
     def _points(self, k32: torch.Tensor, kd: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """``s k`` from the float64 copy ``kd`` of ``k``: float64 as the float64 path computes it,
