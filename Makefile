@@ -23,7 +23,10 @@ install: $(STAMP)
 # --compile-bytecode and compileall (pip compiles at install by itself): where PYTHONDONTWRITEBYTECODE
 # is set, as on CI's machines, nothing is cached at import, and without .pyc files every worker
 # process compiles torch's sources again: 3.8-4.4 s per `import lsgd.trainer` instead of 1.5-1.7 s,
-# which made the suite 24.5 min instead of 15 (measured 26 Nov 2026).
+# which made the suite 24.5 min instead of 15 (measured 26 Nov 2026). The import of lattice_fused has
+# numba compile the lattice quantizer's loops into its on-disk cache (lsgd/compression/__pycache__,
+# written whatever PYTHONDONTWRITEBYTECODE says): 2.7 s once here, instead of in every worker process
+# that starts before the cache exists; later processes load it in 0.4 s.
 INSTALLER ?= uv
 $(STAMP): $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +41,8 @@ else
 	$(VENV)/bin/uv pip install --python $(PY) --no-deps -e .
 	$(PY) -m compileall -q lsgd
 endif
+	$(PY) -c "import lsgd.compression.lattice_fused" \
+	  || echo "numba did not compile the lattice loops: the lattice quantizer will take its torch path"
 	touch $(STAMP)
 
 # `make lock` resolves pyproject.toml with the dev extra into requirements.lock with uv (pinned below,
