@@ -452,10 +452,11 @@ class Communicator:
 
     def settle(self, codes: Sequence[int] = (), on_codes: Callable[[list[int]], None] | None = None) -> bool:
         """Wait for every collective issued so far on the clock: settle them (their issue times'
-        MAX over the group: one uncounted all-gather, the MAX taken locally) and move the clock to the end of the last
-        (the group's stream). Every rank of the group must call it at the same point.
+        MAX over the group: one uncounted all-gather, the MAX taken locally) and move the clock to
+        the end of the last (the group's stream). Every rank of the group must call it at the same
+        point.
 
-        ``codes`` (integers in [0, 2**53), as many on every rank) travel in the same all-reduce:
+        ``codes`` (integers in [0, 2**53), as many on every rank) travel in the same exchange:
         their MAX over the group is handed to ``on_codes`` when the settlement applies (the next
         clock read, :class:`lsgd.clock.Clock`), so a per-step agreement (the stop agreement,
         :attr:`carry`) costs no message of its own. Returns whether they were sent (False: nothing
@@ -500,7 +501,8 @@ class Communicator:
         # taken here (exact: the same values as a MAX all-reduce): a gloo all-gather of a few
         # elements takes (p - 1) messages per rank, a ring all-reduce up to 2 (p - 1) per element
         # up to 2 p elements (4 ranks, 7 float64: 1.8 ms against 2.5 ms on this 2-core host)
-        buf = torch.from_numpy(np.concatenate([issues.reshape(-1), np.asarray(codes, dtype=np.float64)])).to(self.device)
+        payload = np.concatenate([issues.reshape(-1), np.asarray(codes, dtype=np.float64)])
+        buf = torch.from_numpy(payload).to(self.device)
         gathered = torch.empty(self.world_size * buf.numel(), dtype=buf.dtype, device=buf.device)
         work = _ALL_GATHER_INTO(gathered, buf, group=self.group, async_op=True)
 

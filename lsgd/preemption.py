@@ -158,7 +158,8 @@ class PreemptionWatch:
         self.stop = stop
         self.signal: int | None = None  # the first signal received
         self._previous: dict[int, object] = {}
-        self._pending: collections.deque = collections.deque()  # (call, handle, flag): agreements in flight, oldest first
+        #: (call of issue, handle, flag): agreements in flight, oldest first
+        self._pending: collections.deque = collections.deque()
         self._calls = 0  # calls of agreed() that read no carried answer (every period-th issues)
         self._carried: int | None = None  # an agreement carried by the step's own exchange (carried())
         #: calls between an agreement's issue and its read (:meth:`agreed`; the trainer sets the

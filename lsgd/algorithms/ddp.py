@@ -180,9 +180,9 @@ class DDP(Algorithm):
         it is issued at the end of backward, after the buckets on the group's stream.
 
         The communicator's :attr:`~lsgd.comm.Communicator.carry` (the stop agreement) travels in
-        the settlement's all-reduce (:meth:`lsgd.comm.Communicator.settle`): its answer arrives
+        the settlement's exchange (:meth:`lsgd.comm.Communicator.settle`): its answer arrives
         with the settlement, at the next step's first clock read, before that step's bookkeeping
-        reads it (as its own all-reduce, read one step later, did), one message per step fewer."""
+        reads it (as its own all-reduce, read one step later, did): one message per step fewer."""
         clock = self.comm.clock
         with self.comm.overlap(clock.now.copy() if clock is not None else None):
             self.broadcast_buffers()
