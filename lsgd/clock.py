@@ -11,7 +11,7 @@ step's compute time (from a FLOP profile of the target device, or measured; :mod
 and the communicator by communication, with these rules (``cost`` = alpha-beta cost below):
 
 * a collective ends for all its participants at ``max_i(start_i) + cost`` (the starts are
-  exchanged with an uncounted MAX all-reduce of the participants' clocks);
+  exchanged in an uncounted settlement: an all-gather of the participants' clocks, MAX taken locally);
 * collectives of one communicator run one after another on its *stream*: an operation starts at
   ``max(participants' issue times, end of the previous operation)``;
 * an asynchronous operation (``async_op=True``) starts at its issue time and runs alongside the
@@ -60,7 +60,7 @@ receiver's ingress for its whole cost ``alpha + n beta``, so
   ``alpha + n beta`` (full duplex);
 * a collective keeps its formula and occupies its members' ports of its link: it starts at the
   max over its members of ``(issue, stream free, egress free, ingress free)`` (the members'
-  earliest-free lanes, folded into the settlement's MAX all-reduce) and holds those lanes of
+  earliest-free lanes, folded into the settlement's exchange) and holds those lanes of
   every member until its end;
 * a parameter server's incast of ``N`` messages costs ``N (alpha + n beta)`` at its ingress, its
   broadcast the same at its egress.
@@ -418,8 +418,8 @@ class Clock:
     ``now`` is a float64 array of shape ``[k]``. Compute advances every entry equally; the
     communicator advances entries by their own network's costs.
 
-    Settling a collective's clock needs the participants' start times (an uncounted MAX
-    all-reduce); the communicator issues it asynchronously and :meth:`defer` s its effect, which is
+    Settling a collective's clock needs the participants' start times (an uncounted all-gather,
+    MAX taken locally); the communicator issues it asynchronously and :meth:`defer` s its effect, which is
     applied, in order, the next time the clock is *read* (:attr:`now`, :attr:`ports`,
     :meth:`backward_point`, :meth:`state_dict`). Advancing the clock does not read it: while a
     settlement is queued, :meth:`compute` and :meth:`backward` queue behind it and are applied in
@@ -531,5 +531,5 @@ class Clock:
 def stream_end(stream_free: np.ndarray, issue: np.ndarray, cost: np.ndarray) -> np.ndarray:
     """End (shape ``[k]``, seconds) of a collective on a communicator's stream: it starts at
     ``max(issue, stream_free)`` (``issue``: the max over its participants, from the settlement's
-    MAX all-reduce) and lasts ``cost``; the stream is free again at the end."""
+    exchange) and lasts ``cost``; the stream is free again at the end."""
     return np.maximum(issue, stream_free) + cost

@@ -22,15 +22,19 @@ checkpoint).
 * ``off``: SIGUSR1 / SIGUSR2 keep their default action; SIGTERM is an interrupt (above).
 
 How a signal becomes a stop: the handler only sets a flag. At every step's bookkeeping (after that
-step's record, so the resumed run starts exactly after it) the ranks all-reduce the flag (MAX, an
-uncounted 4-byte collective), so every rank stops at the same step even when the signal reached them
-at different steps. The all-reduce is issued without waiting and read at the next step's
-bookkeeping (:meth:`PreemptionWatch.agreed`), so no step waits for its round trip; a signal stops
-the run one or two steps after it arrives. Methods whose workers drift apart between
-synchronizations (local SGD and its family, Overlap-Local-SGD, the gossip family) read it 16 steps
-after its issue (:attr:`~lsgd.algorithms.base.Algorithm.agreement_lag`), so the agreement lets them
-drift as the method does (read one step later, it tied every step of every worker to the
-slowest's); a signal stops them 16 or 17 steps after it arrives. SLURM signals all tasks of the job (``scancel --signal=TERM``, preemption's
+step's record, so the resumed run starts exactly after it) the ranks agree on the flag (MAX over the
+ranks of an uncounted 4-byte code), so every rank stops at the same step even when the signal
+reached them at different steps. The all-reduce is issued without waiting and read at the next
+step's bookkeeping (:meth:`PreemptionWatch.agreed`), so no step waits for its round trip; a signal
+stops the run one or two steps after it arrives. DDP (and the methods built on it) sends no message
+of its own for it: the code travels in the clock's per-step settlement, which arrives before the
+next step's bookkeeping (:attr:`lsgd.comm.Communicator.carry`). Methods whose workers drift apart
+between synchronizations (local SGD and its family, Overlap-Local-SGD, the gossip family) read it 16
+steps after its issue (:attr:`~lsgd.algorithms.base.Algorithm.agreement_lag`), so the agreement lets
+them drift as the method does (read one step later, it tied every step of every worker to the
+slowest's), and issue it every 4th step only (:data:`AGREEMENTS_IN_FLIGHT`: one message per step
+cost them 5-8% of the demo CNN's step on a 2-core host); a signal stops them 16 to 20 steps after it
+arrives. SLURM signals all tasks of the job (``scancel --signal=TERM``, preemption's
 SIGTERM, the ``--signal=USR1@120`` warning before a time limit, submitit's ``USR2``).
 
 Why our own handler: submitit's (``JobEnvironment._handle_signals``) pickles the *callable* again
@@ -61,6 +65,9 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 MODES = ("auto", "requeue", "checkpoint", "off")
 CHECKPOINT_EXIT_CODE = 128 + signal.SIGTERM
+#: stop agreements in flight at most (:meth:`PreemptionWatch.agreed`): read ``lag`` calls after its
+#: issue, one is issued every ``lag // AGREEMENTS_IN_FLIGHT`` calls
+AGREEMENTS_IN_FLIGHT = 4
 
 file_log = logging.getLogger("lsgd.file")  # train.log only (lsgd.trainer.setup_logging)
 
@@ -151,7 +158,10 @@ class PreemptionWatch:
         self.stop = stop
         self.signal: int | None = None  # the first signal received
         self._previous: dict[int, object] = {}
-        self._pending: collections.deque = collections.deque()  # (handle, flag): agreements in flight, oldest first
+        #: (call of issue, handle, flag): agreements in flight, oldest first
+        self._pending: collections.deque = collections.deque()
+        self._calls = 0  # calls of agreed() that read no carried answer (every period-th issues)
+        self._carried: int | None = None  # an agreement carried by the step's own exchange (carried())
         #: calls between an agreement's issue and its read (:meth:`agreed`; the trainer sets the
         #: algorithm's :attr:`~lsgd.algorithms.base.Algorithm.agreement_lag`)
         self.lag = 1
@@ -213,33 +223,65 @@ class PreemptionWatch:
         if self.signal is not None and not self.is_preemption(self.signal):
             _exit_now(self.signal, None)
 
+    def code(self) -> int:
+        """This rank's stop code now: 0 (no signal to act on), else ``100 * kind + signal``, kind 2
+        for preemption, 1 for an interrupt (so a MAX over the ranks prefers preemption, then the
+        larger signal number)."""
+        signum = self.signal or (self.stop.signum if self.stop is not None else 0)
+        if signum and (self.interrupts or self.is_preemption(signum)):
+            return (2 if self.is_preemption(signum) else 1) * 100 + signum
+        return 0
+
+    def carried(self, code: int) -> None:
+        """The MAX over the ranks of :meth:`code`, agreed in an exchange the step made anyway (DDP's
+        clock settlement, :attr:`lsgd.comm.Communicator.carry`), on every rank at the same step:
+        the next :meth:`agreed` returns its verdict and sends nothing of its own."""
+        self._carried = int(code)
+
+    def _verdict(self, code: int) -> Stopped | None:
+        if not code:
+            return None
+        self.drain()  # every rank has the same agreements in flight: complete them all
+        kind, signum = divmod(code, 100)
+        return (Preempted if kind == 2 else Interrupted)(-1, signum)
+
+    @property
+    def period(self) -> int:
+        """Calls between two issues of the agreement: ``lag // AGREEMENTS_IN_FLIGHT`` (at least 1)."""
+        return max(1, int(self.lag) // AGREEMENTS_IN_FLIGHT)
+
     def agreed(self, comm, device: torch.device) -> Stopped | None:
         """Whether some rank got a signal, as the exception to raise at progress ``step`` (set by
         the caller); None on every rank when none did.
 
-        The agreement is an uncounted all-reduce MAX of a code (preemption over interrupt, then the
-        larger signal number), issued without waiting and read :attr:`lag` calls later: the ranks
-        call this at the same steps, so they all read the same answer at the same step, and no step
-        waits for the flag's round trip (a blocking all-reduce per step cost 0.3-0.8 ms on 2 gloo
-        ranks here, several percent of a small model's step). A signal therefore stops the run
-        ``lag`` or ``lag + 1`` steps after it arrives. The first ``lag`` calls only issue; a call
-        that reads a stop completes the agreements still in flight and issues nothing more.
+        Where this step's own exchange carried the codes (:meth:`carried`), that answer, and
+        nothing is sent. Else the agreement is an uncounted all-reduce MAX of :meth:`code`, issued
+        without waiting every :attr:`period` calls (the 1st, the ``period + 1``-th, ...) and read
+        :attr:`lag` calls after its issue: the ranks call this at the same steps, so they all read
+        the same answer at the same step, and no step waits for the flag's round trip (a blocking
+        all-reduce per step cost 0.3-0.8 ms on 2 gloo ranks here, several percent of a small
+        model's step). With ``lag`` 1 every call issues one and reads the previous one; with a
+        larger ``lag`` one call in ``period`` sends a message (a gloo message costs ~0.3 ms of CPU
+        on every rank of a 2-core host: per step, ~1.5% of the demo CNN's local step). A signal
+        therefore stops the run ``lag`` to ``lag + period`` calls after it arrives (1 to 2 for
+        ``lag`` 1; 16 to 20 for :data:`~lsgd.algorithms.base.DRIFT_AGREEMENT_LAG`). A call that
+        reads a stop completes the agreements still in flight and issues nothing more.
         """
         if not self.active:
             return None
-        if len(self._pending) >= self.lag:
-            handle, flag = self._pending.popleft()
+        if self._carried is not None:
+            code, self._carried = self._carried, None
+            return self._verdict(code)
+        calls, self._calls = self._calls, self._calls + 1
+        if self._pending and calls - self._pending[0][0] >= self.lag:
+            _, handle, flag = self._pending.popleft()
             handle.wait()
-            code = int(flag.item())
-            if code:
-                self.drain()  # every rank has the same agreements in flight: complete them all
-                kind, signum = divmod(code, 100)
-                return (Preempted if kind == 2 else Interrupted)(-1, signum)
-        signum = self.signal or (self.stop.signum if self.stop is not None else 0)
-        code = 0
-        if signum and (self.interrupts or self.is_preemption(signum)):
-            code = (2 if self.is_preemption(signum) else 1) * 100 + signum
-        flag = torch.tensor([code], dtype=torch.int32, device=device)
+            stop = self._verdict(int(flag.item()))
+            if stop is not None:
+                return stop
+        if calls % self.period:
+            return None
+        flag = torch.tensor([self.code()], dtype=torch.int32, device=device)
         handle = comm.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, count=False, async_op=True)
         if flag.device.type == "cuda":
             # the answer comes to the host by an asynchronous copy into pinned memory queued behind
@@ -249,14 +291,14 @@ class PreemptionWatch:
             host = torch.empty(1, dtype=torch.int32).pin_memory()
             host.copy_(flag, non_blocking=True)
             handle, flag = _CopyDone(), host
-        self._pending.append((handle, flag))
+        self._pending.append((calls, handle, flag))
         return None
 
     def drain(self) -> None:
         """Complete the agreements in flight, if any (every rank calls it at the same point, before
         the collectives that end a run)."""
         while self._pending:
-            self._pending.popleft()[0].wait()
+            self._pending.popleft()[1].wait()
 
 
 class _CopyDone:

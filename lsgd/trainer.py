@@ -254,6 +254,9 @@ class Trainer:
         # drift apart between synchronizations: no added coupling); ranks that are not in lock step
         # agree only at records: read at the next one
         self.watch.lag = int(self.algorithm.agreement_lag) if self.algorithm.lockstep else 1
+        # an algorithm whose step makes a suitable exchange anyway carries the agreement in it
+        # (DDP's clock settlement: lsgd.comm.Communicator.carry); the others send their own
+        self.comm.carry = self.watch if self.watch.active and self.algorithm.lockstep else None
         local_steps = cfg["algo"].get("local_steps")
         if (self.is_main and isinstance(local_steps, int) and local_steps > self.total_steps
                 and not cfg["algo"].get("warmup_steps")):

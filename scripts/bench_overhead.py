@@ -50,11 +50,14 @@ def compose(overrides: list[str]) -> dict:
     return cfg
 
 
-def make_trainer(cfg: dict, algo: dict, run_dir: str):
+def make_trainer(cfg: dict, algo: dict, run_dir: str, watch: bool = True):
+    from lsgd.preemption import PreemptionWatch
     from lsgd.trainer import Trainer
 
     cfg = dict(cfg, algo=algo)
-    trainer = Trainer(cfg, run_dir, "cpu")
+    # as `lsgd train` runs (lsgd.trainer.train: launcher.interrupts defaults to true): Ctrl-C is
+    # watched, so the ranks agree on a step to stop at (lsgd.preemption); no handler is installed
+    trainer = Trainer(cfg, run_dir, "cpu", PreemptionWatch("off", interrupts=True) if watch else None)
     trainer.start_time = time.perf_counter()
     trainer.recorder.start(trainer.samples)
     return trainer
@@ -88,9 +91,9 @@ def worker(rank: int, world: int, port: int, args, overrides: list[str]) -> None
 
     cfg = compose(overrides)
     run_dir = tempfile.mkdtemp(prefix=f"lsgd-bench-{rank}-") if rank == 0 else tempfile.mkdtemp()
-    lsgd_ddp = make_trainer(cfg, {"name": "ddp", "bucket_cap_mb": 25}, run_dir)
+    lsgd_ddp = make_trainer(cfg, {"name": "ddp", "bucket_cap_mb": 25}, run_dir, not args.no_watch)
     lsgd_local = make_trainer(cfg, {"name": "local_sgd", "local_steps": 10**9, "average_buffers": True,
-                                    "buffer_policy": "maintain"}, run_dir)
+                                    "buffer_policy": "maintain"}, run_dir, not args.no_watch)
     n = args.block * (args.rounds + 1)
     it = lsgd_ddp.loader.batches(0)
     batches = [next(it) for _ in range(n)]
@@ -142,7 +145,8 @@ def worker(rank: int, world: int, port: int, args, overrides: list[str]) -> None
         med = {k: statistics.median(v) for k, v in times.items()}
         gb = world * cfg["batch_size"]
         print(f"workers={world} model={cfg['model']['name']} dataset={cfg['dataset']['name']} local batch={cfg['batch_size']} "
-              f"rounds={args.rounds} block={args.block} steps; load average before {args.load_before}")
+              f"rounds={args.rounds} block={args.block} steps, stop agreement {'off' if args.no_watch else 'on'}; "
+              f"load average before {args.load_before}")
         print(f"  {'case':13s} {'median step ms':>14s} {'CPU ms/step (all ranks)':>24s}")
         for k, v in med.items():
             print(f"  {k:13s} {v * 1e3:14.2f} {statistics.median(cpus[k]) * 1e3:24.2f}")
@@ -168,6 +172,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--block", type=int, default=15)
+    parser.add_argument("--no-watch", action="store_true",
+                        help="lsgd without the stop agreement (launcher.interrupts=false)")
     parser.add_argument("overrides", nargs="*", default=["experiment=fmnist_demo"])
     args = parser.parse_args()
     if args.rounds < 5:

@@ -177,11 +177,21 @@ class DDP(Algorithm):
 
         The buffers are final once forward has run (backward and the optimizer step do not touch
         them), so broadcasting them here is DDP's broadcast before the next forward; on the clock
-        it is issued at the end of backward, after the buckets on the group's stream."""
+        it is issued at the end of backward, after the buckets on the group's stream.
+
+        The communicator's :attr:`~lsgd.comm.Communicator.carry` (the stop agreement) travels in
+        the settlement's exchange (:meth:`lsgd.comm.Communicator.settle`): its answer arrives
+        with the settlement, at the next step's first clock read, before that step's bookkeeping
+        reads it (as its own all-reduce, read one step later, did): one message per step fewer."""
         clock = self.comm.clock
         with self.comm.overlap(clock.now.copy() if clock is not None else None):
             self.broadcast_buffers()
-        self.comm.settle()
+        # the stop agreement (lsgd.preemption) rides in the settlement: no message of its own
+        carry = self.comm.carry
+        if carry is None:
+            self.comm.settle()
+        else:
+            self.comm.settle([carry.code()], lambda codes: carry.carried(codes[0]))
 
     def after_step(self, step: int) -> None:
         self.comm.round()

@@ -1,7 +1,8 @@
-"""The stop agreement (lsgd.preemption.PreemptionWatch.agreed) on real gloo ranks: read ``lag`` calls
-after it was issued, it lets a rank run ``lag`` steps ahead of the slowest before it waits (periodic
-methods: lag = H, so it adds no coupling between their synchronizations), and every rank still
-stops at the same call."""
+"""The stop agreement (lsgd.preemption.PreemptionWatch.agreed) on real gloo ranks: issued every
+``lag``-th call and read ``lag`` calls after it was issued, it lets a rank run ``lag`` steps ahead of
+the slowest before it waits (drifting methods: no coupling between their synchronizations), every
+rank still stops at the same call, and a step's own exchange can carry it (DDP: the clock's
+settlement, lsgd.comm.Communicator.settle's codes)."""
 
 from __future__ import annotations
 
@@ -49,23 +50,66 @@ def _ahead_then_stop(rank, world_size, lag, out):
             calls += 1
             if stop is not None:
                 break
-            assert calls <= lag + 1
+            assert calls <= lag + watch.period
         assert type(stop) is Interrupted and stop.signum == signal.SIGINT
         watch.drain()
     stops = [None] * world_size
-    dist.all_gather_object(stops, calls)
+    dist.all_gather_object(stops, [calls, watch.period])
     if rank == 0:
         (out / "r.json").write_text(json.dumps([ahead, waited, stops]))
 
 
-@pytest.mark.parametrize("lag", [1, 4])
+@pytest.mark.parametrize("lag", [1, 4, 16])
 def test_a_rank_runs_lag_calls_ahead_then_waits_and_all_stop_together(lag, tmp_path):
     run_gloo(_ahead_then_stop, 2, lag, tmp_path)
     ahead, waited, stops = json.loads((tmp_path / "r.json").read_text())
     assert ahead < DELAY_S / 2, ahead          # lag calls issued without waiting for rank 1
     assert waited > DELAY_S * 0.8, waited      # the (lag + 1)th reads rank 1's first issue: it waited
-    # the signal went into the agreement issued at call 1 of the loop, read lag calls later
-    assert stops == [lag + 1, lag + 1], stops
+    # calls 0, period, 2 period, ... issue (period = lag // 4, at least 1: 1, 1, 4); the signal
+    # (before the loop's call 1, overall call lag + 1) goes into the issue at overall call
+    # lag + period, read lag calls later: the loop's call lag + period
+    period = max(1, lag // 4)
+    assert stops == [[lag + period, period]] * 2, stops
+
+
+class _NoSend:
+    def all_reduce(self, *args, **kwargs):
+        raise AssertionError("the agreement was carried: nothing to send")
+
+
+def test_an_answer_carried_by_the_steps_exchange_is_read_and_nothing_is_sent():
+    watch = PreemptionWatch("off", interrupts=True)
+    watch.carried(0)
+    assert watch.agreed(_NoSend(), torch.device("cpu")) is None
+    watch.signal = signal.SIGINT
+    assert watch.code() == 100 + signal.SIGINT  # kind 1 (interrupt) * 100 + the signal
+    watch.carried(200 + signal.SIGTERM)  # another rank was preempted: preemption wins the MAX
+    stop = watch.agreed(_NoSend(), torch.device("cpu"))
+    assert stop.status == "preempted" and stop.signum == signal.SIGTERM
+
+
+def _codes_in_settlement(rank, world_size, out):
+    """Two ranks, clocks 1 s apart, one counted asynchronous all-reduce each, settled with codes."""
+    from lsgd.comm import Clock, Communicator, NetworkModel
+
+    clock = Clock()
+    comm = Communicator(NetworkModel(bandwidth_gbps=8e-9, latency_us=0.0), clock=clock)  # beta = 1 s/byte
+    clock.compute(1.0 + rank)  # issue at 1 s (rank 0) and 2 s (rank 1)
+    comm.all_reduce(torch.zeros(2), async_op=True)  # 8 bytes: ring on 2 ranks costs n beta = 8 s
+    got = []
+    assert comm.settle([10 * rank + 3, 7 - rank], got.append)
+    assert got == []  # delivered with the settlement, at the next clock read
+    now = clock.time_s
+    assert not comm.settle([1], got.append)  # nothing left to settle: no exchange, no codes
+    (out / f"r{rank}.json").write_text(json.dumps([now, got]))
+
+
+def test_codes_travel_in_the_clock_settlement_and_arrive_with_it(tmp_path):
+    run_gloo(_codes_in_settlement, 2, tmp_path)
+    for rank in range(2):
+        now, got = json.loads((tmp_path / f"r{rank}.json").read_text())
+        assert now == pytest.approx(2.0 + 8.0, rel=1e-12)  # the later issue (rank 1's) + the all-reduce's cost
+        assert got == [[13, 7]]  # MAX of (3, 7) and (13, 6)
 
 
 def test_only_methods_whose_workers_drift_apart_read_it_late():
