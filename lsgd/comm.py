@@ -40,6 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from lsgd import p2p_trace
 from lsgd.blocked import BlockedTime
 
 # the model of time lives in lsgd.clock; its public names stay importable from here
@@ -135,6 +136,7 @@ class Handle:
         self.t_done: float | None = None      # perf_counter when the transfer was complete
         self.end: np.ndarray | None = None    # collective: its end on the stream, once settled
         self.restored: np.ndarray | None = None  # a resumed handle: the end to wait for (Communicator.resumed)
+        self.trace = None                     # lsgd.p2p_trace: this exchange's record (LSGD_TRACE_P2P)
 
     def wait_works(self) -> None:
         """Block until the transfer itself is done, without the accounting (clock, measured time):
@@ -143,8 +145,11 @@ class Handle:
         works again (gloo's receive work cannot be waited twice)."""
         if not self.works_done:
             with self.comm._s.blocked.region():  # a no-op on a background thread (lsgd.blocked)
-                for w in self.works:
-                    w.wait()
+                if self.trace is not None:
+                    self.trace.join()  # the trace's threads wait for the works
+                else:
+                    for w in self.works:
+                        w.wait()
             self.works_done = True
 
     def complete_data(self):
@@ -164,6 +169,8 @@ class Handle:
         self.complete_data()
         self.comm._complete(self)
         self.done = True
+        if self.trace is not None:
+            self.trace.write(self.comm.global_ranks[self.comm.rank], self.issue, self.message_end)
         return self.result
 
     def end_time(self) -> np.ndarray | None:
@@ -751,6 +758,10 @@ class Communicator:
                 recv_ops.append((dist.irecv, buf, src))
                 handle.messages.append(("recv", self._p2p_link_cost(peer, tensor_bytes(t)), buf,
                                         self._pair_link(self._rank, peer), peer))
+        trace = p2p_trace.tracer() if count and not self._batched else None
+        if trace is not None:
+            handle.trace = trace.start([self.global_ranks[q] for q in sorted({*sends, *recvs})],
+                                       [tensor_bytes(t) for t in sends.values()], t0)
         with self._s.blocked.region():  # posting is communication too (lsgd.blocked)
             if self._batched:
                 self._warm_up()
@@ -763,6 +774,8 @@ class Communicator:
                 # each ring neighbour at 50 Mbit/s): 3.5 message times with sends first, 2.3 with
                 # receives first, 2 by the clock (issue 23)
                 handle.works = [f(t, r, group=self.group) for f, t, r in recv_ops + send_ops]
+                if handle.trace is not None:
+                    handle.trace.watch(handle.works, _trace_labels(recv_ops + send_ops))
         if not async_op:
             handle.wait()
             return None
@@ -864,6 +877,19 @@ class Communicator:
         self._stream_free = np.asarray(state["stream_free"], dtype=np.float64)
         if self.clock is not None and "clock" in state:
             self.clock.load_state_dict(state["clock"])
+
+
+def _trace_labels(ops) -> list[tuple[str, int]]:
+    """``(kind, peer)`` of each posted op for :mod:`lsgd.p2p_trace`: the payload, then (with a
+    clock) the start stamp (float64, ``[k]``), per peer."""
+    out, seen = [], set()
+    for f, _t, r in ops:
+        kind = "recv" if f is dist.irecv else "send"
+        if (kind, r) in seen:
+            kind += "_stamp"
+        seen.add((kind, r))
+        out.append((kind, r))
+    return out
 
 
 class _Many(Handle):

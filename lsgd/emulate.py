@@ -88,9 +88,18 @@ WIRE_FACTOR = FRAME_BYTES / PAYLOAD_BYTES
 #: is not in this host's tcp_allowed_congestion_control, so a namespace may not select it.
 TCP_CONGESTION_CONTROL = "reno"
 #: the longest a frame may wait in a tbf queue (tbf's ``latency``; its byte limit follows from the
-#: rate): 20 ms. With 50 ms a 2-rank all-reduce at 200 Mbit/s ran 4-11% over the cap's time (a
-#: standing queue that the ring's segment exchanges wait behind), with 20 ms 2-3%.
-TBF_QUEUE_MS = 20
+#: rate): 5 ms. With 50 ms a 2-rank all-reduce at 200 Mbit/s ran 4-11% over the cap's time (a
+#: standing queue that the ring's segment exchanges wait behind), with 20 ms 2-3%. With 20 ms, paired
+#: exchanges (both directions of a TCP connection busy: each direction's ACKs wait behind the other
+#: direction's data in the acknowledging node's egress queue) between changing partners (4 nodes, SwarmSGD's pairs, 0.86 MB each
+#: way at 50 Mbit/s) often left one direction of a connection slow for the rest of the run (its Reno
+#: window halved by the queue's drops, below the 20 ms round trip's bandwidth-delay product): in 7
+#: of 8 runs one node's messages took 173-201 ms (median) instead of the cap's 143 ms, and those runs
+#: missed the clock by 12-24%; with 5 ms, 5 of 5 runs had no slow node (every node 142-145 ms) and
+#: missed by 0.9-4.3%.
+#: 2-rank 16 MiB calibration with 5 ms: point to point -0.3..-0.1%, all-reduce +1.1..+1.6% at
+#: 50 Mbit/s, +6.5..+7.8% at 200, +0.2..+0.3% at 1000 (20 ms, same session: +6.2%, +2.4%, -0.1%)
+TBF_QUEUE_MS = 5
 
 
 @dataclass(frozen=True)
