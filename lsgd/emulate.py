@@ -88,7 +88,7 @@ WIRE_FACTOR = FRAME_BYTES / PAYLOAD_BYTES
 #: is not in this host's tcp_allowed_congestion_control, so a namespace may not select it.
 TCP_CONGESTION_CONTROL = "reno"
 #: the longest a frame may wait in a tbf queue (tbf's ``latency``; its byte limit follows from the
-#: rate): 5 ms. With 50 ms a 2-rank all-reduce at 200 Mbit/s ran 4-11% over the cap's time (a
+#: rate), by default (``launcher.queue_ms``): 5 ms. With 50 ms a 2-rank all-reduce at 200 Mbit/s ran 4-11% over the cap's time (a
 #: standing queue that the ring's segment exchanges wait behind), with 20 ms 2-3%. With 20 ms, paired
 #: exchanges (both directions of a TCP connection busy: each direction's ACKs wait behind the other
 #: direction's data in the acknowledging node's egress queue) between changing partners (4 nodes, SwarmSGD's pairs, 0.86 MB each
@@ -114,6 +114,7 @@ class Plan:
         master_addr: the bridge's address (the subnet's first host).
         rate_bit: the cap of each direction of each node link, bit/s.
         latency_us: one-way added delay between two nodes (0 where netem is missing or not asked).
+        queue_ms: the longest a frame may wait in a link's tbf queue, ms (``launcher.queue_ms``).
     """
 
     run: str
@@ -123,6 +124,7 @@ class Plan:
     master_addr: str
     rate_bit: int
     latency_us: float = 0.0
+    queue_ms: float = TBF_QUEUE_MS
 
     @property
     def bridge(self) -> str:
@@ -196,11 +198,25 @@ def pick_subnet(run: str, taken: list[ipaddress.IPv4Network]) -> ipaddress.IPv4N
     raise ConfigError("launcher.emulate: every subnet 10.200-254.x.0/24 overlaps a route of this host")
 
 
-def tbf_args(rate_bit: int) -> list[str]:
+def tbf_args(rate_bit: int, queue_ms: float = TBF_QUEUE_MS) -> list[str]:
     """``tc`` arguments of the token bucket for a ``rate_bit`` cap: a bucket of 1 ms at the rate (at
-    least 32 KiB, a few frames), a queue of at most :data:`TBF_QUEUE_MS`."""
+    least 32 KiB, a few frames), a queue of at most ``queue_ms`` milliseconds (default
+    :data:`TBF_QUEUE_MS`)."""
     burst = max(32 * 1024, rate_bit // 8 // 1000)
-    return ["tbf", "rate", f"{rate_bit}bit", "burst", str(burst), "latency", f"{TBF_QUEUE_MS}ms"]
+    return ["tbf", "rate", f"{rate_bit}bit", "burst", str(burst), "latency", f"{queue_ms:g}ms"]
+
+
+def queue_ms_of(cfg: dict) -> float:
+    """``launcher.queue_ms`` of ``cfg`` (ms; :data:`TBF_QUEUE_MS` when absent).
+
+    Raises:
+        ConfigError: not a number in (0, 1000].
+    """
+    value = (cfg.get("launcher") or {}).get("queue_ms", TBF_QUEUE_MS)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1000:
+        raise ConfigError(f"launcher.queue_ms={value!r} is not allowed; allowed: a number of milliseconds "
+                          f"in (0, 1000] (default {TBF_QUEUE_MS})")
+    return float(value)
 
 
 def _state_path(run: str) -> Path:
@@ -251,6 +267,7 @@ def preflight(cfg: dict, joined: bool = False) -> None:
     if resolve_backend(cfg) != "gloo":
         raise ConfigError(f"launcher.emulate=true needs launcher.backend=gloo (TCP sockets on the emulated "
                           f"links); got {resolve_backend(cfg)!r}")
+    queue_ms_of(cfg)
     bw = float(cfg.get("network", {}).get("bandwidth_gbps") or 0)
     if bw <= 0:
         raise ConfigError(f"launcher.emulate=true needs network.bandwidth_gbps > 0; got {bw}")
@@ -288,7 +305,7 @@ def _setup(plan: Plan, netem: bool) -> None:
     _run("ip", "addr", "add", f"{plan.master_addr}/{ipaddress.ip_network(plan.subnet).prefixlen}", "dev", plan.bridge)
     _run("ip", "link", "set", plan.bridge, "up")
     prefix = ipaddress.ip_network(plan.subnet).prefixlen
-    tbf = tbf_args(plan.rate_bit)
+    tbf = tbf_args(plan.rate_bit, plan.queue_ms)
     for k in range(plan.nodes):
         ns, w, h = plan.netns(k), plan.worker_if(k), plan.host_if(k)
         _run("ip", "netns", "add", ns)
@@ -316,7 +333,7 @@ def set_rate(plan: Plan, rate_bit: int) -> Plan:
     """
     for k in range(plan.nodes):
         for dev, netns in ((plan.worker_if(k), ["-n", plan.netns(k)]), (plan.host_if(k), [])):
-            _run("tc", *netns, "qdisc", "change", "dev", dev, "root", "handle", "1:", *tbf_args(rate_bit))
+            _run("tc", *netns, "qdisc", "change", "dev", dev, "root", "handle", "1:", *tbf_args(rate_bit, plan.queue_ms))
     return Plan(**{**asdict(plan), "rate_bit": int(rate_bit)})
 
 
@@ -427,11 +444,11 @@ def describe(plan: Plan, cfg: dict, netem: bool) -> dict:
     each node link (bit/s) and the tbf's bucket and queue, the frame factor of the link
     (:data:`WIRE_FACTOR`) beside the clock's ``network.wire_overhead``, the TCP congestion control
     inside the namespaces, whether the kernel has netem, and the latency asked for and emulated (us)."""
-    tbf = tbf_args(plan.rate_bit)
+    tbf = tbf_args(plan.rate_bit, plan.queue_ms)
     return {
         "run": plan.run, "nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node, "subnet": plan.subnet,
         "qdisc": "tbf", "cap_bit_s": {"egress": plan.rate_bit, "ingress": plan.rate_bit},
-        "tbf_burst_bytes": int(tbf[tbf.index("burst") + 1]), "tbf_queue_ms": TBF_QUEUE_MS,
+        "tbf_burst_bytes": int(tbf[tbf.index("burst") + 1]), "tbf_queue_ms": plan.queue_ms,
         "mtu": MTU, "frame_wire_factor": WIRE_FACTOR,
         "clock_wire_overhead": (cfg.get("network") or {}).get("wire_overhead"),
         "tcp_congestion_control": TCP_CONGESTION_CONTROL, "netem": bool(netem),
@@ -483,7 +500,8 @@ def cluster(cfg: dict, nproc: int, run_dir: str | Path | None = None) -> Iterato
     run = new_run_id()
     subnet = pick_subnet(run, host_networks())
     plan = Plan(run=run, nodes=nodes, gpus_per_node=gpn, subnet=str(subnet), master_addr=str(subnet[1]),
-                rate_bit=int(round(float(net["bandwidth_gbps"]) * 1e9)), latency_us=latency if netem else 0.0)
+                rate_bit=int(round(float(net["bandwidth_gbps"]) * 1e9)), latency_us=latency if netem else 0.0,
+                queue_ms=queue_ms_of(cfg))
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     _state_path(run).write_text(json.dumps({"pid": os.getpid(), "start": _proc_start(os.getpid()), **asdict(plan)}))
     with contextlib.ExitStack() as stack:

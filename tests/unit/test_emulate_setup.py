@@ -114,3 +114,13 @@ def test_a_missing_kernel_feature_is_named(monkeypatch):
     monkeypatch.setattr(emulate, "_run", fake)
     with pytest.raises(ConfigError, match=r"cannot create the tbf qdisc \(kernel module sch_tbf\).*unknown"):
         emulate.preflight(_cfg())
+
+
+def test_queue_is_launcher_queue_ms_and_bad_values_are_refused():
+    assert emulate.tbf_args(10**8)[-2:] == ["latency", f"{emulate.TBF_QUEUE_MS:g}ms"]
+    assert emulate.tbf_args(10**8, 20)[-2:] == ["latency", "20ms"]
+    assert emulate.queue_ms_of({"launcher": {}}) == emulate.TBF_QUEUE_MS
+    assert emulate.queue_ms_of({"launcher": {"queue_ms": 2.5}}) == 2.5
+    for bad in (0, -1, True, "5", 5000):
+        with pytest.raises(ConfigError, match=r"launcher\.queue_ms"):
+            emulate.queue_ms_of({"launcher": {"queue_ms": bad}})
