@@ -122,6 +122,9 @@ def worker(rank: int, world: int, port: int, lists: list[str], repeats: int, que
                 n = sum(t.numel() for t in ref)
                 queue.put((world, which, len(ref), n, statistics.median(times["adasum"]),
                            statistics.median(times["all_reduce"]), *mean_cpu.tolist()))
+        # every rank is done with the group before any tears it down (a rank destroying its gloo
+        # context while a peer's last messages are in flight can abort: tests/distributed/gloo.py)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

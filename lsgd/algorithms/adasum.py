@@ -35,6 +35,26 @@ node). All communication goes through :class:`lsgd.comm.Communicator` (point-to-
 :meth:`~lsgd.comm.Communicator.sendrecv` and the node's collectives), which counts it and advances
 the cluster clock.
 
+Where the time goes (profiled with per-phase wall and process CPU around each call, and cProfile,
+for ``scripts/bench_adasum.py``'s 1M-float list, 57 tensors, on 4 gloo ranks sharing 2 cores; per rank
+and call): with each receive posted when its exchange starts, 22 ms wall and 10.3 ms CPU, of which the
+7 point-to-point exchanges took 19 ms wall and 7.2 ms CPU. Gloo sends a message only once its receive
+is announced, so each of those dependent messages waited a round trip, and with more ranks than
+cores every wake-up waits for a core: the message pattern alone (no compute) took 10 ms, 15.5 ms with
+the 3 small dot-vector exchanges (1.4 KB each) added. The compute was small beside it: float64 dot
+products 1.35 ms, combination 0.5 ms, copying back 0.4 ms, concatenation 0.2 ms; the communicator's
+Python (counting, handles) under 0.1 ms. Every receive is therefore posted ahead
+(:meth:`~lsgd.comm.Communicator.post_recv`; see :func:`adasum_reduce_`): 19.8 ms wall, 8.9 ms CPU,
+and the message pattern with the compute stubbed out is cheaper than the all-reduce (0.89x). What
+is left is the compute, about twice as slow with 4 processes sharing 2 cores' caches as alone (dots
+0.84 ms alone, 1.4-1.8 ms in the run), and the loopback TCP copies, which cost what they cost the
+all-reduce (the same bytes). The CPU kernels keep their short Python loop over a region's long pieces
+(64K-element chunks for the dots, one in-place multiply-add per piece for the combination): the
+loop-free variant (the ``vectorized`` path: one float64 copy of the region, ``segment_reduce``,
+``repeat_interleave``d coefficients) measured slower here on the 1M list's level-0 region (475K
+floats, 43 pieces, one process): dots 1.14 vs 0.52 ms, combination 0.65 vs 0.16 ms, and changing
+either would change the float64 summation order or the multiply-add's rounding, and so the bits.
+
 The training algorithm :class:`Adasum` (config ``algo.name=adasum``) applies the reduction either to
 the gradients (``target=gradient``, replacing the gradient all-reduce) or, as Horovod does with an
 optimizer, to the delta of a local optimizer step (``target=delta``).
@@ -334,62 +354,87 @@ def _adasum_flat_(flat: Tensor, layout: _Layout, comm: Communicator, base: int =
     levels = q.bit_length() - 1
     node_sum = local is not None and local.world_size > 1
 
-    def dots_of(a: Tensor, b: Tensor, lo: int, hi: int, doubling: int):
-        """(per-tensor [a.b, |a|^2, |b|^2] summed over the 2^doubling ranks of the subtree and
-        the node, segments) for the region [lo, hi) in buffer coordinates."""
-        segs = layout.segments(base + lo, base + hi)
-        dots = _partial_dots(a, b, segs, base + lo, num, vectorized)
-        # recursive doubling, lower rank's vector first: every rank of the subtree gets bitwise
-        # identical sums (float addition is commutative; the tree is the same on all of them)
-        theirs = torch.empty_like(dots) if doubling else None
-        for j in range(doubling):
-            mate = rank ^ (1 << j)
-            comm.sendrecv(dots, theirs, mate)
-            dots = dots + theirs if rank < mate else theirs + dots
-        if node_sum:
-            local.all_reduce(dots)
-        return dots.view(3, num), segs
+    # the regions of the halving levels: at level k this rank keeps [keep) and gives [give)
+    history = []
+    lo, hi = 0, m
+    for k in range(levels):
+        mid = lo + (hi - lo) // 2
+        keep, give = ((lo, mid), (mid, hi)) if rank & (1 << k) == 0 else ((mid, hi), (lo, mid))
+        history.append((keep, give))
+        lo, hi = keep
 
     # 1. fold the extra ranks r >= q into r - q
     if rank >= q:
         comm.sendrecv(flat, None, rank - q)
         comm.sendrecv(None, flat, rank - q)  # receive-only: waits (and is clocked) until the result arrives
         return
-    scratch = _scratch(m if rank + q < p else (m + 1) // 2, flat.dtype, flat.device)
-    if rank + q < p:
-        other = scratch[:m]
-        comm.sendrecv(None, other, rank + q)
-        dots, segs = dots_of(flat, other, 0, m, 0)
+    folds = rank + q < p
+
+    # Every receive up to the all-gather is posted now, in the order the messages come (the fold,
+    # then per level the half, then the dot vectors of the recursive doubling): gloo sends a
+    # message once its receive is announced, so a receive posted only when it is needed costs a
+    # round trip per message (Communicator.post_recv). Each needs its own buffer.
+    sizes = ([m] if folds else []) + [keep[1] - keep[0] for keep, _ in history]
+    scratch = _scratch(sum(sizes), flat.dtype, flat.device)
+    theirs = torch.empty(levels * (levels + 1) // 2, 3 * num, dtype=torch.float64, device=flat.device)
+    posted, offset, row = [], 0, 0
+    if folds:
+        posted.append(comm.post_recv(scratch[:m], rank + q))
+        offset = m
+    level_recvs = []
+    for k, (keep, _) in enumerate(history):
+        size = keep[1] - keep[0]
+        half = comm.post_recv(scratch[offset : offset + size], rank ^ (1 << k))
+        offset += size
+        dots = [comm.post_recv(theirs[row + j], rank ^ (1 << j)) for j in range(k + 1)]
+        row += k + 1
+        level_recvs.append((half, dots))
+
+    def dots_of(a: Tensor, b: Tensor, lo: int, hi: int, recvs):
+        """(per-tensor [a.b, |a|^2, |b|^2] summed over the ranks of the subtree (recursive
+        doubling over ``recvs``, one posted receive per step) and the node, segments) for the
+        region [lo, hi) in buffer coordinates."""
+        segs = layout.segments(base + lo, base + hi)
+        dots = _partial_dots(a, b, segs, base + lo, num, vectorized)
+        # recursive doubling, lower rank's vector first: every rank of the subtree gets bitwise
+        # identical sums (float addition is commutative; the tree is the same on all of them)
+        for j, recv in enumerate(recvs):
+            mate = rank ^ (1 << j)
+            comm.sendrecv(dots, recv, mate)
+            dots = dots + recv.tensor if rank < mate else recv.tensor + dots
+        if node_sum:
+            local.all_reduce(dots)
+        return dots.view(3, num), segs
+
+    if folds:
+        other = posted[0].tensor
+        comm.sendrecv(None, posted[0], rank + q)
+        dots, segs = dots_of(flat, other, 0, m, [])
         ca, cb = _coefficients(dots[0], dots[1], dots[2])
         _combine_(flat, other, ca, cb, segs, base, vectorized)
 
     # 2. vector halving, distance doubling over ranks 0..q-1
-    lo, hi = 0, m
-    history = []
-    for k in range(levels):
-        bit = 1 << k
-        partner = rank ^ bit
-        mid = lo + (hi - lo) // 2
-        left = rank & bit == 0  # lower rank: left subtree, keeps the first half
-        keep, give = ((lo, mid), (mid, hi)) if left else ((mid, hi), (lo, mid))
-        own = flat[keep[0] : keep[1]]
-        other = scratch[: keep[1] - keep[0]]
-        comm.sendrecv(flat[give[0] : give[1]], other, partner)
-        history.append((keep, give))
+    gathers = []
+    for k, ((keep, give), (half, dot_recvs)) in enumerate(zip(history, level_recvs)):
+        partner = rank ^ (1 << k)
+        left = rank & (1 << k) == 0  # lower rank: left subtree, keeps the first half
+        own, other = flat[keep[0] : keep[1]], half.tensor
+        comm.sendrecv(flat[give[0] : give[1]], half, partner)
+        # the half just sent comes back in the all-gather, the last message from this partner
+        gathers.append(comm.post_recv(flat[give[0] : give[1]], partner))
         a, b = (own, other) if left else (other, own)
-        dots, segs = dots_of(a, b, keep[0], keep[1], k + 1)
+        dots, segs = dots_of(a, b, keep[0], keep[1], dot_recvs)
         ca, cb = _coefficients(dots[0], dots[1], dots[2])
         c_own, c_other = (ca, cb) if left else (cb, ca)
         _combine_(own, other, c_own, c_other, segs, base + keep[0], vectorized)
-        lo, hi = keep
 
     # 3. distance halving all-gather of the reduced halves
     for k in reversed(range(levels)):
         keep, give = history[k]
-        comm.sendrecv(flat[keep[0] : keep[1]], flat[give[0] : give[1]], rank ^ (1 << k))
+        comm.sendrecv(flat[keep[0] : keep[1]], gathers[k], rank ^ (1 << k))
 
     # 4. hand the result to the folded rank
-    if rank + q < p:
+    if folds:
         comm.sendrecv(flat, None, rank + q)
 
 
@@ -453,10 +498,15 @@ def adasum_reduce_(tensors: list[Tensor], comm: Communicator | None = None) -> N
     each combination in float32 (float64 for float64 buffers) and stored in the input dtype, so the
     buffer is rounded to the input dtype after every level, as in the reference.
 
-    Backends: gloo for CPU tensors, NCCL for CUDA tensors (the communicator's point-to-point layer:
-    gloo sends posted before receives, NCCL ``batch_isend_irecv`` after a one-off uncounted warm-up
-    all-reduce per group). The receive buffer (``n`` elements on folding ranks, else ``ceil(n/2)``)
-    is kept between calls per dtype and device (not thread-safe).
+    Backends: gloo for CPU tensors, NCCL for CUDA tensors (the communicator's point-to-point layer;
+    NCCL ``batch_isend_irecv`` after a one-off uncounted warm-up all-reduce per group). On gloo
+    every receive before the all-gather (the fold, each level's half and its dot vectors) is posted
+    at the start, in the order the messages come, and each all-gather receive as soon as its half
+    has been sent (:meth:`Communicator.post_recv`: gloo sends a message only once its receive is
+    announced, so a receive posted when needed costs a round trip per message); what is counted
+    and clocked is unchanged. The receive buffer (one region per receive before the all-gather:
+    fewer than ``2n`` elements on folding ranks, fewer than ``n`` on the others) is kept between
+    calls per dtype and device (not thread-safe).
 
     Args:
         tensors: floating tensors (float16, bfloat16, float32, float64) on one device; the same

@@ -18,7 +18,7 @@ import torch
 from gloo import run_gloo
 from trainer_runs import TINY, compose_cfg, records, train
 
-from lsgd.comm import Clock, Communicator, Network, NetworkModel
+from lsgd.comm import Clock, Communicator, Network, NetworkModel, PostedRecv
 
 S = 0.03  # compute seconds per step at speed 1.0
 CNN_PARAMS = 215_418  # SmallCNN on 1x28x28: see lsgd/models/cnn.py
@@ -293,6 +293,35 @@ def _ports_cases(rank, world, out):
         elif rank in (1, 2):
             comm.exchange(recvs={0: torch.zeros(1000)})
         res[f"fanout_{lanes}"] = comm.clock.time_s
+    # a receive posted ahead (Communicator.post_recv) while the receiver still computes for 3 c
+    for ahead in (False, True):
+        comm = Communicator(Network(LINK), clock=Clock(1))
+        if rank == 0:
+            buf = torch.zeros(1000)
+            recv = comm.post_recv(buf, 1) if ahead else buf
+            comm.clock.compute(3 * C)
+            comm.sendrecv(None, recv, 1)
+            res[f"posted_{ahead}"] = (comm.clock.time_s, comm.stats.as_dict(), buf.sum().item())
+        elif rank == 1:
+            comm.sendrecv(x.clone(), None, 0)
+            res[f"posted_{ahead}"] = (comm.clock.time_s, comm.stats.as_dict(), None)
+        if rank == 0:  # misuse is refused before anything is posted or counted
+            before = comm.stats.as_dict()
+            used = PostedRecv(torch.zeros(3), 2, True)
+            used.used = True
+            errors = []
+            for sends, recvs, count in (({}, {1: PostedRecv(torch.zeros(3), 2, True)}, True),
+                                        ({}, {2: PostedRecv(torch.zeros(3), 2, True)}, False),
+                                        ({3: x}, {2: used}, True)):
+                try:
+                    comm.exchange(sends, recvs, count=count)
+                except ValueError as e:
+                    errors.append(str(e))
+            try:
+                comm.post_recv(torch.zeros(1), 0)
+            except ValueError as e:
+                errors.append(str(e))
+            res["posted_errors"] = (errors, before, comm.stats.as_dict())
     comm = Communicator(Network(LINK), clock=Clock(1))
     ring = [(rank + 1) % world, (rank - 1) % world]
     comm.exchange({q: x.clone() for q in ring}, {q: torch.zeros(1000) for q in ring})
@@ -323,6 +352,36 @@ def test_gossip_to_k_peers_costs_k_messages(ports_cases):
     on every rank. Before ports (issue 22) every k gave one c: a complete graph cost one ring step."""
     for k in (1, 2, 3):
         assert [g[f"gossip_{k}"] for g in ports_cases] == pytest.approx([k * C] * 4, rel=1e-12)
+
+
+def test_posted_receive_is_clocked_at_its_exchange(ports_cases):
+    """A receive posted ahead (:meth:`Communicator.post_recv`, at time 0) and consumed by an
+    exchange at 3 c is clocked as if that exchange had posted it: rank 1 sends at 0 (its send ends
+    at c), rank 0's receive can start only at 3 c (rendezvous) and ends at 4 c; posted at 0 it
+    would have ended at c. The data arrives, and counters are those of the plain exchange."""
+    for ahead in (False, True):
+        t0, stats0, got = ports_cases[0][f"posted_{ahead}"]
+        t1, stats1, _ = ports_cases[1][f"posted_{ahead}"]
+        assert t0 == pytest.approx(4 * C, rel=1e-12)
+        assert t1 == pytest.approx(C, rel=1e-12)
+        assert got == 1000.0
+    for r in (0, 1):
+        plain, ahead = (ports_cases[r][f"posted_{a}"][1] for a in (False, True))
+        for key in ("comm_bytes", "wire_bytes", "model_alpha_terms", "model_beta_bytes"):
+            assert plain[key] == ahead[key], key
+    assert ports_cases[1]["posted_True"][1]["comm_bytes"] == 4000
+
+
+def test_posted_receive_misuse_is_refused(ports_cases):
+    """Consumed twice, with another count, from another peer, or posted from oneself: a ValueError
+    each, raised before anything is posted or counted."""
+    errors, before, after = ports_cases[0]["posted_errors"]
+    assert len(errors) == 4
+    assert "posted receive from 2" in errors[0] and "from 1" in errors[0]
+    assert "count=True" in errors[1] and "count=False" in errors[1]
+    assert "used=True" in errors[2]
+    assert "another rank" in errors[3]
+    assert before == after
 
 
 def test_parameter_server_incast_and_broadcast_serialize(ports_cases):
