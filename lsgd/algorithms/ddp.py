@@ -129,6 +129,7 @@ class DDP(Algorithm):
         )
         self._ready_fraction = ready_fractions(model, ctx.grad_ready_fraction if ctx is not None else None)
         self._launched = 0.0
+        self._bucket_ready: dict[tuple, float] = {}  # bucket_ready_at's per-bucket readiness, by layout
         self.backward_wait = BackwardWait(self.comm)
         self.register_hook(self.ddp)
         return self.ddp
@@ -139,9 +140,18 @@ class DDP(Algorithm):
         backward done by then, parameters' gradients arriving in reverse parameter order), and not
         before the bucket of lower index (DDP launches buckets in index order). Called from the
         comm hook, once per bucket, in bucket order."""
-        if bucket.index() == 0:
+        index = bucket.index()
+        if index == 0:
             self._launched = 0.0
-        ready = max((self._ready_fraction.get(id(p), 1.0) for p in bucket.parameters()), default=1.0)
+        # the bucket's own readiness depends on its parameters alone: computed once per bucket
+        # layout (DDP rebuilds its buckets once, in the second forward, and flags it in
+        # _has_rebuilt_buckets; the bucket's size and dtype are checked too)
+        buffer = bucket.buffer()
+        key = (index, getattr(self.ddp, "_has_rebuilt_buckets", None), buffer.numel(), buffer.dtype)
+        ready = self._bucket_ready.get(key)
+        if ready is None:
+            ready = max((self._ready_fraction.get(id(p), 1.0) for p in bucket.parameters()), default=1.0)
+            self._bucket_ready[key] = ready
         fraction = self._launched = max(ready, self._launched)
         clock = self.comm.clock
         return (lambda: clock.backward_point(fraction)) if clock is not None else None

@@ -24,6 +24,7 @@ def test_add_loss_reads_nothing_back_and_sums_as_the_host_did(tmp_path, monkeypa
     losses = [torch.tensor(v, dtype=torch.float32) for v in (2.3, 1.7, math.inf, 0.9, math.nan, 1e-3)]
     losses.append(torch.tensor(0.3, dtype=torch.bfloat16))
     rec = _recorder(tmp_path)
+    rec.HOST_LOSSES_MAX = 0  # the tensor path, which a GPU's losses take (CPU losses are read at once)
 
     def no_read(*_args, **_kw):
         raise AssertionError("add_loss read a tensor back to the host")
@@ -47,6 +48,39 @@ def test_add_loss_reads_nothing_back_and_sums_as_the_host_did(tmp_path, monkeypa
     again = _recorder(tmp_path)
     again.load_state_dict(state)
     assert again.take_losses() == (2.0, 3, 1)
+
+
+@pytest.mark.parametrize("fold_every", [1024, 3, 1])
+def test_cpu_losses_kept_as_floats_sum_as_the_tensor_path(tmp_path, fold_every):
+    """CPU losses go to a list of floats folded in at reads (or every ``fold_every`` losses): the
+    sum, counts and checkpoint state equal, bit for bit, the tensor path's (float64 adds in step
+    order, 0.0 for a non-finite loss), interleaved with shipped losses and a record's reset."""
+    gen = torch.Generator().manual_seed(0)
+    values = (torch.rand(200, generator=gen, dtype=torch.float64) * 10).tolist()
+    values[17], values[90] = math.inf, math.nan
+    losses = [torch.tensor(v, dtype=torch.float32) for v in values] + [torch.tensor(0.3, dtype=torch.bfloat16)]
+    fast, slow = _recorder(tmp_path), _recorder(tmp_path)
+    fast.HOST_LOSSES_MAX, slow.HOST_LOSSES_MAX = fold_every, 0
+    for i, loss in enumerate(losses):
+        for rec in (fast, slow):
+            rec.add_loss(loss)
+            if i == 120:
+                rec.add_losses(0.125, 3, 1)
+        if i == 150:
+            a, b = fast.state_dict(), slow.state_dict()
+            assert torch.equal(a.pop("loss_sum"), b.pop("loss_sum")) and a == b
+    assert len(fast._host_losses) < fold_every
+    assert torch.equal(fast.loss_sum, slow.loss_sum) and torch.equal(fast._counts, slow._counts)
+    expect = 0.0
+    for loss in losses[:121]:
+        v = float(loss)
+        expect += v if math.isfinite(v) else 0.0
+    expect += 0.125
+    for loss in losses[121:]:
+        v = float(loss)
+        expect += v if math.isfinite(v) else 0.0
+    assert fast.take_losses() == slow.take_losses() == (expect, len(losses) - 2 + 3, 2 + 1)
+    assert fast.take_losses() == (0.0, 0, 0)
 
 
 def test_qsgd_torch_path_zero_norm_gives_zero_levels():
