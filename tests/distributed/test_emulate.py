@@ -125,7 +125,10 @@ def test_a_launcher_stopped_by_a_signal_removes_its_cluster(sig):
     """SIGTERM / SIGHUP (default action: death without cleanup, unless lsgd.emulate catches them)
     and SIGINT to a process holding a cluster: it exits and nothing of its run is left."""
     _require_root()
-    code = ("import time\nfrom lsgd import emulate\n"
+    # SIGINT's Python handler explicitly: a test run started in the background by a shell without job
+    # control inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler
+    code = ("import signal, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "from lsgd import emulate\n"
             "with emulate.cluster({'network': {'bandwidth_gbps': 0.1, 'latency_us': 0}}, 2) as plan:\n"
             "    print(plan.run, flush=True)\n"
             "    time.sleep(60)\n")
