@@ -126,15 +126,38 @@ def _points_and_sums(ks, m, side, points, g0, w1, w2, j0):
     return s0, s1, s2
 
 
+@njit(inline="always")
+def _fold_block(acc, b0, b1, b2):
+    """Fold one checksum block's sums into ``acc`` (int64 ``[5]``: the three running sums and the
+    block weights ``41^j``, ``46^j`` of the next block, all mod 65521)."""
+    acc[0] += b0 % P
+    acc[1] += (b1 % P) * acc[3]
+    acc[2] += (b2 % P) * acc[4]
+    acc[3] = acc[3] * 41 % P
+    acc[4] = acc[4] * 46 % P
+
+
+@njit(inline="always")
+def _new_acc():
+    """The running sums of :func:`_fold_block` before the first block."""
+    acc = np.zeros(5, np.int64)
+    acc[3] = 1
+    acc[4] = 1
+    return acc
+
+
+@njit(inline="always")
+def _finish(acc, sums):
+    """The three checksum sums, mod 65521, into ``sums``."""
+    for i in range(3):
+        sums[i] = acc[i] % P
+
+
 def _encode(x, s32, words, bits, side, w1, w2, payload, points, sums):
     n = x.shape[0]
     ks = np.empty(CHUNK, np.int32)
     ok = True
-    t0 = np.int64(0)
-    t1 = np.int64(0)
-    t2 = np.int64(0)
-    h1 = np.int64(1)
-    h2 = np.int64(1)
+    acc = _new_acc()
     for start in range(0, n, P):  # checksum blocks
         end = min(n, start + P)
         b0 = np.int64(0)
@@ -157,14 +180,8 @@ def _encode(x, s32, words, bits, side, w1, w2, payload, points, sums):
             b1 += s1
             b2 += s2
         ok = ok and not bad
-        t0 += b0 % P
-        t1 += (b1 % P) * h1
-        t2 += (b2 % P) * h2
-        h1 = h1 * 41 % P
-        h2 = h2 * 46 % P
-    sums[0] = t0 % P
-    sums[1] = t1 % P
-    sums[2] = t2 % P
+        _fold_block(acc, b0, b1, b2)
+    _finish(acc, sums)
     return ok
 
 
@@ -175,11 +192,7 @@ def _decode(payload, bits, ref, sq32, bound, side, w1, w2, points, sums):
     cs = np.empty(CHUNK, np.int32)
     ks = np.empty(CHUNK, np.int32)
     ok = True
-    t0 = np.int64(0)
-    t1 = np.int64(0)
-    t2 = np.int64(0)
-    h1 = np.int64(1)
-    h2 = np.int64(1)
+    acc = _new_acc()
     for start in range(0, n, P):
         end = min(n, start + P)
         b0 = np.int64(0)
@@ -200,14 +213,8 @@ def _decode(payload, bits, ref, sq32, bound, side, w1, w2, points, sums):
             b1 += s1
             b2 += s2
         ok = ok and not bad
-        t0 += b0 % P
-        t1 += (b1 % P) * h1
-        t2 += (b2 % P) * h2
-        h1 = h1 * 41 % P
-        h2 = h2 * 46 % P
-    sums[0] = t0 % P
-    sums[1] = t1 % P
-    sums[2] = t2 % P
+        _fold_block(acc, b0, b1, b2)
+    _finish(acc, sums)
     return ok
 
 
