@@ -24,7 +24,7 @@ checkpoint).
 How a signal becomes a stop: the handler only sets a flag. At every step's bookkeeping (after that
 step's record, so the resumed run starts exactly after it) the ranks agree on the flag (MAX over the
 ranks of an uncounted 4-byte code), so every rank stops at the same step even when the signal
-reached them at different steps. The all-reduce is issued without waiting and read at the next
+reached them at different steps. The agreement is issued without waiting and read at the next
 step's bookkeeping (:meth:`PreemptionWatch.agreed`), so no step waits for its round trip; a signal
 stops the run one or two steps after it arrives. DDP (and the methods built on it) sends no message
 of its own for it: the code travels in the clock's per-step settlement, which arrives before the
