@@ -161,10 +161,10 @@ class PreemptionWatch:
         #: (call of issue, handle, flag): agreements in flight, oldest first
         self._pending: collections.deque = collections.deque()
         self._calls = 0  # calls of agreed() that read no carried answer (every period-th issues)
+        self._due = 0  # the next such call that issues or reads an agreement (the others do nothing)
         self._carried: int | None = None  # an agreement carried by the step's own exchange (carried())
-        #: calls between an agreement's issue and its read (:meth:`agreed`; the trainer sets the
-        #: algorithm's :attr:`~lsgd.algorithms.base.Algorithm.agreement_lag`)
-        self.lag = 1
+        self._lag = 1
+        self._period = 1
         self._mask: set | None = None  # the signal mask before __enter__ unblocked the interrupts
 
     @property
@@ -175,7 +175,7 @@ class PreemptionWatch:
     @property
     def active(self) -> bool:
         """Some signal is watched: the ranks agree at every step."""
-        return self.enabled or self.interrupts
+        return self.interrupts or self.enabled
 
     def is_preemption(self, signum: int) -> bool:
         return self.enabled and signum in SIGNALS
@@ -246,9 +246,21 @@ class PreemptionWatch:
         return (Preempted if kind == 2 else Interrupted)(-1, signum)
 
     @property
+    def lag(self) -> int:
+        """Calls between an agreement's issue and its read (:meth:`agreed`; the trainer sets the
+        algorithm's :attr:`~lsgd.algorithms.base.Algorithm.agreement_lag`); 1 by default."""
+        return self._lag
+
+    @lag.setter
+    def lag(self, value: int) -> None:
+        self._lag = int(value)
+        self._period = max(1, self._lag // AGREEMENTS_IN_FLIGHT)
+        self._due = self._calls  # the next call works out when it next has something to do
+
+    @property
     def period(self) -> int:
         """Calls between two issues of the agreement: ``lag // AGREEMENTS_IN_FLIGHT`` (at least 1)."""
-        return max(1, int(self.lag) // AGREEMENTS_IN_FLIGHT)
+        return self._period
 
     def agreed(self, comm, device: torch.device) -> Stopped | None:
         """Whether some rank got a signal, as the exception to raise at progress ``step`` (set by
@@ -265,21 +277,27 @@ class PreemptionWatch:
         on every rank of a 2-core host: per step, ~1.5% of the demo CNN's local step). A signal
         therefore stops the run ``lag`` to ``lag + period`` calls after it arrives (1 to 2 for
         ``lag`` 1; 16 to 20 for :data:`~lsgd.algorithms.base.DRIFT_AGREEMENT_LAG`). A call that
-        reads a stop completes the agreements still in flight and issues nothing more.
+        reads a stop completes the agreements still in flight and issues nothing more. A call that
+        neither issues nor reads (``period - 1`` calls in ``period``) costs a counter increment and
+        a comparison: the next call that has something to do is worked out by the one before it.
         """
-        if not self.active:
-            return None
         if self._carried is not None:
             code, self._carried = self._carried, None
-            return self._verdict(code)
-        calls, self._calls = self._calls, self._calls + 1
-        if self._pending and calls - self._pending[0][0] >= self.lag:
-            _, handle, flag = self._pending.popleft()
+            return self._verdict(code) if self.active else None
+        calls = self._calls
+        self._calls = calls + 1
+        if calls < self._due or not self.active:  # nothing to read or issue at this call
+            return None
+        lag, period, pending = self._lag, self._period, self._pending
+        if pending and calls - pending[0][0] >= lag:
+            _, handle, flag = pending.popleft()
             handle.wait()
             stop = self._verdict(int(flag.item()))
             if stop is not None:
                 return stop
-        if calls % self.period:
+        if calls % period:
+            issue = (calls // period + 1) * period
+            self._due = min(issue, pending[0][0] + lag) if pending else issue
             return None
         flag = torch.tensor([self.code()], dtype=torch.int32, device=device)
         handle = comm.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, count=False, async_op=True)
@@ -291,7 +309,8 @@ class PreemptionWatch:
             host = torch.empty(1, dtype=torch.int32).pin_memory()
             host.copy_(flag, non_blocking=True)
             handle, flag = _CopyDone(), host
-        self._pending.append((calls, handle, flag))
+        pending.append((calls, handle, flag))
+        self._due = min(calls + period, pending[0][0] + lag)
         return None
 
     def drain(self) -> None:

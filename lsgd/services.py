@@ -126,11 +126,11 @@ class Recorder:
         self.is_main = rank == 0
         # the training-loss accumulators live on the losses' device (moved there at the first
         # loss): a step adds to them without a device-to-host read; a record reads them once.
-        # CPU losses wait as Python floats (_host_losses) and are folded in, in step order, when
+        # CPU losses wait as they are (_host_losses) and are folded in, in step order, when
         # the accumulators are read (the loss_sum / _counts properties): see add_loss
         self._loss_sum = torch.zeros((), dtype=torch.float64)
         self._loss_counts = torch.zeros(2, dtype=torch.int64)  # finite losses, non-finite losses
-        self._host_losses: list[float] = []
+        self._host_losses: list[torch.Tensor] = []  # CPU losses (0-dim) not yet folded in
         self.best_test_acc = None
         self.best_test_ppl = None
         self.best_test_bleu = None
@@ -180,7 +180,8 @@ class Recorder:
             return
         losses, self._host_losses = self._host_losses, []
         total, finite = self._loss_sum.item(), 0
-        for v in losses:
+        for t in losses:
+            v = t.item()  # exact: a float32 / bfloat16 value is a float64 value
             if math.isfinite(v):
                 total += v
                 finite += 1
@@ -214,13 +215,15 @@ class Recorder:
         until a record reads them. The arithmetic is the float64 sum of the float32 / bfloat16
         losses in step order, as a host-side sum (adding 0.0 for a non-finite loss is exact).
 
-        A CPU loss (with CPU accumulators) is read as a Python float (exact: a float32 / bfloat16
-        value is a float64 value) and kept in a list until the accumulators are read
-        (:meth:`_fold_host_losses`): one ``item()`` per step instead of ~10 small torch ops (about
-        0.15 ms of a 7 ms demo step on this machine's CPU)."""
-        if self.HOST_LOSSES_MAX and loss.device.type == "cpu" and self._loss_sum.device.type == "cpu":
-            self._host_losses.append(loss.item())
-            if len(self._host_losses) >= self.HOST_LOSSES_MAX:
+        A CPU loss (with CPU accumulators) is kept, as it is, in a list until the accumulators are
+        read (:meth:`_fold_host_losses`, at the record, or every ``HOST_LOSSES_MAX`` losses), which
+        reads each as a Python float (exact: a float32 / bfloat16 value is a float64 value): a list
+        append per step instead of ~10 small torch ops (about 0.15 ms of a 7 ms demo step on this
+        machine's CPU) or an ``item()``. The caller passes a detached loss (it is kept)."""
+        if self.HOST_LOSSES_MAX and loss.is_cpu and self._loss_sum.is_cpu:
+            losses = self._host_losses
+            losses.append(loss)
+            if len(losses) >= self.HOST_LOSSES_MAX:
                 self._fold_host_losses()
             return
         v = loss.detach().reshape(()).to(torch.float64)

@@ -213,8 +213,10 @@ class Trainer:
         self.comm = Communicator(network, clock=self.clock, device=self.device)
         if self.compute_model.source == "roofline":
             # the optimizer step's modeled compute, whenever this rank steps its optimizer (a parameter
-            # server's workers never do; its server does), after the communication it waited for
-            self.optimizer.register_step_post_hook(lambda *_: self.clock.compute(self.compute_model.step().optimizer_s))
+            # server's workers never do; its server does), after the communication it waited for;
+            # the profile is fixed from here on (calibrated above)
+            optimizer_s = self.compute_model.step().optimizer_s
+            self.optimizer.register_step_post_hook(lambda *_: self.clock.compute(optimizer_s))
         self._measured_opt_s = 0.0  # measured mode: the optimizer steps' seconds charged so far (below)
         self._gap = None            # measured mode: (perf_counter, blocked_s, optimizer s) after the last bookkeeping
         if self.compute_model.mode == "measured":
@@ -257,6 +259,7 @@ class Trainer:
         # an algorithm whose step makes a suitable exchange anyway carries the agreement in it
         # (DDP's clock settlement: lsgd.comm.Communicator.carry); the others send their own
         self.comm.carry = self.watch if self.watch.active and self.algorithm.lockstep else None
+        self._plan_step(cfg)
         local_steps = cfg["algo"].get("local_steps")
         if (self.is_main and isinstance(local_steps, int) and local_steps > self.total_steps
                 and not cfg["algo"].get("warmup_steps")):
@@ -283,6 +286,34 @@ class Trainer:
         self.stop_signal: int | None = None  # the signal that stopped the run (preempted / interrupted)
         self.start_time = time.perf_counter()
         self.step_compute_s = (0.0, 0.0)  # (modeled, measured) forward + backward of the current step
+
+    def _plan_step(self, cfg: dict) -> None:
+        """Decide once what every step does (:meth:`train_step`, :meth:`_schedule_step`,
+        :meth:`bookkeeping`): the hooks the algorithm overrides, precision and measured-mode work,
+        the profile's constant step. Each Python call, attribute chain and small object a step makes
+        costs microseconds once the step's compute has evicted the interpreter's caches (the demo
+        CNN's lsgd step spent ~0.16 ms more than a plain loop's 6 ms on one core, most of it there).
+        """
+        algorithm = self.algorithm
+        self._measured = self.compute_model.mode == "measured"
+        # profile mode: the clock's forward / backward seconds are the same every step
+        self._profile_step = None if self._measured else self.compute_model.step()
+        self._profile_fb_s = (None if self._profile_step is None
+                              else self._profile_step.forward_s + self._profile_step.backward_s)
+        self._amp = self.precision.dtype is not None        # autocast (bf16 / fp16)
+        self._scaler = self.precision.scaler is not None    # fp16's GradScaler
+        self._move_inputs = self.device.type != "cpu"      # batches come from host memory
+        self._before_step = algorithm.overrides("before_step")
+        self._after_backward = algorithm.overrides("after_backward")
+        self._own_optimizer_step = algorithm.overrides("optimizer_step")
+        # a constant schedule (factor 1 at every step) under the local step count: stepping it only
+        # moves LambdaLR's counters (each group's rate stays its base rate)
+        self._constant_lr = (cfg["schedule"].get("name") == "constant" and not algorithm.overrides("schedule_position")
+                             and type(self.scheduler) is torch.optim.lr_scheduler.LambdaLR)
+        inject = cfg.get("inject_failure") or {}
+        self._inject_at = (None if inject.get("step") is None
+                           else (int(inject["step"]), int(inject.get("rank", 0))))
+        self._quiet = (0, 0)  # [from, to): bookkept counts whose next record point is ``to`` (_next_point)
 
     # -- the loop ---------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -364,8 +395,9 @@ class Trainer:
     def _mark_gap(self) -> None:
         """Measured mode: the time from here to the next step's start (the batch's loading, the
         loop) is compute (:meth:`train_step` charges it); bookkeeping (records, evaluation,
-        checkpoints) is measurement and falls before the mark."""
-        self._gap = (time.perf_counter(), self.comm.blocked_s(), self._measured_opt_s)
+        checkpoints) is measurement and falls before the mark. Nothing in profile mode."""
+        if self._measured:
+            self._gap = (time.perf_counter(), self.comm.blocked_s(), self._measured_opt_s)
 
     def _charge_optimizer(self, seconds: float) -> None:
         """Measured mode: an optimizer step of ``seconds`` wall time on the clock (/ speed)."""
@@ -386,8 +418,7 @@ class Trainer:
             self.clock.compute(own / self.speed)
 
     def _check_injected_failure(self) -> None:
-        inject = self.cfg.get("inject_failure") or {}
-        if inject.get("step") is not None and self.step == int(inject["step"]) and self.rank == int(inject.get("rank", 0)):
+        if self._inject_at is not None and (self.step, self.rank) == self._inject_at:
             raise RuntimeError(f"inject_failure: rank {self.rank} fails at step {self.step}")
 
     def work(self) -> None:
@@ -464,58 +495,97 @@ class Trainer:
         (:meth:`_sync_time` in measured mode; fp16's skip verdict, :meth:`Precision.unscale_`):
         the loss is accumulated on the device (:meth:`Recorder.add_loss`) and the ``compute_time_s``
         metric comes from CUDA events read at the records (:class:`lsgd.accel.CudaStepTimes`).
+
+        The step does only what this run needs (:meth:`_plan_step`): the algorithm's hooks that
+        are its own, autocast and the GradScaler where precision asks for them, the measured
+        windows in measured mode (profile mode charges its constant step and reads two times).
         """
-        if getattr(self, "_gap", None) is not None:  # measured mode: loading the batch since the last step
+        measured, algorithm, comm = self._measured, self.algorithm, self.comm
+        if measured and self._gap is not None:  # measured mode: loading the batch since the last step
             self._charge_measured(*self._gap)
             self._gap = None
         gpu_start = self._gpu_steps.start() if self._gpu_steps is not None else None
-        b0, t0 = self.comm.blocked_s(), time.perf_counter()
-        self.algorithm.before_step(self.step)
-        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        b0, t0 = comm.blocked_s(), time.perf_counter()
+        if self._before_step:
+            algorithm.before_step(self.step)
+        if self._move_inputs:
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         if self.channels_last:
             x = batch_to_channels_last(x)
-        with self.precision.autocast():  # fp32: no autocast
+        if self._amp:
+            with self.precision.autocast():
+                out = self.net(x)
+                loss = self.loss_fn(out, y)
+        else:  # fp32: no autocast
             out = self.net(x)
             loss = self.loss_fn(out, y)
-        t1 = self._sync_time()
-        b1 = self.comm.blocked_s()
+        if measured:
+            t1 = self._sync_time()
+            b1 = comm.blocked_s()
         self.optimizer.zero_grad(set_to_none=True)
-        self.precision.backward(loss)  # fp16: of the scaled loss
-        t2 = self._sync_time()
-        b2 = self.comm.blocked_s()
-        forward_s, backward_s = max(0.0, t1 - t0 - (b1 - b0)), max(0.0, t2 - t1 - (b2 - b1))
-        st = self.compute_model.step(forward_s, backward_s)
-        self.step_compute_s = (st.forward_s + st.backward_s, t2 - t0)  # (clock's, wall time)
-        self.clock.compute(st.forward_s)
-        self.clock.backward(st.backward_s)
+        if self._scaler:
+            self.precision.backward(loss)  # fp16: of the scaled loss
+        else:
+            loss.backward()
+        if measured:
+            t2 = self._sync_time()
+            b2 = comm.blocked_s()
+            forward_s, backward_s = max(0.0, t1 - t0 - (b1 - b0)), max(0.0, t2 - t1 - (b2 - b1))
+            st = self.compute_model.step(forward_s, backward_s)
+            self.step_compute_s = (st.forward_s + st.backward_s, t2 - t0)  # (clock's, wall time)
+        else:  # profile mode: the same modeled step every time; no read from the GPU
+            st = self._profile_step
+            self.step_compute_s = (self._profile_fb_s, time.perf_counter() - t0)
+        clock = self.clock
+        clock.compute(st.forward_s)
+        clock.backward(st.backward_s)
         # fp16: unscale, and skip the step on every worker if any worker's gradients overflowed
-        skip = self.precision.unscale_(self.optimizer)
+        skip = self.precision.unscale_(self.optimizer) if self._scaler else False
         # measured mode: the rest of the step is on the clock too (optimizer step by its hook, the
         # hooks' own arithmetic by _charge_measured), each where it happens
-        t3, b3, o3 = time.perf_counter(), self.comm.blocked_s(), self._measured_opt_s
-        self.algorithm.after_backward(self.step)
+        if measured:
+            t3, b3, o3 = time.perf_counter(), comm.blocked_s(), self._measured_opt_s
+        if self._after_backward:
+            algorithm.after_backward(self.step)
         if not skip:
-            # optim.clip_grad_norm: the (synchronized) gradient the step applies (lsgd.optim)
-            clip_grad_norm(self.model.parameters(), self.clip_grad_norm)
-            self.algorithm.optimizer_step()
-        self.precision.update()
+            if self.clip_grad_norm is not None:
+                # optim.clip_grad_norm: the (synchronized) gradient the step applies (lsgd.optim)
+                clip_grad_norm(self.model.parameters(), self.clip_grad_norm)
+            if self._own_optimizer_step:
+                algorithm.optimizer_step()
+            else:
+                self.optimizer.step()
+        if self._scaler:
+            self.precision.update()
         self._schedule_step()
         self.step += 1
         self.recorder.add_loss(loss.detach())  # before after_step: an algorithm may ship the losses there
-        self._charge_measured(t3, b3, o3)
+        if measured:
+            self._charge_measured(t3, b3, o3)
         if self.stretch_s is not None:  # cluster.stretch: sleep the rest of the step before after_step
-            self.stretched_s += stretch_step(self.stretch_s, t0, self.comm.blocked_s() - b0)
-        t4, b4, o4 = time.perf_counter(), self.comm.blocked_s(), self._measured_opt_s
-        self.algorithm.after_step(self.step)
-        self._charge_measured(t4, b4, o4)
+            self.stretched_s += stretch_step(self.stretch_s, t0, comm.blocked_s() - b0)
+        if measured:
+            t4, b4, o4 = time.perf_counter(), comm.blocked_s(), self._measured_opt_s
+        algorithm.after_step(self.step)
+        if measured:
+            self._charge_measured(t4, b4, o4)
         if gpu_start is not None:  # no host sync: the events are read at the next record
             self._compute_time_s += self._gpu_steps.stop(gpu_start)
         else:
-            self.compute_time_s += max(0.0, time.perf_counter() - t0 - (self.comm.blocked_s() - b0))
+            self._compute_time_s += max(0.0, time.perf_counter() - t0 - (comm.blocked_s() - b0))
 
     def _schedule_step(self) -> None:
         """Step the learning-rate schedule once; it follows the algorithm's count where
-        :meth:`Algorithm.schedule_position` gives one, else the local (or serve) steps."""
+        :meth:`Algorithm.schedule_position` gives one, else the local (or serve) steps.
+
+        A constant schedule under the local count (:meth:`_plan_step`) moves LambdaLR's two
+        counters as its ``step()`` would (``last_epoch``, ``_step_count``: its checkpointed state)
+        and leaves each group's rate, which that ``step()`` would set to base rate x 1.0 again."""
+        if self._constant_lr:
+            scheduler = self.scheduler
+            scheduler.last_epoch += 1
+            scheduler._step_count += 1
+            return
         position = self.algorithm.schedule_position(self.step + 1)
         if position is not None:
             self.scheduler.last_epoch = position - 1
@@ -574,18 +644,27 @@ class Trainer:
             ``Preempted`` / ``Interrupted``); this step's record and a checkpoint at this step are
             written first, so a resumed run continues right after it.
         """
-        step = self.algorithm.progress(self.step)
+        algorithm = self.algorithm
+        step = algorithm.progress(self.step)
         if step == self.bookkept:  # progress did not move (a round of local steps under way)
             return False
-        local = self.algorithm.bookkeeping == "server"
+        local = algorithm.bookkeeping == "server"
         if local and self.role != "server":  # server bookkeeping: workers make no records
             self.bookkept = step
             return False
-        points = [step] if self.algorithm.lockstep and not local else self._record_points(self.bookkept, step)
-        if not points:  # not lockstep: no record crossed (no collective on any rank)
-            self.recorder.tick(step)
+        lo, hi = self._quiet  # (_next_point's answer, kept)
+        if step < (hi if lo <= self.bookkept < hi else self._next_point(self.bookkept)):
+            # no record, evaluation or checkpoint in (bookkept, step] (most steps): the progress
+            # display and, in lock step, the stop agreement
+            if self.recorder.progress is not None:
+                self.recorder.tick(step)
             self.bookkept = step
+            if algorithm.lockstep and not local:
+                stop = self.watch.agreed(self.comm, self.device)
+                if stop is not None:
+                    self._stop_at(step, stop, saved=False)
             return False
+        points = [step] if algorithm.lockstep and not local else self._record_points(self.bookkept, step)
         for at in points:
             stop, saved = self._record_and_checkpoint(at, self.bookkept)
             self.bookkept = at
@@ -593,12 +672,37 @@ class Trainer:
                 return True
             stop = self.watch.agreed(self.comm, self.device) if at < self.total_steps and not local else None
             if stop is not None:
-                if not saved:
-                    self.comm.quiesce()
-                    self.save_checkpoint(at)
-                raise type(stop)(at, stop.signum)
+                self._stop_at(at, stop, saved)
         self.bookkept = step
         return False
+
+    def _stop_at(self, at: int, stop: Stopped, saved: bool) -> None:
+        """Every rank agreed to stop (``stop``, from :meth:`lsgd.preemption.PreemptionWatch.agreed`)
+        at progress ``at``: write the checkpoint there (unless ``saved``: this record wrote it).
+
+        Raises:
+            Stopped: always (``stop``'s kind, at ``at``).
+        """
+        if not saved:
+            self.comm.quiesce()
+            self.save_checkpoint(at)
+        raise type(stop)(at, stop.signum)
+
+    def _next_point(self, before: int) -> int:
+        """The first progress count after ``before`` at which a record, evaluation or checkpoint
+        falls (:meth:`_record_points`; the total included; ``before + 1`` from the total on).
+        The answer holds for every count in ``[before, answer)``: it is kept for them."""
+        lo, hi = self._quiet
+        if lo <= before < hi:
+            return hi
+        if before >= self.total_steps:
+            return before + 1
+        cfg = self.cfg
+        unit = self.steps_per_epoch if cfg["eval_unit"] == "epoch" else 1
+        periods = [p for p in (int(cfg["log_every"]), unit * int(cfg["eval_every"]), unit * int(cfg["checkpoint_every"])) if p > 0]
+        hi = min([(before // p + 1) * p for p in periods] + [self.total_steps])
+        self._quiet = (before, hi)
+        return hi
 
     def _record_points(self, before: int, step: int) -> list[int]:
         """The progress counts in ``(before, step]`` at which some record, evaluation or checkpoint

@@ -271,6 +271,12 @@ class Algorithm:
             self.batch_size = ctx.batch_size
         return model
 
+    def overrides(self, hook: str) -> bool:
+        """Whether ``hook`` (a method name, e.g. ``before_step``) is this algorithm's own rather
+        than :class:`Algorithm`'s default (a no-op, or the plain optimizer step): the trainer skips
+        the call of a default that does nothing (one Python call fewer per step and hook)."""
+        return hook in vars(self) or getattr(type(self), hook) is not getattr(Algorithm, hook)
+
     def optimizer_step(self) -> None:
         """The worker's local optimizer step (a parameter-server worker has none)."""
         self.optimizer.step()
