@@ -32,9 +32,9 @@ next step's bookkeeping (:attr:`lsgd.comm.Communicator.carry`). Methods whose wo
 between synchronizations (local SGD and its family, Overlap-Local-SGD, the gossip family) read it 16
 steps after its issue (:attr:`~lsgd.algorithms.base.Algorithm.agreement_lag`), so the agreement lets
 them drift as the method does (read one step later, it tied every step of every worker to the
-slowest's), and issue it every 4th step only (:data:`AGREEMENTS_IN_FLIGHT`: one message per step
-cost them 5-8% of the demo CNN's step on a 2-core host); a signal stops them 16 to 20 steps after it
-arrives. SLURM signals all tasks of the job (``scancel --signal=TERM``, preemption's
+slowest's), and issue it every 8th step only (:data:`AGREEMENTS_IN_FLIGHT`: one message per step
+cost them 5-8% of the demo CNN's step on a 2-core host, one every 4th step still 2-2.5% on its 4
+ranks, one every 8th about half that); a signal stops them 16 to 24 steps after it arrives. SLURM signals all tasks of the job (``scancel --signal=TERM``, preemption's
 SIGTERM, the ``--signal=USR1@120`` warning before a time limit, submitit's ``USR2``).
 
 Why our own handler: submitit's (``JobEnvironment._handle_signals``) pickles the *callable* again
@@ -67,7 +67,7 @@ MODES = ("auto", "requeue", "checkpoint", "off")
 CHECKPOINT_EXIT_CODE = 128 + signal.SIGTERM
 #: stop agreements in flight at most (:meth:`PreemptionWatch.agreed`): read ``lag`` calls after its
 #: issue, one is issued every ``lag // AGREEMENTS_IN_FLIGHT`` calls
-AGREEMENTS_IN_FLIGHT = 4
+AGREEMENTS_IN_FLIGHT = 2
 
 file_log = logging.getLogger("lsgd.file")  # train.log only (lsgd.trainer.setup_logging)
 
@@ -276,7 +276,7 @@ class PreemptionWatch:
         larger ``lag`` one call in ``period`` sends a message (a gloo message costs ~0.3 ms of CPU
         on every rank of a 2-core host: per step, ~1.5% of the demo CNN's local step). A signal
         therefore stops the run ``lag`` to ``lag + period`` calls after it arrives (1 to 2 for
-        ``lag`` 1; 16 to 20 for :data:`~lsgd.algorithms.base.DRIFT_AGREEMENT_LAG`). A call that
+        ``lag`` 1; 16 to 24 for :data:`~lsgd.algorithms.base.DRIFT_AGREEMENT_LAG`). A call that
         reads a stop completes the agreements still in flight and issues nothing more. A call that
         neither issues nor reads (``period - 1`` calls in ``period``) costs a counter increment and
         a comparison: the next call that has something to do is worked out by the one before it.

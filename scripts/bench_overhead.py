@@ -20,7 +20,7 @@ A figure is the ratio of the two cases' total times over all ``--rounds`` rounds
 mean step time of lsgd over the mean step time of its comparator, each a block's slowest rank
 (every block ends in a barrier). Why a ratio of sums: lsgd's costs that fall on some steps only
 (a record every ``log_every`` steps: a loss all-reduce and a figures all-gather; the stop
-agreement's message every 4th step) land in some blocks and not others; the median of per-round
+agreement's message every 8th step) land in some blocks and not others; the median of per-round
 ratios, which this script printed before, takes the middle block and so leaves out the blocks
 that hold a record (a third of them at 15-step blocks and records every 50 steps); the ratio of
 sums charges every step what it cost, as a run pays it. Pairing blocks in time (alternating order)

@@ -163,8 +163,8 @@ def restore_(tensors: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
 #: read one step after its issue, the stop agreement tied every worker's every step to the
 #: slowest's (measured on the emulated cluster at 50 Mbit/s: local SGD's wall time 5% and SlowMo's
 #: 13% above the clock's), which these methods do not do; read 16 steps later it lets them drift
-#: as the method does. Issued every 4th step (:data:`lsgd.preemption.AGREEMENTS_IN_FLIGHT`), a
-#: signal then stops them within 20 steps (SLURM's ``--signal=USR1@120`` warning leaves 6 s per step).
+#: as the method does. Issued every 8th step (:data:`lsgd.preemption.AGREEMENTS_IN_FLIGHT`), a
+#: signal then stops them within 24 steps (SLURM's ``--signal=USR1@120`` warning leaves 5 s per step).
 DRIFT_AGREEMENT_LAG = 16
 
 
@@ -200,9 +200,10 @@ class Algorithm:
 
     #: Calls (steps, for lock-step methods) between the issue of the stop agreement
     #: (:class:`lsgd.preemption.PreemptionWatch`: an uncounted MAX all-reduce of a 4-byte flag,
-    #: issued every ``max(1, agreement_lag // 4)`` steps) and its read; a rank can run this many
-    #: steps ahead of the slowest before the agreement makes it wait, and a signal stops the run
-    #: ``agreement_lag`` to ``agreement_lag + max(1, agreement_lag // 4)`` steps after it arrives.
+    #: issued every ``max(1, agreement_lag // AGREEMENTS_IN_FLIGHT)`` steps, 8 for a lag of 16) and its
+    #: read; a rank can run this many steps ahead of the slowest before the agreement makes it wait,
+    #: and a signal stops the run ``agreement_lag`` to ``agreement_lag + max(1, agreement_lag //
+    #: AGREEMENTS_IN_FLIGHT)`` steps after it arrives (:mod:`lsgd.preemption`).
     #: 1 (the default) for methods that all-reduce every step: their own collectives couple the
     #: workers anyway, and a signal stops them at once.
     #: :data:`DRIFT_AGREEMENT_LAG` for methods whose workers drift apart between synchronizations

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from gloo import run_gloo
 
-from lsgd.preemption import Interrupted, PreemptionWatch
+from lsgd.preemption import AGREEMENTS_IN_FLIGHT, Interrupted, PreemptionWatch
 
 DELAY_S = 1.0  # rank 1 starts this much later than rank 0
 
@@ -65,10 +65,10 @@ def test_a_rank_runs_lag_calls_ahead_then_waits_and_all_stop_together(lag, tmp_p
     ahead, waited, stops = json.loads((tmp_path / "r.json").read_text())
     assert ahead < DELAY_S / 2, ahead          # lag calls issued without waiting for rank 1
     assert waited > DELAY_S * 0.8, waited      # the (lag + 1)th reads rank 1's first issue: it waited
-    # calls 0, period, 2 period, ... issue (period = lag // 4, at least 1: 1, 1, 4); the signal
+    # calls 0, period, 2 period, ... issue (period = lag // AGREEMENTS_IN_FLIGHT, at least 1); the signal
     # (before the loop's call 1, overall call lag + 1) goes into the issue at overall call
     # lag + period, read lag calls later: the loop's call lag + period
-    period = max(1, lag // 4)
+    period = max(1, lag // AGREEMENTS_IN_FLIGHT)
     assert stops == [[lag + period, period]] * 2, stops
 
 
