@@ -63,9 +63,12 @@ optimizer, to the delta of a local optimizer step (``target=delta``).
 from __future__ import annotations
 
 import bisect
+import importlib
 import os
+import warnings
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -207,8 +210,15 @@ class _Plan:
         if self.chunks:
             self.chunk_ids = torch.tensor([t for t, _, _ in self.chunks], device=device)
             self.chunk_len = max(c1 - c0 for _, c0, c1 in self.chunks)
+        # the float64 buffer's second row is 8 bytes off a 16-byte boundary: MKL's ddot peels one element
+        self.peel = bool(self.chunks) and self.chunk_len % 2 == 1
         pieces = [(t, s - lo, e - lo) for t, s, e in segs if e - s < small]
         self.n_small = len(pieces)
+        # the chunks and the short pieces as (start, end, tensor) int64 arrays, region coordinates,
+        # for the compiled kernel (adasum_fused.partial_dots)
+        self.np_chunks = [np.array([c[i] for c in self.chunks], dtype=np.int64) for i in (1, 2, 0)]
+        self.np_chunks.insert(3, np.argsort([c1 - c0 for _, c0, c1 in self.chunks], kind="stable").astype(np.int64))
+        self.np_small = [np.array([c[i] for c in pieces], dtype=np.int64) for i in (1, 2, 0)]
         if pieces:
             lengths = [e - s for _, s, e in pieces]
             self.ids = torch.tensor([t for t, _, _ in pieces], device=device)
@@ -219,6 +229,25 @@ class _Plan:
 
 
 _PLANS: dict = {}
+
+_UNSET = object()
+_FUSED = _UNSET
+
+
+def fused_kernels():
+    """The compiled dot-product kernel (:mod:`lsgd.algorithms.adasum_fused`), or None: turned off
+    (environment ``LSGD_ADASUM_FUSED=0``), numba missing, or the module fails to compile (a warning,
+    once per process). Without it :func:`_partial_dots` takes its torch path (the same bits)."""
+    global _FUSED
+    if _FUSED is _UNSET:
+        _FUSED = None
+        if os.environ.get("LSGD_ADASUM_FUSED", "1") != "0":
+            try:
+                _FUSED = importlib.import_module("lsgd.algorithms.adasum_fused")
+            except Exception as exc:  # ImportError (no numba), numba's typing / lowering errors
+                warnings.warn(f"adasum: numba's fused dot products unavailable ({type(exc).__name__}: {exc}); "
+                              "using the torch path (same results)", RuntimeWarning, stacklevel=2)
+    return _FUSED
 
 
 def _plan(segs, lo: int, device: torch.device) -> _Plan:
@@ -260,6 +289,13 @@ def _partial_dots(a: Tensor, b: Tensor, segs, lo: int, num: int, vectorized: boo
             out[row, ids] = torch.segment_reduce(prod, "sum", lengths=lengths)
         return out.reshape(-1)
     plan = _plan(segs, lo, a.device)
+    # the kernel reproduces MKL's single-threaded orders; with more threads MKL splits the sums
+    fused = (fused_kernels() if a.dtype == torch.float32 and b.dtype == torch.float32
+             and torch.get_num_threads() == 1 else None)
+    if fused is not None:
+        res = np.zeros((3, num), dtype=np.float64)
+        fused.partial_dots(a.numpy(), b.numpy(), *plan.np_chunks, *plan.np_small, plan.peel, res)
+        return torch.from_numpy(res).reshape(-1)
     if plan.chunks:
         buf = torch.empty(2, plan.chunk_len, dtype=torch.float64, device=a.device)
         # per chunk [|a|^2, a.b, |b|^2]: [a; b] a (one BLAS gemv reads both rows once) and b.b

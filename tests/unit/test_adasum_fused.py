@@ -1,0 +1,95 @@
+"""Adasum's compiled dot products (lsgd/algorithms/adasum_fused.py) against the torch path of
+lsgd.algorithms.adasum._partial_dots (float64 copies, MKL's gemv / dot, index_add_, segment_reduce):
+the same float64 values bit for bit for every chunk length modulo 8, both parities of the chunk
+buffer's row length (MKL's ddot peels an element when its row is 8 bytes off a 16-byte boundary),
+regions that cut tensors, short and long pieces together; and against float64 dot products computed
+exactly (math.fsum of the exact products) to a few ulps, the definition the orders approximate."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from lsgd.algorithms import adasum as A
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The kernel stands in for MKL's single-threaded calls (workers run one thread per core share)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_the_fused_kernel_loads():
+    """numba is a dependency: the kernel must compile (or load from the cache) here."""
+    assert A.fused_kernels() is not None
+
+
+def both_paths(monkeypatch, a, b, segs, lo, num):
+    fused = A._partial_dots(a, b, segs, lo, num, False)
+    with monkeypatch.context() as m:
+        m.setattr(A, "_FUSED", None)
+        torch_path = A._partial_dots(a, b, segs, lo, num, False)
+    return fused, torch_path
+
+
+@pytest.mark.parametrize("n", list(range(1, 42)) + [4095, 4096, 4097, A._CHUNK - 1, A._CHUNK, A._CHUNK + 11])
+def test_one_tensor_every_length(monkeypatch, n):
+    """One tensor of ``n`` elements (a long piece when ``n >= 4096``: chunks of 64K; else a short
+    one), also as the second of two tensors so that the chunk buffer's row length is odd or even."""
+    g = torch.Generator().manual_seed(n)
+    for numels in ([n], [3, n], [n, 4097]):
+        layout = A._Layout(numels)
+        a = torch.randn(layout.n, generator=g) * 3.0
+        b = torch.randn(layout.n, generator=g)
+        segs = layout.segments(0, layout.n)
+        fused, ref = both_paths(monkeypatch, a, b, segs, 0, len(numels))
+        assert fused.dtype == torch.float64 and torch.equal(fused, ref), (numels, fused - ref)
+
+
+def test_regions_of_mixed_layouts(monkeypatch):
+    """Random layouts (short and long tensors, several chunks per tensor) and regions that start and
+    end inside tensors, as the halving levels cut them; plus exact sums as the reference."""
+    rnd = random.Random(0)
+    g = torch.Generator().manual_seed(0)
+    sizes = [1, 3, 7, 64, 100, 1000, 4095, 4096, 5000, 70001, 131073]
+    for _ in range(12):
+        numels = [rnd.choice(sizes) for _ in range(rnd.randint(1, 8))]
+        layout = A._Layout(numels)
+        a = torch.randn(layout.n, generator=g) * rnd.choice([1e-3, 1.0, 1e3])
+        b = torch.randn(layout.n, generator=g)
+        for lo, hi in [(0, layout.n), (layout.n // 2, layout.n), (rnd.randrange(layout.n), layout.n)]:
+            if hi <= lo:
+                continue
+            segs = layout.segments(lo, hi)
+            fused, ref = both_paths(monkeypatch, a[lo:hi], b[lo:hi], segs, lo, len(numels))
+            assert torch.equal(fused, ref), (numels, lo, hi)
+            got = fused.view(3, -1)
+            for t, s, e in segs:  # exact sums of the exact float64 products, rounded once
+                x, y = a[s:e].double().tolist(), b[s:e].double().tolist()
+                exact = [math.fsum(p * q for p, q in zip(x, y)), math.fsum(p * p for p in x),
+                         math.fsum(q * q for q in y)]
+                scale = [math.fsum(abs(p * q) for p, q in zip(x, y)), exact[1], exact[2]]
+                for row in range(3):
+                    assert abs(got[row, t].item() - exact[row]) <= 1e-13 * scale[row]
+
+
+def test_other_dtypes_and_threads_take_the_torch_path(monkeypatch):
+    """float64 and bfloat16 buffers are not the kernel's (float64 products are not exact), nor a
+    process with several torch threads (MKL then splits its sums between threads)."""
+    calls = []
+    fused = A.fused_kernels()
+    monkeypatch.setattr(A, "_FUSED", type("Spy", (), {"partial_dots": lambda *args: calls.append(args)})())
+    layout = A._Layout([5000, 7])
+    for dtype in (torch.float64, torch.bfloat16):
+        a = torch.randn(layout.n).to(dtype)
+        A._partial_dots(a, a.clone(), layout.segments(0, layout.n), 0, 2, False)
+    torch.set_num_threads(2)
+    a = torch.randn(layout.n)
+    A._partial_dots(a, a.clone(), layout.segments(0, layout.n), 0, 2, False)
+    assert not calls and fused is not None
