@@ -219,6 +219,7 @@ class _Plan:
         self.np_chunks = [np.array([c[i] for c in self.chunks], dtype=np.int64) for i in (1, 2, 0)]
         self.np_chunks.insert(3, np.argsort([c1 - c0 for _, c0, c1 in self.chunks], kind="stable").astype(np.int64))
         self.np_small = [np.array([c[i] for c in pieces], dtype=np.int64) for i in (1, 2, 0)]
+        self.np_big = [np.array([c[i] for c in self.big], dtype=np.int64) for i in (1, 2, 0)]
         if pieces:
             lengths = [e - s for _, s, e in pieces]
             self.ids = torch.tensor([t for t, _, _ in pieces], device=device)
@@ -337,6 +338,11 @@ def _combine_(own: Tensor, other: Tensor, c_own: Tensor, c_other: Tensor, segs, 
         own[:cover].copy_(x[:cover] * co + y[:cover] * cx)
         return
     plan = _plan(segs, lo, own.device)
+    fused = fused_kernels() if own.dtype == torch.float32 and other.dtype == torch.float32 else None
+    if fused is not None:
+        fused.combine(own.numpy(), other.numpy(), *plan.np_big, *plan.np_small,
+                      c_own.numpy().astype(np.float32), c_other.numpy().astype(np.float32))
+        return
     if plan.big:
         co, cx = c_own.tolist(), c_other.tolist()
         for t, s, e in plan.big:

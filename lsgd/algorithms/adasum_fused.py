@@ -48,7 +48,10 @@ independent chains overlap.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 
@@ -243,6 +246,45 @@ def partial_dots(a, b, chunk_lo, chunk_hi, chunk_id, chunk_order, small_lo, smal
         out[2, t] = s2
 
 
+@intrinsic
+def _fma32(typingctx, x, y, z):
+    """``fma(x, y, z)`` in float32, one rounding (LLVM's ``llvm.fma.f32``; numba has no fma of its own)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32, f32, f32]), "llvm.fma.f32")
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+@njit(**_OPTS)
+def combine(own, other, big_lo, big_hi, big_id, small_lo, small_hi, small_id, c_own, c_other):
+    """``own <- c_own[t] own + c_other[t] other`` over the pieces of a region (float32, in place),
+    rounded as the torch path rounds: a long piece ``[big_lo[k], big_hi[k])`` of tensor ``big_id[k]``
+    as ``own.mul_(c).add_(other, alpha=d)`` (ATen's multiply, then its add with alpha, a fused
+    multiply-add: ``fma(other, d, fl(own c))``), a short one as ``own c + other d`` (three roundings).
+    ``c_own``, ``c_other``: the float32 coefficients per tensor (the float64 ones rounded once, as
+    ATen rounds a Python scalar for a float32 tensor). Each piece is a slice walked from 0 (indices
+    that numba knows are in range: LLVM vectorizes the loop; 42 against 149 us for the torch path on
+    the 1M list's level-0 region, 475K floats)."""
+    for k in range(big_lo.shape[0]):
+        c = c_own[big_id[k]]
+        d = c_other[big_id[k]]
+        x = own[big_lo[k]:big_hi[k]]
+        y = other[big_lo[k]:big_hi[k]]
+        for i in range(x.shape[0]):
+            x[i] = _fma32(y[i], d, x[i] * c)
+    for k in range(small_lo.shape[0]):
+        c = c_own[small_id[k]]
+        d = c_other[small_id[k]]
+        x = own[small_lo[k]:small_hi[k]]
+        y = other[small_lo[k]:small_hi[k]]
+        for i in range(x.shape[0]):
+            x[i] = x[i] * c + y[i] * d
+
+
 def warm_up() -> None:
     """Compile :func:`partial_dots` (or load it from numba's cache) now, on tiny inputs: ``make
     install`` calls it so that worker processes find the cache (about 1.5 s to compile, once)."""
@@ -250,3 +292,6 @@ def warm_up() -> None:
     idx = np.array([0], dtype=np.int64)
     partial_dots(a, a, idx, np.array([16], dtype=np.int64), idx, idx, idx, np.array([1], dtype=np.int64), idx,
                  False, np.zeros((3, 1)))
+    c = np.ones(1, dtype=np.float32)
+    combine(a, a, idx, np.array([8], dtype=np.int64), idx, np.array([8], dtype=np.int64),
+            np.array([16], dtype=np.int64), idx, c, c)
