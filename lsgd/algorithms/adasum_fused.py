@@ -193,23 +193,28 @@ def _chunk_values(a, b, lo, hi, order, peel, vals):
     the independent chains (up to 28) overlap their add latencies (``a.b`` alone has two lanes)."""
     m = order.shape[0]
     for j in range(0, m, 2):
+        # each chunk as its own slices, indexed from 0 (numba's index checks then fold away)
         k = order[j]
-        sa, main_a, da = _start(a, b, lo[k], hi[k], peel)
+        xa = a[lo[k]:hi[k]]
+        ya = b[lo[k]:hi[k]]
+        na = hi[k] - lo[k]
+        sa, main_a, da = _start(xa, ya, 0, na, peel)
         if j + 1 < m:
             kb = order[j + 1]
-            sb, main_b, db = _start(a, b, lo[kb], hi[kb], peel)
+            xb = a[lo[kb]:hi[kb]]
+            yb = b[lo[kb]:hi[kb]]
+            nb = hi[kb] - lo[kb]
+            sb, main_b, db = _start(xb, yb, 0, nb, peel)
             common = min(main_a, main_b)
-            ga = lo[k] + 2
-            gb = lo[kb] + 2
             t = 0
             while t < common:
-                sa = _step(a, b, ga + t, da + t, sa)
-                sb = _step(a, b, gb + t, db + t, sb)
+                sa = _step(xa, ya, 2 + t, da + t, sa)
+                sb = _step(xb, yb, 2 + t, db + t, sb)
                 t += 8
-            _finish(a, b, lo[kb], hi[kb], main_b, db, t, sb, vals, kb)
+            _finish(xb, yb, 0, nb, main_b, db, t, sb, vals, kb)
         else:
             t = 0
-        _finish(a, b, lo[k], hi[k], main_a, da, t, sa, vals, k)
+        _finish(xa, ya, 0, na, main_a, da, t, sa, vals, k)
 
 
 @njit(**_OPTS)
