@@ -35,25 +35,42 @@ node). All communication goes through :class:`lsgd.comm.Communicator` (point-to-
 :meth:`~lsgd.comm.Communicator.sendrecv` and the node's collectives), which counts it and advances
 the cluster clock.
 
-Where the time goes (profiled with per-phase wall and process CPU around each call, and cProfile,
-for ``scripts/bench_adasum.py``'s 1M-float list, 57 tensors, on 4 gloo ranks sharing 2 cores; per rank
-and call): with each receive posted when its exchange starts, 22 ms wall and 10.3 ms CPU, of which the
-7 point-to-point exchanges took 19 ms wall and 7.2 ms CPU. Gloo sends a message only once its receive
-is announced, so each of those dependent messages waited a round trip, and with more ranks than
-cores every wake-up waits for a core: the message pattern alone (no compute) took 10 ms, 15.5 ms with
-the 3 small dot-vector exchanges (1.4 KB each) added. The compute was small beside it: float64 dot
-products 1.35 ms, combination 0.5 ms, copying back 0.4 ms, concatenation 0.2 ms; the communicator's
-Python (counting, handles) under 0.1 ms. Every receive is therefore posted ahead
-(:meth:`~lsgd.comm.Communicator.post_recv`; see :func:`adasum_reduce_`): 19.8 ms wall, 8.9 ms CPU,
-and the message pattern with the compute stubbed out is cheaper than the all-reduce (0.89x). What
-is left is the compute, about twice as slow with 4 processes sharing 2 cores' caches as alone (dots
-0.84 ms alone, 1.4-1.8 ms in the run), and the loopback TCP copies, which cost what they cost the
-all-reduce (the same bytes). The CPU kernels keep their short Python loop over a region's long pieces
-(64K-element chunks for the dots, one in-place multiply-add per piece for the combination): the
-loop-free variant (the ``vectorized`` path: one float64 copy of the region, ``segment_reduce``,
-``repeat_interleave``d coefficients) measured slower here on the 1M list's level-0 region (475K
-floats, 43 pieces, one process): dots 1.14 vs 0.52 ms, combination 0.65 vs 0.16 ms, and changing
-either would change the float64 summation order or the multiply-add's rounding, and so the bits.
+Where the time goes (per rank and call, wall microseconds per item, means over ranks ``< q`` of
+medians over 40 calls; ``scripts/bench_adasum.py``'s lists, gloo ranks sharing 2 cores, 26 Nov 2026,
+load average 4-6; "before" is the torch path, ``LSGD_ADASUM_FUSED=0``, in the same hold)::
+
+    1M list (57 tensors)       4 ranks: before -> now       8 ranks: before -> now
+    total wall / CPU           15.9 / 6.4 ms -> 13.0 / 5.0  39.1 / 9.2 ms -> 30.9 / 6.9
+    dot products, levels 0..   801, 417 -> 429, 216         891, 518, 333 -> 457, 248, 142
+    combination, levels 0..    280, 164 -> 82, 46           342, 225, 153 -> 113, 64, 40
+    concatenate / copy back    ~160 / ~390                  ~220 / ~410
+    post the receives          385 -> 344                   639 -> 800
+    halving exchanges          2342, 1506 -> 1805, 874      5079, 3258, 1729 -> 4451, 2241, 1339
+    all-gather exchanges       943, 1732 -> 754, 1437       1226, 1480, 2900 -> 935, 1369, 3081
+    dot-vector exchanges       807, 764, 662                2367, 1981, 959, 1223, 775, 1039
+                               -> 576, 527, 418             -> 1428, 1129, 632, 793, 533, 628
+
+    ResNet-50 (161 tensors, 102 MB), 4 ranks: concatenation into fresh memory 68 ms of 285 (now a
+    kept buffer), dot products 39.6 -> 24.5 ms, combination 15.6 -> 8.9 ms, copy back 15-19 ms,
+    exchanges most of the rest.
+
+The exchanges wait for the partner's compute and for a core (more ranks than cores); each dependent
+message also paid a round trip until every receive was posted ahead
+(:meth:`~lsgd.comm.Communicator.post_recv`; see :func:`adasum_reduce_`; the message pattern with
+the compute stubbed out is cheaper than the all-reduce, 0.89x). The compute is the CPU per rank,
+and with 4-8 ranks on 2 cores the wall time follows it: the float64 dot products and the
+combination of float32 buffers run in one compiled pass each (:mod:`lsgd.algorithms.adasum_fused`,
+numba), bit for bit what the torch path computes: the float32 products are exact in float64, and the
+kernel adds them in the orders MKL's ``dgemv`` / ``ddot``, ``index_add_`` and ``segment_reduce``
+use (read off the library; a test holds the kernel to the torch path), and the combination rounds
+as ATen's ``mul_`` then ``add_(alpha=)`` (a fused multiply-add) do. One process, the 1M list's
+level-0 region (475K floats): dot products 518 -> 350 us, combination 149 -> 42 us. The dot
+products stay sequential chains (their order is the torch path's; numba leaves LLVM's SLP
+vectorizer off, so the four lanes are not packed into one vector), which is why they cost more than
+the combination. The torch path stays for float64 / float16 / bfloat16 buffers, for several torch
+threads (MKL then splits its sums between threads, another order), on CUDA (its ``vectorized``
+path), and without numba. The concatenation and the copy back are plain memory copies, paid by the
+all-reduce as well.
 
 The training algorithm :class:`Adasum` (config ``algo.name=adasum``) applies the reduction either to
 the gradients (``target=gradient``, replacing the gradient all-reduce) or, as Horovod does with an

@@ -1,21 +1,24 @@
-"""Adasum's per-tensor float64 dot products in one compiled pass (:func:`lsgd.algorithms.adasum._partial_dots`'s
-CPU path for float32 buffers), with numba (``@njit(cache=True)``), bit for bit what the torch path computes.
+"""Adasum's per-tensor float64 dot products and its combination of float32 buffers, one compiled pass
+each, with numba (``@njit(cache=True)``): :func:`partial_dots` and :func:`combine`, the CPU paths of
+:func:`lsgd.algorithms.adasum._partial_dots` and ``_combine_`` for float32, bit for bit what their
+torch paths compute (the combination's rounding is described at :func:`combine`).
 
 The torch path converts each 64K-element chunk of a region to float64 (two copies), then asks the
 BLAS for ``[a; b] a`` (``dgemv``: ``|a|^2`` and ``a.b``) and ``b.b`` (``ddot``), and sums the chunks'
 values per tensor (``index_add_``); the short pieces (biases, BatchNorm vectors) are gathered and
 summed by ``segment_reduce``. Measured on the 1M list's level-0 region (475K floats, one process):
-0.52 ms, of which the float64 copies 0.18 ms and the BLAS 0.27 ms. Here each element is read once,
-as float32, and never stored in float64.
+0.52 ms, of which the float64 copies 0.18 ms and the BLAS 0.27 ms; here 0.35 ms, each element read
+as float32 and never stored in float64.
 
 Why the bits are the same. A product of two float32 (or narrower) numbers is exact in float64 (24 +
 24 significand bits < 53, exponents within float64's normal range), so multiplying with or without a
 fused multiply-add, before or after converting, gives the same float64 product. Only the order of
 the float64 additions matters, and this module reproduces, addition for addition, the order of the
 library calls the torch path makes on this project's torch build (MKL 2024.2, the BLAS torch links;
-the orders were read off the library with the probing method of FPRev, Xie et al., "FPRev: Revealing
-the order of floating-point summation", 2024: a sum of ones with ``+M`` and ``-M`` at positions ``i``
-and ``j`` returns the number of ones outside the subtree that joins ``i`` and ``j``):
+on this machine kind's CPU, AMD EPYC with AVX-512, where MKL takes the code paths below; the orders
+were read off the library by probing, the idea of FPRev (Xie et al., 2024): a sum of ones with
+``+M`` and ``-M`` at positions ``i`` and ``j`` returns the number of ones outside the subtree that
+joins ``i`` and ``j``):
 
 * ``ddot`` over ``n`` elements: four two-lane accumulators (an SSE2 pattern): element ``8 k + 2 r + l``
   of the blocks of 8 goes to accumulator ``r``, lane ``l``, one after another; the remaining pairs
@@ -39,7 +42,10 @@ fail there, and :func:`lsgd.algorithms.adasum.fused_dots` can then be turned off
 another order, so this is a property of the build, as the goldens are.
 
 Why numba: see :mod:`lsgd.compression.lattice_fused` (the same pattern: cached machine code, a
-fallback to the torch path when numba is missing or the module fails to compile). The additions
+fallback to the torch path when numba is missing or the module fails to compile). Its cost is per
+process, on the first float32 reduction on CPU: importing numba (about 1.3 s here, none where the
+lattice quantizer has imported it) and loading the cached kernels (0.3 s; compiling them, once per
+machine, 2.4 s: ``make install`` does it, :func:`warm_up`). The additions
 are chains (each sum's order is fixed), so the loop is bound by the float64 add latency of its
 longest chain (``a.b``: two lanes); two chunks of equal length are walked together, so that their
 independent chains overlap.
