@@ -261,11 +261,52 @@ def fused_kernels():
         _FUSED = None
         if os.environ.get("LSGD_ADASUM_FUSED", "1") != "0":
             try:
-                _FUSED = importlib.import_module("lsgd.algorithms.adasum_fused")
+                module = importlib.import_module("lsgd.algorithms.adasum_fused")
+                agrees = _agrees_with_torch(module)
             except Exception as exc:  # ImportError (no numba), numba's typing / lowering errors
-                warnings.warn(f"adasum: numba's fused dot products unavailable ({type(exc).__name__}: {exc}); "
+                warnings.warn(f"adasum: numba's fused kernels unavailable ({type(exc).__name__}: {exc}); "
                               "using the torch path (same results)", RuntimeWarning, stacklevel=2)
+            else:
+                if agrees:
+                    _FUSED = module
+                else:
+                    warnings.warn("adasum: the fused kernels do not reproduce this machine's torch / BLAS "
+                                  "summation orders (another CPU or BLAS); using the torch path",
+                                  RuntimeWarning, stacklevel=2)
     return _FUSED
+
+
+def _agrees_with_torch(module) -> bool:
+    """Whether ``module``'s kernels give the torch path's bits here, on a small probe (tensors of
+    3, 4097, 37, 4100 and 9 elements: long and short pieces, odd and even chunk buffers, every
+    length modulo 8 in the tails), one torch thread; about a millisecond, once per process. The
+    kernels reproduce the orders of MKL's code paths on this project's machines: on another CPU
+    or BLAS the orders can differ, and the torch path stays the definition."""
+    global _FUSED
+    g = torch.Generator().manual_seed(0)
+    layout = _Layout([3, 4097, 37, 4100, 9])
+    a, b = torch.randn(layout.n, generator=g), torch.randn(layout.n, generator=g)
+    c_a = torch.rand(5, generator=g, dtype=torch.float64) + 0.5
+    c_b = torch.rand(5, generator=g, dtype=torch.float64) + 0.5
+    threads = torch.get_num_threads()
+    saved = _FUSED
+    try:
+        torch.set_num_threads(1)
+        out = []
+        for kernels in (module, None):
+            _FUSED = kernels
+            res = []
+            for lo, hi in ((0, layout.n), (0, 4100), (5, layout.n - 7)):
+                segs = layout.segments(lo, hi)
+                res.append(_partial_dots(a[lo:hi], b[lo:hi], segs, lo, 5, False))
+                own = a[lo:hi].clone()
+                _combine_(own, b[lo:hi], c_a, c_b, segs, lo, False)
+                res.append(own)
+            out.append(res)
+        return all(torch.equal(x, y) for x, y in zip(*out))
+    finally:
+        _FUSED = saved
+        torch.set_num_threads(threads)
 
 
 def _plan(segs, lo: int, device: torch.device) -> _Plan:

@@ -35,11 +35,11 @@ joins ``i`` and ``j``):
 * ``index_add_`` of the chunks' values per tensor and ``segment_reduce``'s sums: one after another
   from 0.
 
-``tests/unit/test_adasum_fused.py`` checks the kernel against the torch path bit for bit (every
-length modulo 8 and the layouts the reduction makes); a torch or BLAS with another order makes it
-fail there, and :func:`lsgd.algorithms.adasum.fused_dots` can then be turned off
-(``LSGD_ADASUM_FUSED=0``; the torch path stays the definition). Another BLAS (OpenBLAS) sums in
-another order, so this is a property of the build, as the goldens are.
+``tests/unit/test_adasum_fused.py`` checks the kernels against the torch path bit for bit (every
+length modulo 8 and the layouts the reduction makes). The orders are those of MKL's code paths on
+this machine kind; on another CPU or BLAS they can differ, so :func:`lsgd.algorithms.adasum.fused_kernels`
+probes the kernels against the torch path once per process (a millisecond) and keeps the torch path,
+with a warning, where they differ; ``LSGD_ADASUM_FUSED=0`` turns them off.
 
 Why numba: see :mod:`lsgd.compression.lattice_fused` (the same pattern: cached machine code, a
 fallback to the torch path when numba is missing or the module fails to compile). Its cost is per

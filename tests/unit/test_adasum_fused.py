@@ -124,3 +124,24 @@ def test_combine_matches_the_torch_path(monkeypatch):
                 scale = (own[s:e].double() * c_own[t]).abs() + (other[s:e].double() * c_other[t]).abs()
                 err = (fused[s - lo : e - lo].double() - exact).abs()
                 assert bool((err <= 3 * 2.0**-24 * scale + 1e-45).all())
+
+
+def test_a_kernel_with_other_orders_is_refused(monkeypatch):
+    """The load-time probe turns the kernels off where they do not give the torch path's bits (as on
+    a CPU or BLAS with other summation orders): a kernel summing in another order is refused."""
+    fused = A.fused_kernels()
+    assert A._agrees_with_torch(fused)
+
+    def reversed_dots(a, b, chunk_lo, chunk_hi, chunk_id, chunk_order, small_lo, small_hi, small_id, peel, out):
+        fused.partial_dots(a, b, chunk_lo, chunk_hi, chunk_id, chunk_order, small_lo, small_hi, small_id, peel, out)
+        out[:, chunk_id] = 0.0
+        for lo, hi, t in zip(chunk_lo, chunk_hi, chunk_id):  # the same sums, added backwards
+            x, y = a[lo:hi].astype("float64")[::-1], b[lo:hi].astype("float64")[::-1]
+            out[0, t] += float(sum(x * y)); out[1, t] += float(sum(x * x)); out[2, t] += float(sum(y * y))
+
+    other = type("Other", (), {"partial_dots": staticmethod(reversed_dots), "combine": fused.combine})
+    assert not A._agrees_with_torch(other)
+    monkeypatch.setattr(A, "_FUSED", A._UNSET)
+    monkeypatch.setattr(A, "_agrees_with_torch", lambda module: False)
+    with pytest.warns(RuntimeWarning, match="summation orders"):
+        assert A.fused_kernels() is None
