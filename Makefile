@@ -43,6 +43,8 @@ else
 endif
 	$(PY) -c "import lsgd.compression.lattice_fused" \
 	  || echo "numba did not compile the lattice loops: the lattice quantizer will take its torch path"
+	$(PY) -c "import lsgd.algorithms.adasum_fused as f; f.warm_up()" \
+	  || echo "numba did not compile Adasum's dot products: Adasum will take its torch path"
 	touch $(STAMP)
 
 # `make lock` resolves pyproject.toml with the dev extra into requirements.lock with uv (pinned below,

@@ -35,25 +35,42 @@ node). All communication goes through :class:`lsgd.comm.Communicator` (point-to-
 :meth:`~lsgd.comm.Communicator.sendrecv` and the node's collectives), which counts it and advances
 the cluster clock.
 
-Where the time goes (profiled with per-phase wall and process CPU around each call, and cProfile,
-for ``scripts/bench_adasum.py``'s 1M-float list, 57 tensors, on 4 gloo ranks sharing 2 cores; per rank
-and call): with each receive posted when its exchange starts, 22 ms wall and 10.3 ms CPU, of which the
-7 point-to-point exchanges took 19 ms wall and 7.2 ms CPU. Gloo sends a message only once its receive
-is announced, so each of those dependent messages waited a round trip, and with more ranks than
-cores every wake-up waits for a core: the message pattern alone (no compute) took 10 ms, 15.5 ms with
-the 3 small dot-vector exchanges (1.4 KB each) added. The compute was small beside it: float64 dot
-products 1.35 ms, combination 0.5 ms, copying back 0.4 ms, concatenation 0.2 ms; the communicator's
-Python (counting, handles) under 0.1 ms. Every receive is therefore posted ahead
-(:meth:`~lsgd.comm.Communicator.post_recv`; see :func:`adasum_reduce_`): 19.8 ms wall, 8.9 ms CPU,
-and the message pattern with the compute stubbed out is cheaper than the all-reduce (0.89x). What
-is left is the compute, about twice as slow with 4 processes sharing 2 cores' caches as alone (dots
-0.84 ms alone, 1.4-1.8 ms in the run), and the loopback TCP copies, which cost what they cost the
-all-reduce (the same bytes). The CPU kernels keep their short Python loop over a region's long pieces
-(64K-element chunks for the dots, one in-place multiply-add per piece for the combination): the
-loop-free variant (the ``vectorized`` path: one float64 copy of the region, ``segment_reduce``,
-``repeat_interleave``d coefficients) measured slower here on the 1M list's level-0 region (475K
-floats, 43 pieces, one process): dots 1.14 vs 0.52 ms, combination 0.65 vs 0.16 ms, and changing
-either would change the float64 summation order or the multiply-add's rounding, and so the bits.
+Where the time goes (per rank and call, wall microseconds per item, means over ranks ``< q`` of
+medians over 40 calls; ``scripts/bench_adasum.py``'s lists, gloo ranks sharing 2 cores, 26 Nov 2026,
+load average 4-6; "before" is the torch path, ``LSGD_ADASUM_FUSED=0``, in the same hold)::
+
+    1M list (57 tensors)       4 ranks: before -> now       8 ranks: before -> now
+    total wall / CPU           15.9 / 6.4 ms -> 13.0 / 5.0  39.1 / 9.2 ms -> 30.9 / 6.9
+    dot products, levels 0..   801, 417 -> 429, 216         891, 518, 333 -> 457, 248, 142
+    combination, levels 0..    280, 164 -> 82, 46           342, 225, 153 -> 113, 64, 40
+    concatenate / copy back    ~160 / ~390                  ~220 / ~410
+    post the receives          385 -> 344                   639 -> 800
+    halving exchanges          2342, 1506 -> 1805, 874      5079, 3258, 1729 -> 4451, 2241, 1339
+    all-gather exchanges       943, 1732 -> 754, 1437       1226, 1480, 2900 -> 935, 1369, 3081
+    dot-vector exchanges       807, 764, 662                2367, 1981, 959, 1223, 775, 1039
+                               -> 576, 527, 418             -> 1428, 1129, 632, 793, 533, 628
+
+    ResNet-50 (161 tensors, 102 MB), 4 ranks: concatenation into fresh memory 68 ms of 285 (now a
+    kept buffer), dot products 39.6 -> 24.5 ms, combination 15.6 -> 8.9 ms, copy back 15-19 ms,
+    exchanges most of the rest.
+
+The exchanges wait for the partner's compute and for a core (more ranks than cores); each dependent
+message also paid a round trip until every receive was posted ahead
+(:meth:`~lsgd.comm.Communicator.post_recv`; see :func:`adasum_reduce_`; the message pattern with
+the compute stubbed out is cheaper than the all-reduce, 0.89x). The compute is the CPU per rank,
+and with 4-8 ranks on 2 cores the wall time follows it: the float64 dot products and the
+combination of float32 buffers run in one compiled pass each (:mod:`lsgd.algorithms.adasum_fused`,
+numba), bit for bit what the torch path computes: the float32 products are exact in float64, and the
+kernel adds them in the orders MKL's ``dgemv`` / ``ddot``, ``index_add_`` and ``segment_reduce``
+use (read off the library; a test holds the kernel to the torch path), and the combination rounds
+as ATen's ``mul_`` then ``add_(alpha=)`` (a fused multiply-add) do. One process, the 1M list's
+level-0 region (475K floats): dot products 518 -> 350 us, combination 149 -> 42 us. The dot
+products stay sequential chains (their order is the torch path's; numba leaves LLVM's SLP
+vectorizer off, so the four lanes are not packed into one vector), which is why they cost more than
+the combination. The torch path stays for float64 / float16 / bfloat16 buffers, for several torch
+threads (MKL then splits its sums between threads, another order), on CUDA (its ``vectorized``
+path), and without numba. The concatenation and the copy back are plain memory copies, paid by the
+all-reduce as well.
 
 The training algorithm :class:`Adasum` (config ``algo.name=adasum``) applies the reduction either to
 the gradients (``target=gradient``, replacing the gradient all-reduce) or, as Horovod does with an
@@ -63,9 +80,12 @@ optimizer, to the delta of a local optimizer step (``target=delta``).
 from __future__ import annotations
 
 import bisect
+import importlib
 import os
+import warnings
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -207,8 +227,16 @@ class _Plan:
         if self.chunks:
             self.chunk_ids = torch.tensor([t for t, _, _ in self.chunks], device=device)
             self.chunk_len = max(c1 - c0 for _, c0, c1 in self.chunks)
+        # the float64 buffer's second row is 8 bytes off a 16-byte boundary: MKL's ddot peels one element
+        self.peel = bool(self.chunks) and self.chunk_len % 2 == 1
         pieces = [(t, s - lo, e - lo) for t, s, e in segs if e - s < small]
         self.n_small = len(pieces)
+        # the chunks and the short pieces as (start, end, tensor) int64 arrays, region coordinates,
+        # for the compiled kernel (adasum_fused.partial_dots)
+        self.np_chunks = [np.array([c[i] for c in self.chunks], dtype=np.int64) for i in (1, 2, 0)]
+        self.np_chunks.insert(3, np.argsort([c1 - c0 for _, c0, c1 in self.chunks], kind="stable").astype(np.int64))
+        self.np_small = [np.array([c[i] for c in pieces], dtype=np.int64) for i in (1, 2, 0)]
+        self.np_big = [np.array([c[i] for c in self.big], dtype=np.int64) for i in (1, 2, 0)]
         if pieces:
             lengths = [e - s for _, s, e in pieces]
             self.ids = torch.tensor([t for t, _, _ in pieces], device=device)
@@ -219,6 +247,66 @@ class _Plan:
 
 
 _PLANS: dict = {}
+
+_UNSET = object()
+_FUSED = _UNSET
+
+
+def fused_kernels():
+    """The compiled dot-product kernel (:mod:`lsgd.algorithms.adasum_fused`), or None: turned off
+    (environment ``LSGD_ADASUM_FUSED=0``), numba missing, or the module fails to compile (a warning,
+    once per process). Without it :func:`_partial_dots` takes its torch path (the same bits)."""
+    global _FUSED
+    if _FUSED is _UNSET:
+        _FUSED = None
+        if os.environ.get("LSGD_ADASUM_FUSED", "1") != "0":
+            try:
+                module = importlib.import_module("lsgd.algorithms.adasum_fused")
+                agrees = _agrees_with_torch(module)
+            except Exception as exc:  # ImportError (no numba), numba's typing / lowering errors
+                warnings.warn(f"adasum: numba's fused kernels unavailable ({type(exc).__name__}: {exc}); "
+                              "using the torch path (same results)", RuntimeWarning, stacklevel=2)
+            else:
+                if agrees:
+                    _FUSED = module
+                else:
+                    warnings.warn("adasum: the fused kernels do not reproduce this machine's torch / BLAS "
+                                  "summation orders (another CPU or BLAS); using the torch path",
+                                  RuntimeWarning, stacklevel=2)
+    return _FUSED
+
+
+def _agrees_with_torch(module) -> bool:
+    """Whether ``module``'s kernels give the torch path's bits here, on a small probe (tensors of
+    3, 4097, 37, 4100 and 9 elements: long and short pieces, odd and even chunk buffers, every
+    length modulo 8 in the tails), one torch thread; about a millisecond, once per process. The
+    kernels reproduce the orders of MKL's code paths on this project's machines: on another CPU
+    or BLAS the orders can differ, and the torch path stays the definition."""
+    global _FUSED
+    g = torch.Generator().manual_seed(0)
+    layout = _Layout([3, 4097, 37, 4100, 9])
+    a, b = torch.randn(layout.n, generator=g), torch.randn(layout.n, generator=g)
+    c_a = torch.rand(5, generator=g, dtype=torch.float64) + 0.5
+    c_b = torch.rand(5, generator=g, dtype=torch.float64) + 0.5
+    threads = torch.get_num_threads()
+    saved = _FUSED
+    try:
+        torch.set_num_threads(1)
+        out = []
+        for kernels in (module, None):
+            _FUSED = kernels
+            res = []
+            for lo, hi in ((0, layout.n), (0, 4100), (5, layout.n - 7)):
+                segs = layout.segments(lo, hi)
+                res.append(_partial_dots(a[lo:hi], b[lo:hi], segs, lo, 5, False))
+                own = a[lo:hi].clone()
+                _combine_(own, b[lo:hi], c_a, c_b, segs, lo, False)
+                res.append(own)
+            out.append(res)
+        return all(torch.equal(x, y) for x, y in zip(*out))
+    finally:
+        _FUSED = saved
+        torch.set_num_threads(threads)
 
 
 def _plan(segs, lo: int, device: torch.device) -> _Plan:
@@ -260,6 +348,13 @@ def _partial_dots(a: Tensor, b: Tensor, segs, lo: int, num: int, vectorized: boo
             out[row, ids] = torch.segment_reduce(prod, "sum", lengths=lengths)
         return out.reshape(-1)
     plan = _plan(segs, lo, a.device)
+    # the kernel reproduces MKL's single-threaded orders; with more threads MKL splits the sums
+    fused = (fused_kernels() if a.dtype == torch.float32 and b.dtype == torch.float32
+             and torch.get_num_threads() == 1 else None)
+    if fused is not None:
+        res = np.zeros((3, num), dtype=np.float64)
+        fused.partial_dots(a.numpy(), b.numpy(), *plan.np_chunks, *plan.np_small, plan.peel, res)
+        return torch.from_numpy(res).reshape(-1)
     if plan.chunks:
         buf = torch.empty(2, plan.chunk_len, dtype=torch.float64, device=a.device)
         # per chunk [|a|^2, a.b, |b|^2]: [a; b] a (one BLAS gemv reads both rows once) and b.b
@@ -301,6 +396,11 @@ def _combine_(own: Tensor, other: Tensor, c_own: Tensor, c_other: Tensor, segs, 
         own[:cover].copy_(x[:cover] * co + y[:cover] * cx)
         return
     plan = _plan(segs, lo, own.device)
+    fused = fused_kernels() if own.dtype == torch.float32 and other.dtype == torch.float32 else None
+    if fused is not None:
+        fused.combine(own.numpy(), other.numpy(), *plan.np_big, *plan.np_small,
+                      c_own.numpy().astype(np.float32), c_other.numpy().astype(np.float32))
+        return
     if plan.big:
         co, cx = c_own.tolist(), c_other.tolist()
         for t, s, e in plan.big:
@@ -314,16 +414,18 @@ def _combine_(own: Tensor, other: Tensor, c_own: Tensor, c_other: Tensor, segs, 
 
 
 # -- the distributed reduction ----------------------------------------------------------------
-_SCRATCH: dict[tuple[torch.dtype, torch.device], Tensor] = {}
+_SCRATCH: dict[tuple[str, torch.dtype, torch.device], Tensor] = {}
 
 
-def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A receive buffer of ``numel`` elements, kept between calls (as Horovod keeps its receive
-    buffer): a fresh large CPU allocation costs a page fault per 4 KiB on first touch, about as much
-    as the copy itself. Grow-only, one per (dtype, device); not thread-safe."""
-    buf = _SCRATCH.get((dtype, device))
+def _scratch(numel: int, dtype: torch.dtype, device: torch.device, role: str = "recv") -> Tensor:
+    """A buffer of ``numel`` elements kept between calls, one per ``role`` (``recv``: the receive
+    buffer; ``flat``: the concatenated tensors), as Horovod keeps its fusion and receive buffers: a
+    fresh large CPU allocation costs a page fault per 4 KiB on first touch, about as much as the copy
+    itself (ResNet-50's 102 MB: the concatenation took 64-68 ms into fresh memory on 4 ranks sharing
+    2 cores). Grow-only, one per (role, dtype, device); not thread-safe."""
+    buf = _SCRATCH.get((role, dtype, device))
     if buf is None or buf.numel() < numel:
-        buf = _SCRATCH[(dtype, device)] = torch.empty(numel, dtype=dtype, device=device)
+        buf = _SCRATCH[(role, dtype, device)] = torch.empty(numel, dtype=dtype, device=device)
     return buf[:numel]
 
 
@@ -505,8 +607,9 @@ def adasum_reduce_(tensors: list[Tensor], comm: Communicator | None = None) -> N
     has been sent (:meth:`Communicator.post_recv`: gloo sends a message only once its receive is
     announced, so a receive posted when needed costs a round trip per message); what is counted
     and clocked is unchanged. The receive buffer (one region per receive before the all-gather:
-    fewer than ``2n`` elements on folding ranks, fewer than ``n`` on the others) is kept between
-    calls per dtype and device (not thread-safe).
+    fewer than ``2n`` elements on folding ranks, fewer than ``n`` on the others) and the flat
+    buffer the tensors are concatenated into (``n`` elements) are kept between calls per dtype and
+    device (not thread-safe).
 
     Args:
         tensors: floating tensors (float16, bfloat16, float32, float64) on one device; the same
@@ -528,7 +631,8 @@ def adasum_reduce_(tensors: list[Tensor], comm: Communicator | None = None) -> N
     if comm.world_size == 1:
         return
     for same in _by_dtype(tensors):
-        flat = torch.cat([t.detach().reshape(-1) for t in same])
+        flat = _scratch(sum(t.numel() for t in same), same[0].dtype, same[0].device, "flat")
+        torch.cat([t.detach().reshape(-1) for t in same], out=flat)
         _adasum_flat_(flat, _Layout([t.numel() for t in same]), comm)
         _copy_back(flat, same)
 
@@ -589,7 +693,7 @@ def adasum_reduce_hierarchical_(tensors: list[Tensor], local: Communicator, cros
         pieces = [t.detach().reshape(-1) for t in same]
         if pad:
             pieces.append(same[0].new_zeros(pad))
-        flat = torch.cat(pieces)
+        flat = torch.cat(pieces, out=_scratch(s * p_l, same[0].dtype, same[0].device, "flat"))
         shard = flat.new_empty(s)
         local.reduce_scatter(shard, flat)
         shard.div_(p_l)
