@@ -60,10 +60,12 @@ message also paid a round trip until every receive was posted ahead
 the compute stubbed out is cheaper than the all-reduce, 0.89x). The compute is the CPU per rank,
 and with 4-8 ranks on 2 cores the wall time follows it: the float64 dot products and the
 combination of float32 buffers run in one compiled pass each (:mod:`lsgd.algorithms.adasum_fused`,
-numba), bit for bit what the torch path computes: the float32 products are exact in float64, and the
-kernel adds them in the orders MKL's ``dgemv`` / ``ddot``, ``index_add_`` and ``segment_reduce``
-use (read off the library; a test holds the kernel to the torch path), and the combination rounds
-as ATen's ``mul_`` then ``add_(alpha=)`` (a fused multiply-add) do. One process, the 1M list's
+numba), in one fixed order, which on this project's AMD machines is bit for bit what the torch path
+computes: the float32 products are exact in float64, and the kernel adds them in the orders MKL's
+``dgemv`` / ``ddot``, ``index_add_`` and ``segment_reduce`` use there (read off the library; a test
+holds the kernel to the torch path where :func:`torch_order_matches`), and the combination rounds as
+ATen's ``mul_`` then ``add_(alpha=)`` (a fused multiply-add) do. On another CPU the torch path adds
+in another order and the kernels keep theirs (the same bits on every machine; :func:`fused_kernels`). One process, the 1M list's
 level-0 region (475K floats): dot products 518 -> 350 us, combination 149 -> 42 us. The dot
 products stay sequential chains (their order is the torch path's; numba leaves LLVM's SLP
 vectorizer off, so the four lanes are not packed into one vector), which is why they cost more than
@@ -253,27 +255,42 @@ _FUSED = _UNSET
 
 
 def fused_kernels():
-    """The compiled dot-product kernel (:mod:`lsgd.algorithms.adasum_fused`), or None: turned off
-    (environment ``LSGD_ADASUM_FUSED=0``), numba missing, or the module fails to compile (a warning,
-    once per process). Without it :func:`_partial_dots` takes its torch path (the same bits)."""
+    """The compiled kernels (:mod:`lsgd.algorithms.adasum_fused`), or None: turned off (environment
+    ``LSGD_ADASUM_FUSED=0``), numba missing, or the module fails to compile (a warning, once per
+    process). Without them :func:`_partial_dots` and :func:`_combine_` take their torch paths.
+
+    The kernels add in one fixed order (the module's docstring): the order in which MKL and ATen
+    add on this project's AMD EPYC machines, so there they give the torch path's bits
+    (:func:`torch_order_matches`). On another CPU or BLAS the torch path itself adds in another
+    order (MKL picks its kernels by CPU; ATen's by ``ATEN_CPU_CAPABILITY``); the kernels keep theirs,
+    so a float32 Adasum reduction on CPU gives the same bits on every machine, and differs from
+    that machine's torch path only by the reordering of exact float64 products (within
+    ``(n - 1) 2**-53 sum |a_i b_i|`` per dot product) and, in the combination, by one float32
+    rounding where the torch path does not fuse its multiply-add."""
     global _FUSED
     if _FUSED is _UNSET:
         _FUSED = None
         if os.environ.get("LSGD_ADASUM_FUSED", "1") != "0":
             try:
-                module = importlib.import_module("lsgd.algorithms.adasum_fused")
-                agrees = _agrees_with_torch(module)
+                _FUSED = importlib.import_module("lsgd.algorithms.adasum_fused")
             except Exception as exc:  # ImportError (no numba), numba's typing / lowering errors
                 warnings.warn(f"adasum: numba's fused kernels unavailable ({type(exc).__name__}: {exc}); "
-                              "using the torch path (same results)", RuntimeWarning, stacklevel=2)
-            else:
-                if agrees:
-                    _FUSED = module
-                else:
-                    warnings.warn("adasum: the fused kernels do not reproduce this machine's torch / BLAS "
-                                  "summation orders (another CPU or BLAS); using the torch path",
-                                  RuntimeWarning, stacklevel=2)
+                              "using the torch path", RuntimeWarning, stacklevel=2)
     return _FUSED
+
+
+_MATCHES: bool | None = None
+
+
+def torch_order_matches() -> bool:
+    """Whether the fused kernels give this machine's torch path bit for bit (:func:`_agrees_with_torch`
+    on a small probe, once per process); False without the kernels. A diagnostic (the tests hold the
+    kernels to the torch path's bits where it is True); the kernels are used either way."""
+    global _MATCHES
+    if _MATCHES is None:
+        kernels = fused_kernels()
+        _MATCHES = kernels is not None and _agrees_with_torch(kernels)
+    return _MATCHES
 
 
 def _agrees_with_torch(module) -> bool:
@@ -281,7 +298,7 @@ def _agrees_with_torch(module) -> bool:
     3, 4097, 37, 4100 and 9 elements: long and short pieces, odd and even chunk buffers, every
     length modulo 8 in the tails), one torch thread; about a millisecond, once per process. The
     kernels reproduce the orders of MKL's code paths on this project's machines: on another CPU
-    or BLAS the orders can differ, and the torch path stays the definition."""
+    or BLAS the orders can differ (:func:`fused_kernels`)."""
     global _FUSED
     g = torch.Generator().manual_seed(0)
     layout = _Layout([3, 4097, 37, 4100, 9])

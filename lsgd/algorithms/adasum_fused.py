@@ -1,7 +1,9 @@
 """Adasum's per-tensor float64 dot products and its combination of float32 buffers, one compiled pass
 each, with numba (``@njit(cache=True)``): :func:`partial_dots` and :func:`combine`, the CPU paths of
-:func:`lsgd.algorithms.adasum._partial_dots` and ``_combine_`` for float32, bit for bit what their
-torch paths compute (the combination's rounding is described at :func:`combine`).
+:func:`lsgd.algorithms.adasum._partial_dots` and ``_combine_`` for float32, in one fixed order: on this
+project's AMD EPYC machines (MKL 2024.2, ATen's AVX2 / AVX512 kernels) bit for bit what their torch
+paths compute (the combination's rounding is described at :func:`combine`); elsewhere the same bits
+as here, which the torch path there may not give (it adds in its BLAS's order for that CPU).
 
 The torch path converts each 64K-element chunk of a region to float64 (two copies), then asks the
 BLAS for ``[a; b] a`` (``dgemv``: ``|a|^2`` and ``a.b``) and ``b.b`` (``ddot``), and sums the chunks'
@@ -35,11 +37,12 @@ joins ``i`` and ``j``):
 * ``index_add_`` of the chunks' values per tensor and ``segment_reduce``'s sums: one after another
   from 0.
 
-``tests/unit/test_adasum_fused.py`` checks the kernels against the torch path bit for bit (every
-length modulo 8 and the layouts the reduction makes). The orders are those of MKL's code paths on
-this machine kind; on another CPU or BLAS they can differ, so :func:`lsgd.algorithms.adasum.fused_kernels`
-probes the kernels against the torch path once per process (a millisecond) and keeps the torch path,
-with a warning, where they differ; ``LSGD_ADASUM_FUSED=0`` turns them off.
+``tests/unit/test_adasum_fused.py`` checks the kernels against exact sums (``math.fsum`` of the
+exact products) on every machine, and against the torch path bit for bit (every length modulo 8 and
+the layouts the reduction makes) where :func:`lsgd.algorithms.adasum.torch_order_matches` (a
+probe: the orders are those of MKL's code paths on this machine kind; on another CPU or BLAS the torch
+path's can differ, and the kernels keep theirs, so a run gives the same bits on every machine);
+``LSGD_ADASUM_FUSED=0`` turns them off.
 
 Why numba: see :mod:`lsgd.compression.lattice_fused` (the same pattern: cached machine code, a
 fallback to the torch path when numba is missing or the module fails to compile). Its cost is per

@@ -1,9 +1,12 @@
 """Adasum's compiled dot products (lsgd/algorithms/adasum_fused.py) against the torch path of
 lsgd.algorithms.adasum._partial_dots (float64 copies, MKL's gemv / dot, index_add_, segment_reduce):
-the same float64 values bit for bit for every chunk length modulo 8, both parities of the chunk
-buffer's row length (MKL's ddot peels an element when its row is 8 bytes off a 16-byte boundary),
-regions that cut tensors, short and long pieces together; and against float64 dot products computed
-exactly (math.fsum of the exact products) to a few ulps, the definition the orders approximate."""
+on every machine against float64 dot products computed exactly (math.fsum of the exact products),
+within the float64 bound of a sum of n exact terms in any order, (n - 1) 2**-53 sum |terms|; and,
+where the kernels reproduce this machine's torch path (``A.torch_order_matches()``: MKL's and ATen's
+orders on this project's AMD machines; another CPU's MKL adds in another order), the same float64
+values bit for bit, for every chunk length modulo 8, both parities of the chunk buffer's row length
+(MKL's ddot peels an element when its row is 8 bytes off a 16-byte boundary), regions that cut
+tensors, short and long pieces together."""
 
 from __future__ import annotations
 
@@ -30,8 +33,32 @@ def test_the_fused_kernel_loads():
     assert A.fused_kernels() is not None
 
 
+def exact_dots(a, b, segs):
+    """Per tensor of ``segs``: ([a.b, |a|^2, |b|^2] summed exactly, rounded once; the bound
+    (n - 1) 2**-53 sum |terms| of any order of float64 additions of the exact products)."""
+    out = []
+    for _, s, e in segs:
+        x, y = a[s:e].double().tolist(), b[s:e].double().tolist()
+        terms = ([p * q for p, q in zip(x, y)], [p * p for p in x], [q * q for q in y])
+        out.append([(math.fsum(t), max(len(t) - 1, 0) * 2.0**-53 * math.fsum(abs(v) for v in t)) for t in terms])
+    return out
+
+
+def assert_dots(fused, ref, a, b, segs, lo):
+    """``fused`` (shape (3 * num,)) within the bound of the exact sums; bitwise the torch path's
+    ``ref`` where the kernels reproduce this machine's torch path."""
+    got = fused.view(3, -1)
+    for (t, s, e), rows in zip(segs, exact_dots(a, b, [(t, s - lo, e - lo) for t, s, e in segs])):
+        for row, (exact, bound) in zip((0, 1, 2), rows):
+            assert abs(got[row, t].item() - exact) <= bound * (1 + 1e-12) + 1e-300, (t, row)
+    if A.torch_order_matches():
+        assert torch.equal(fused, ref), (fused - ref)
+
+
 def both_paths(monkeypatch, a, b, segs, lo, num):
+    assert A.fused_kernels() is not None
     fused = A._partial_dots(a, b, segs, lo, num, False)
+    assert torch.equal(fused, A._partial_dots(a, b, segs, lo, num, False))  # deterministic
     with monkeypatch.context() as m:
         m.setattr(A, "_FUSED", None)
         torch_path = A._partial_dots(a, b, segs, lo, num, False)
@@ -49,7 +76,8 @@ def test_one_tensor_every_length(monkeypatch, n):
         b = torch.randn(layout.n, generator=g)
         segs = layout.segments(0, layout.n)
         fused, ref = both_paths(monkeypatch, a, b, segs, 0, len(numels))
-        assert fused.dtype == torch.float64 and torch.equal(fused, ref), (numels, fused - ref)
+        assert fused.dtype == torch.float64
+        assert_dots(fused, ref, a, b, segs, 0)
 
 
 def test_regions_of_mixed_layouts(monkeypatch):
@@ -68,15 +96,7 @@ def test_regions_of_mixed_layouts(monkeypatch):
                 continue
             segs = layout.segments(lo, hi)
             fused, ref = both_paths(monkeypatch, a[lo:hi], b[lo:hi], segs, lo, len(numels))
-            assert torch.equal(fused, ref), (numels, lo, hi)
-            got = fused.view(3, -1)
-            for t, s, e in segs:  # exact sums of the exact float64 products, rounded once
-                x, y = a[s:e].double().tolist(), b[s:e].double().tolist()
-                exact = [math.fsum(p * q for p, q in zip(x, y)), math.fsum(p * p for p in x),
-                         math.fsum(q * q for q in y)]
-                scale = [math.fsum(abs(p * q) for p, q in zip(x, y)), exact[1], exact[2]]
-                for row in range(3):
-                    assert abs(got[row, t].item() - exact[row]) <= 1e-13 * scale[row]
+            assert_dots(fused, ref, a[lo:hi], b[lo:hi], segs, lo)
 
 
 def test_other_dtypes_and_threads_take_the_torch_path(monkeypatch):
@@ -118,7 +138,8 @@ def test_combine_matches_the_torch_path(monkeypatch):
             with monkeypatch.context() as m:
                 m.setattr(A, "_FUSED", None)
                 A._combine_(ref, other[lo:hi], c_own, c_other, segs, lo, False)
-            assert torch.equal(fused, ref), (numels, lo, hi)
+            if A.torch_order_matches():  # this machine's torch path fuses the multiply-add too
+                assert torch.equal(fused, ref), (numels, lo, hi)
             for t, s, e in segs:
                 exact = own[s:e].double() * c_own[t] + other[s:e].double() * c_other[t]
                 scale = (own[s:e].double() * c_own[t]).abs() + (other[s:e].double() * c_other[t]).abs()
@@ -126,11 +147,12 @@ def test_combine_matches_the_torch_path(monkeypatch):
                 assert bool((err <= 3 * 2.0**-24 * scale + 1e-45).all())
 
 
-def test_a_kernel_with_other_orders_is_refused(monkeypatch):
-    """The load-time probe turns the kernels off where they do not give the torch path's bits (as on
-    a CPU or BLAS with other summation orders): a kernel summing in another order is refused."""
+def test_the_probe_tells_other_orders_apart_and_the_kernels_stay(monkeypatch):
+    """The probe (:func:`A.torch_order_matches`, which decides whether the bitwise checks above
+    apply) tells a kernel summing in another order apart from the torch path; where it says the
+    orders differ (another CPU or BLAS), the kernels are used all the same (their fixed order)."""
     fused = A.fused_kernels()
-    assert A._agrees_with_torch(fused)
+    assert fused is not None
 
     def reversed_dots(a, b, chunk_lo, chunk_hi, chunk_id, chunk_order, small_lo, small_hi, small_id, peel, out):
         fused.partial_dots(a, b, chunk_lo, chunk_hi, chunk_id, chunk_order, small_lo, small_hi, small_id, peel, out)
@@ -141,7 +163,6 @@ def test_a_kernel_with_other_orders_is_refused(monkeypatch):
 
     other = type("Other", (), {"partial_dots": staticmethod(reversed_dots), "combine": fused.combine})
     assert not A._agrees_with_torch(other)
-    monkeypatch.setattr(A, "_FUSED", A._UNSET)
+    monkeypatch.setattr(A, "_MATCHES", None)
     monkeypatch.setattr(A, "_agrees_with_torch", lambda module: False)
-    with pytest.warns(RuntimeWarning, match="summation orders"):
-        assert A.fused_kernels() is None
+    assert A.torch_order_matches() is False and A.fused_kernels() is fused
