@@ -8,8 +8,9 @@ On ``--workers`` gloo ranks (spawned, one thread each) it times, alternating the
     distance doubling, per-tensor float64 dot products) through an :class:`lsgd.comm.Communicator`
     of the default group without a clock (as training runs it, counting included; no clock
     messages), and
-(b) ``dist.all_reduce`` (SUM) of the same tensors coalesced the same way (one flat buffer per dtype:
-    ``torch.cat``, all-reduce, copy back), the cheapest exact reduction, called directly,
+(b) ``dist.all_reduce`` (SUM) of the same tensors coalesced the same way (one flat buffer per dtype,
+    kept between calls as Adasum keeps its own and Horovod its fusion buffer: ``torch.cat`` into
+    it, all-reduce, copy back), the cheapest exact reduction, called directly,
 
 for two lists: ResNet-50's parameter shapes (``torchvision.models.resnet50()``, 161 tensors, 25.6M
 float32) and the leading ResNet-50 shapes up to 1M floats. A repeat's time is the slowest rank's
@@ -66,8 +67,17 @@ def shapes(which: str) -> list[torch.Size]:
     return out
 
 
+_FLAT: dict = {}  # the comparator's fusion buffer, kept between calls as Adasum keeps its own
+
+
 def coalesced_all_reduce(tensors: list[torch.Tensor]) -> None:
-    flat = torch.cat([t.reshape(-1) for t in tensors])
+    n = sum(t.numel() for t in tensors)
+    key = (tensors[0].dtype, tensors[0].device)
+    flat = _FLAT.get(key)
+    if flat is None or flat.numel() < n:
+        flat = _FLAT[key] = torch.empty(n, dtype=tensors[0].dtype, device=tensors[0].device)
+    flat = flat[:n]
+    torch.cat([t.reshape(-1) for t in tensors], out=flat)
     dist.all_reduce(flat)
     offset = 0
     for t in tensors:
