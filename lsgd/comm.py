@@ -279,10 +279,11 @@ def join_float64(chunks: np.ndarray, bits: int) -> np.ndarray:
         ValueError: a chunk is not an integer in ``[0, 2**bits)`` (the carrier changed it).
     """
     chunks = np.asarray(chunks, dtype=np.float64)
-    if not (np.all(chunks >= 0) and np.all(chunks < 2.0 ** bits) and np.all(chunks == np.floor(chunks))):
+    ints = chunks.astype(np.uint64)  # 0 for a negative or NaN chunk: caught by the comparison
+    if not np.array_equal(ints, chunks) or ints.max(initial=0) >> np.uint64(bits):
         raise ValueError("a carried settlement arrived changed: its chunks are not integers in [0, 2**bits)")
     shifts = np.arange(0, 64, bits, dtype=np.uint64)
-    u = np.bitwise_or.reduce(chunks.astype(np.uint64) << shifts, axis=-1)
+    u = np.bitwise_or.reduce(ints << shifts, axis=-1)
     return np.ascontiguousarray(u).view(np.float64)
 
 
@@ -290,7 +291,7 @@ class CarriedSettlement:
     """One clock settlement's exchange (the payload every rank contributes: issue times and port
     free times, then the codes, float64 ``[m]``), made by whichever comes first:
 
-    * :meth:`block` + :meth:`ride`: it travels inside a SUM all-reduce the step makes anyway (DDP's
+    * :meth:`write` (:meth:`block`) + :meth:`ride`: it travels inside a SUM all-reduce the step makes anyway (DDP's
       gradient bucket; :meth:`lsgd.comm.Communicator.take_carried`): rank ``r`` writes its payload's
       chunks (:func:`split_float64`) into slot ``r`` of a ``[p, m, c]`` block and +0.0 elsewhere,
       so the SUM is exactly the all-gather of the payloads;
@@ -330,8 +331,21 @@ class CarriedSettlement:
         block[self.comm.rank] = chunks
         return torch.from_numpy(block.reshape(-1)).to(dtype)
 
+    def write(self, tail: torch.Tensor) -> None:
+        """Put :meth:`block` into ``tail`` (``p * m * c`` elements of its dtype), before the
+        all-reduce that carries it is issued (on CPU through a numpy view: no temporary tensor)."""
+        if tail.device.type == "cpu" and tail.dtype != torch.bfloat16:  # numpy has no bfloat16
+            self._bits = chunk_bits(tail.dtype)
+            chunks = split_float64(self.payload, self._bits).reshape(-1)
+            view = tail.numpy()
+            view.fill(0)
+            view[self.comm.rank * chunks.size : (self.comm.rank + 1) * chunks.size] = chunks
+        else:
+            tail.copy_(self.block(tail.dtype))
+
     def ride(self, tail: torch.Tensor, future) -> None:
-        """The block travels as ``tail`` of the tensor whose SUM all-reduce ``future`` completes."""
+        """The block (:meth:`write`) travels as ``tail`` of the tensor whose SUM all-reduce
+        ``future`` completes."""
         self._carrier = (tail, future)
         CarriedSettlement.carried += 1
 
@@ -345,9 +359,9 @@ class CarriedSettlement:
                 if not future.done():
                     with comm._s.blocked.region():
                         future.wait()
-                m = self.payload.size
-                chunks = tail.detach().to("cpu", torch.float64).numpy().reshape(comm.world_size, m, -1)
-                self._gathered = join_float64(chunks, self._bits)
+                summed = tail.numpy() if tail.device.type == "cpu" and tail.dtype != torch.bfloat16 else \
+                    tail.detach().to("cpu", torch.float64).numpy()
+                self._gathered = join_float64(summed.reshape(comm.world_size, self.payload.size, -1), self._bits)
             elif sys.exc_info()[0] is not None:
                 # read while an exception is handled (a failing rank writing its summary): its
                 # peers are not at this point, so no exchange; this rank's own values (a lower

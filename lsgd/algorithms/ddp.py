@@ -58,6 +58,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from lsgd.algorithms.base import Algorithm
+from lsgd.comm import chunk_bits
 from lsgd.config import choice
 
 
@@ -195,7 +196,7 @@ class DDP(Algorithm):
         bucket), counted and timed, with one Python callback on the completing thread instead of
         that hook's callback plus ours (each takes the GIL from the training thread). Bucket 0
         also carries the previous step's clock settlement (:meth:`after_backward`), when there
-        is one: its block is appended to the bucket's all-reduce (:meth:`_with_settlement`)."""
+        is one: its block is appended to the bucket's all-reduce (:meth:`_carrier`)."""
         buffer = bucket.buffer()
         nbytes = buffer.numel() * buffer.element_size()
         self.comm.issued("all_reduce", nbytes, issue_at=self.bucket_ready_at(bucket))
@@ -203,43 +204,44 @@ class DDP(Algorithm):
         t0 = time.perf_counter()
         group = self.comm.group if self.comm.group is not None else dist.group.WORLD
         carried = self.comm.take_carried() if self.carries_settlement and bucket.index() == 0 else None
-        n = None
         with self.comm.blocking():  # issuing the all-reduce is communication (lsgd.blocked)
             if carried is None:
                 buffer.div_(group.size())  # before the sum, as allreduce_hook (no fp16 overflow)
-                tensor = buffer
+                tensor = result = buffer
             else:
-                tensor, n = self._with_settlement(buffer, group.size(), carried), buffer.numel()
+                tensor, result, tail = self._carrier(buffer, carried)
+                torch.div(buffer, group.size(), out=result)  # the same division, into the carrier
+                carried.write(tail)  # its block, not divided
             fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
             if carried is not None:
-                carried.ride(tensor[n:], fut)
+                carried.ride(tail, fut)
 
         def _done(f):
             self.comm.add_time(time.perf_counter() - t0, overlapped=True)
             self.backward_wait.done()
-            out = f.value()[0]
-            return out if n is None else out[:n]
+            f.value()  # raises the all-reduce's error, if any, into DDP's wait
+            return result
 
         return fut.then(_done)
 
-    def _with_settlement(self, buffer: torch.Tensor, world: int, carried) -> torch.Tensor:
-        """The carrier: ``[buffer / world, block]`` in one tensor (the division writes it: no
-        pass more than the in-place division), ``block`` the settlement's one-hot layout
-        (:meth:`lsgd.comm.CarriedSettlement.block`: a SUM of it is the all-gather, exactly), not
-        divided. DDP copies the gradients out of the returned ``[:n]`` as out of the bucket."""
-        block = carried.block(buffer.dtype)
+    def _carrier(self, buffer: torch.Tensor, carried) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(carrier, its head, its tail): one tensor of ``buffer``'s dtype holding the bucket
+        (``head``, ``buffer.numel()`` elements, for ``buffer / world``: DDP copies the gradients out
+        of it as out of the bucket) then the settlement's one-hot block (``tail``,
+        :meth:`lsgd.comm.CarriedSettlement.ride`: a SUM of it is the all-gather, exactly), not
+        divided. Kept per layout; a settlement whose block is still in it is decoded first."""
         n = buffer.numel()
+        key = (n, carried.payload.size, buffer.dtype, buffer.device)
+        views = self._carrier_buffers.get(key)
+        if views is None:
+            width = -(-64 // chunk_bits(buffer.dtype))  # chunks per float64
+            tensor = torch.empty(n + self.comm.world_size * carried.payload.size * width, dtype=buffer.dtype,
+                                 device=buffer.device)
+            views = self._carrier_buffers[key] = (tensor, tensor[:n], tensor[n:])
         if self._riding is not None:  # the buffer is about to be overwritten: decode what it carried
             self._riding.gathered()
-            self._riding = None
-        key = (n + block.numel(), buffer.dtype, buffer.device)
-        tensor = self._carrier_buffers.get(key)
-        if tensor is None:
-            tensor = self._carrier_buffers[key] = torch.empty(key[0], dtype=buffer.dtype, device=buffer.device)
-        torch.div(buffer, world, out=tensor[:n])
-        tensor[n:].copy_(block)
         self._riding = carried
-        return tensor
+        return views
 
     def after_backward(self, step: int) -> None:
         """Broadcast the buffers, then settle the clock of this step's communication (one clock
