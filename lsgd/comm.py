@@ -31,6 +31,7 @@ hooks complete on gloo's threads). Clock buffers live on the communicator's ``de
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 import threading
@@ -239,10 +240,12 @@ class _Done(Handle):
 # --------------------------------------------------------------------------------------------
 # the clock settlement carried in a SUM all-reduce (DDP's gradient bucket)
 # --------------------------------------------------------------------------------------------
-def chunk_bits(dtype: torch.dtype) -> int:
-    """Bits per chunk of :func:`split_float64` for a tensor of ``dtype``: its significand digits
-    (float32 24, float16 11, bfloat16 8), at most 32 (float64). Every integer in
-    ``[0, 2**bits)`` is exactly representable in ``dtype``.
+@functools.lru_cache(maxsize=None)
+def chunk_type(dtype: torch.dtype) -> np.dtype:
+    """The unsigned integer type whose pieces of a float64 :func:`split_float64` sends in a
+    tensor of ``dtype``: the widest of 32, 16 and 8 bits not above its significand digits (float64
+    53: uint32; float32 24: uint16; float16 11 and bfloat16 8: uint8), so every piece is exactly
+    representable in ``dtype``.
 
     Raises:
         ValueError: ``dtype`` is not a real floating-point type.
@@ -250,41 +253,39 @@ def chunk_bits(dtype: torch.dtype) -> int:
     if not dtype.is_floating_point or dtype.is_complex:
         raise ValueError(f"a carried settlement needs a real floating-point tensor, got {dtype}")
     digits = 1 - int(round(math.log2(torch.finfo(dtype).eps)))
-    return min(digits, 32)
+    return np.dtype(next(f"uint{w}" for w in (32, 16, 8) if w <= digits))
 
 
-def split_float64(values: np.ndarray, bits: int) -> np.ndarray:
-    """The IEEE 754 bit pattern of each float64 of ``values`` (shape ``[m]``) in ``c = ceil(64 /
-    bits)`` chunks of ``bits`` bits, least significant first, as float64 integers in
-    ``[0, 2**bits)``: shape ``[m, c]``. :func:`join_float64` inverts it exactly.
+def split_float64(values: np.ndarray, chunk: np.dtype) -> np.ndarray:
+    """The bytes of each float64 of ``values`` (shape ``[m]``) as ``c = 8 / chunk.itemsize``
+    unsigned integers of type ``chunk`` (:func:`chunk_type`), in memory order: shape ``[m, c]``
+    (a view). :func:`join_float64` inverts it exactly.
 
-    Why exact through a SUM all-reduce in a floating type of ``bits`` significand digits
-    (:func:`chunk_bits`): every chunk is an integer below ``2**bits``, so it converts to that type
-    and back without rounding; a slot that one rank writes and every other rank fills with +0.0
-    sums to the chunk itself, in any order and association (``c + 0.0 == c`` and ``0.0 + 0.0 ==
-    +0.0`` exactly in IEEE 754 arithmetic). The pattern itself is split, not the value, so there is
-    no condition on the magnitude: zeros of both signs, subnormals, infinities and NaNs come back
-    bit for bit (a ``hi + mid + lo`` split of the value into three float32 would lose bits below
-    float32's subnormal range, |x| < 2**-97, and overflow above its largest float)."""
-    u = np.ascontiguousarray(values, dtype=np.float64).view(np.uint64)
-    shifts = np.arange(0, 64, bits, dtype=np.uint64)
-    return ((u[:, None] >> shifts) & np.uint64((1 << bits) - 1)).astype(np.float64)
+    Why exact through a SUM all-reduce in a floating type whose significand has at least
+    ``8 * chunk.itemsize`` digits: every piece is an integer below ``2**(8 * itemsize)``, so it
+    converts to that type and back without rounding; a slot that one rank writes and every other
+    rank fills with +0.0 sums to the piece itself, in any order and association (``c + 0.0 == c``
+    and ``0.0 + 0.0 == +0.0`` exactly in IEEE 754 arithmetic). The bit pattern is split, not the
+    value, so there is no condition on the magnitude: zeros of both signs, subnormals, infinities
+    and NaNs come back bit for bit (a ``hi + mid + lo`` split of the value into three float32
+    would lose bits below float32's subnormal range, |x| < 2**-97, and overflow above its largest
+    float). The ranks share a byte order (one architecture)."""
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    return values.view(chunk).reshape(values.size, -1)
 
 
-def join_float64(chunks: np.ndarray, bits: int) -> np.ndarray:
-    """Inverse of :func:`split_float64`: chunks ``[..., c]`` (integers in ``[0, 2**bits)``, any
-    float type) -> float64 ``[...]``.
+def join_float64(chunks: np.ndarray, chunk: np.dtype) -> np.ndarray:
+    """Inverse of :func:`split_float64`: pieces ``[..., c]`` (integers representable in
+    ``chunk``, any numeric type) -> float64 ``[...]``.
 
     Raises:
-        ValueError: a chunk is not an integer in ``[0, 2**bits)`` (the carrier changed it).
+        ValueError: a piece is not an integer in ``chunk``'s range (the carrier changed it).
     """
-    chunks = np.asarray(chunks, dtype=np.float64)
-    ints = chunks.astype(np.uint64)  # 0 for a negative or NaN chunk: caught by the comparison
-    if not np.array_equal(ints, chunks) or ints.max(initial=0) >> np.uint64(bits):
-        raise ValueError("a carried settlement arrived changed: its chunks are not integers in [0, 2**bits)")
-    shifts = np.arange(0, 64, bits, dtype=np.uint64)
-    u = np.bitwise_or.reduce(ints << shifts, axis=-1)
-    return np.ascontiguousarray(u).view(np.float64)
+    with np.errstate(invalid="ignore"):  # a negative, fractional, huge or NaN piece changes: caught below
+        ints = np.ascontiguousarray(chunks).astype(chunk)
+    if not (ints == chunks).all():
+        raise ValueError("a carried settlement arrived changed: its pieces are not integers of its chunk type")
+    return ints.view(np.float64).reshape(ints.shape[:-1])
 
 
 class CarriedSettlement:
@@ -293,7 +294,7 @@ class CarriedSettlement:
 
     * :meth:`write` (:meth:`block`) + :meth:`ride`: it travels inside a SUM all-reduce the step makes anyway (DDP's
       gradient bucket; :meth:`lsgd.comm.Communicator.take_carried`): rank ``r`` writes its payload's
-      chunks (:func:`split_float64`) into slot ``r`` of a ``[p, m, c]`` block and +0.0 elsewhere,
+      pieces (:func:`split_float64`) into slot ``r`` of a ``[p, m, c]`` block and +0.0 elsewhere,
       so the SUM is exactly the all-gather of the payloads;
     * :meth:`gathered` before it was shipped: the explicit exchange, an uncounted all-gather (what
       an uncarried settlement does at once).
@@ -301,7 +302,7 @@ class CarriedSettlement:
     Every rank of the group must take the same path at the same point (lockstep: the same
     settlements, carriers and clock reads on every rank)."""
 
-    __slots__ = ("comm", "payload", "_gathered", "_carrier", "_bits")
+    __slots__ = ("comm", "payload", "_gathered", "_carrier", "_chunk")
 
     #: exchanges made since the process started, explicit (all-gather) and carried (a test's
     #: witness of which path ran)
@@ -313,7 +314,7 @@ class CarriedSettlement:
         self.payload = payload
         self._gathered: np.ndarray | None = None
         self._carrier: tuple[torch.Tensor, object] | None = None
-        self._bits = 0
+        self._chunk = np.dtype(np.uint16)
 
     @property
     def shipped(self) -> bool:
@@ -325,21 +326,21 @@ class CarriedSettlement:
 
     def block(self, dtype: torch.dtype) -> torch.Tensor:
         """This rank's contribution, flat, ``p * m * c`` elements of ``dtype`` (see the class)."""
-        self._bits = chunk_bits(dtype)
-        chunks = split_float64(self.payload, self._bits)
-        block = np.zeros((self.comm.world_size,) + chunks.shape)
-        block[self.comm.rank] = chunks
+        self._chunk = chunk_type(dtype)
+        block = np.zeros((self.comm.world_size, self.payload.size * 8 // self._chunk.itemsize))
+        block[self.comm.rank] = split_float64(self.payload, self._chunk).reshape(-1)
         return torch.from_numpy(block.reshape(-1)).to(dtype)
 
     def write(self, tail: torch.Tensor) -> None:
         """Put :meth:`block` into ``tail`` (``p * m * c`` elements of its dtype), before the
-        all-reduce that carries it is issued (on CPU through a numpy view: no temporary tensor)."""
+        all-reduce that carries it is issued (on CPU through a numpy view: two numpy operations,
+        no temporary tensor)."""
         if tail.device.type == "cpu" and tail.dtype != torch.bfloat16:  # numpy has no bfloat16
-            self._bits = chunk_bits(tail.dtype)
-            chunks = split_float64(self.payload, self._bits).reshape(-1)
+            self._chunk = chunk_type(tail.dtype)
             view = tail.numpy()
             view.fill(0)
-            view[self.comm.rank * chunks.size : (self.comm.rank + 1) * chunks.size] = chunks
+            c = self.payload.size * 8 // self._chunk.itemsize
+            view[self.comm.rank * c : (self.comm.rank + 1) * c] = self.payload.view(self._chunk)
         else:
             tail.copy_(self.block(tail.dtype))
 
@@ -361,7 +362,7 @@ class CarriedSettlement:
                         future.wait()
                 summed = tail.numpy() if tail.device.type == "cpu" and tail.dtype != torch.bfloat16 else \
                     tail.detach().to("cpu", torch.float64).numpy()
-                self._gathered = join_float64(summed.reshape(comm.world_size, self.payload.size, -1), self._bits)
+                self._gathered = join_float64(summed.reshape(comm.world_size, self.payload.size, -1), self._chunk)
             elif sys.exc_info()[0] is not None:
                 # read while an exception is handled (a failing rank writing its summary): its
                 # peers are not at this point, so no exchange; this rank's own values (a lower

@@ -9,8 +9,8 @@ The cluster clock's settlement of a step (every rank's issue times, port free ti
 code: :meth:`lsgd.comm.Communicator.settle`) needs an exchange, uncounted (it is the simulation's,
 not the method's). With ``algo.carry_settlement`` (default true) it sends no message of its own: it
 rides in the next step's bucket 0, appended to the gradients' SUM all-reduce as a one-hot block
-(rank r's values as integer chunks of their float64 bit patterns, 24 bits each in a float32 bucket,
-in slot r, zeros elsewhere: the SUM is the all-gather, exactly;
+(rank r's values as the 16-bit pieces of their float64 bit patterns in a float32 bucket, in slot
+r, zeros elsewhere: the SUM is the all-gather, exactly;
 :class:`lsgd.comm.CarriedSettlement`), and applies at the next clock read, after that step's
 backward (DDP has waited for its buckets). Where the clock is read before a bucket took it (records,
 evaluation, checkpoints, :meth:`lsgd.comm.Communicator.quiesce`, the same step on every rank: DDP is
@@ -58,7 +58,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from lsgd.algorithms.base import Algorithm
-from lsgd.comm import chunk_bits
+from lsgd.comm import chunk_type
 from lsgd.config import choice
 
 
@@ -234,7 +234,7 @@ class DDP(Algorithm):
         key = (n, carried.payload.size, buffer.dtype, buffer.device)
         views = self._carrier_buffers.get(key)
         if views is None:
-            width = -(-64 // chunk_bits(buffer.dtype))  # chunks per float64
+            width = 8 // chunk_type(buffer.dtype).itemsize  # pieces per float64
             tensor = torch.empty(n + self.comm.world_size * carried.payload.size * width, dtype=buffer.dtype,
                                  device=buffer.device)
             views = self._carrier_buffers[key] = (tensor, tensor[:n], tensor[n:])
