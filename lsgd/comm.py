@@ -352,21 +352,29 @@ class CarriedSettlement:
 
     def gathered(self) -> np.ndarray:
         """Every rank's payload, ``[p, m]`` float64 (the all-gather): from the carrier (waiting for
-        it if needed), else by the explicit all-gather now."""
+        it if needed), else by the explicit all-gather now.
+
+        Read while an exception is handled (a failing rank writing its summary), it starts no
+        collective its peers are not in and waits for no carrier that has not completed or that
+        failed: this rank's own values, ``[1, m]`` (a lower bound of the settlement)."""
         if self._gathered is None:
             comm = self.comm
+            failing = sys.exc_info()[0] is not None
             if self._carrier is not None:
                 tail, future = self._carrier
-                if not future.done():
+                if failing and not future.done():
+                    return self.payload[None, :]
+                try:
                     with comm._s.blocked.region():
-                        future.wait()
+                        future.wait()  # done by now on gloo; on CUDA it also orders this stream after NCCL's
+                except Exception:
+                    if failing:
+                        return self.payload[None, :]
+                    raise
                 summed = tail.numpy() if tail.device.type == "cpu" and tail.dtype != torch.bfloat16 else \
                     tail.detach().to("cpu", torch.float64).numpy()
                 self._gathered = join_float64(summed.reshape(comm.world_size, self.payload.size, -1), self._chunk)
-            elif sys.exc_info()[0] is not None:
-                # read while an exception is handled (a failing rank writing its summary): its
-                # peers are not at this point, so no exchange; this rank's own values (a lower
-                # bound of the settlement)
+            elif failing:
                 return self.payload[None, :]
             else:
                 CarriedSettlement.explicit += 1

@@ -188,7 +188,7 @@ class DDP(Algorithm):
         carries the clock settlement (``algo.carry_settlement``)."""
         self.carries_settlement = bool(self.cfg.get("carry_settlement", True))
         self._riding = None            # the carried settlement whose block is in the carrier buffer
-        self._carrier_buffers: dict[tuple, torch.Tensor] = {}
+        self._carrier_buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         ddp.register_comm_hook(None, self._counting_allreduce_hook)
 
     def _counting_allreduce_hook(self, state, bucket):

@@ -4,8 +4,10 @@ whose SUM over ranks is the all-gather."""
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -61,10 +63,12 @@ def test_join_refuses_chunks_that_changed():
 
 
 class _Comm:
-    """What CarriedSettlement reads of its communicator: rank, world size; no exchange."""
+    """What CarriedSettlement reads of its communicator: rank, world size, the blocked-time
+    region; no exchange."""
 
     def __init__(self, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size
+        self._s = SimpleNamespace(blocked=SimpleNamespace(region=contextlib.nullcontext))
 
     def _all_gather_payload(self, payload):
         raise AssertionError("no explicit exchange expected")
@@ -123,3 +127,27 @@ def test_a_failing_rank_makes_no_exchange():
     assert got.tolist() == [payload.tolist()]
     with pytest.raises(AssertionError, match="no explicit exchange"):
         settlement.gathered()  # outside the handler: the exchange (a collective) is made
+
+
+class _Failed:
+    """The carrier's all-reduce failed (a peer died)."""
+
+    def done(self):
+        return True
+
+    def wait(self):
+        raise RuntimeError("Connection closed by peer")
+
+
+def test_a_failing_rank_does_not_read_a_failed_carrier():
+    payload = np.array([1.5, 2.5])
+    settlement = CarriedSettlement(_Comm(0, 2), payload)
+    tail = torch.zeros(settlement.block(torch.float32).numel())
+    settlement.write(tail)
+    settlement.ride(tail, _Failed())
+    try:
+        raise RuntimeError("the step failed")
+    except RuntimeError:
+        assert settlement.gathered().tolist() == [payload.tolist()]
+    with pytest.raises(RuntimeError, match="Connection closed"):
+        settlement.gathered()
