@@ -11,7 +11,9 @@ step's compute time (from a FLOP profile of the target device, or measured; :mod
 and the communicator by communication, with these rules (``cost`` = alpha-beta cost below):
 
 * a collective ends for all its participants at ``max_i(start_i) + cost`` (the starts are
-  exchanged in an uncounted settlement: an all-gather of the participants' clocks, MAX taken locally);
+  exchanged in an uncounted settlement: an all-gather of the participants' clocks, MAX taken
+  locally; plain DDP sends no message for it: the exchange rides in the next step's first gradient
+  bucket as a one-hot block whose SUM is the all-gather, exactly, :class:`lsgd.comm.CarriedSettlement`);
 * collectives of one communicator run one after another on its *stream*: an operation starts at
   ``max(participants' issue times, end of the previous operation)``;
 * an asynchronous operation (``async_op=True``) starts at its issue time and runs alongside the
@@ -319,6 +321,7 @@ class Network:
             raise ValueError(f"network.ports must be an integer >= 1, got {self.ports!r}")
         self.ports = int(self.ports)
         self.report_gbps = tuple(float(b) for b in self.report_gbps)
+        self._costs: dict[tuple, np.ndarray] = {}  # costs(), by its arguments (the links are fixed)
 
     @classmethod
     def from_config(cls, network: Mapping, gpus_per_node: int = 1) -> Network:
@@ -355,9 +358,17 @@ class Network:
 
     def costs(self, link: str, kind: str, nbytes: float, p: int) -> np.ndarray:
         """Seconds (shape ``[k]``, one per clock entry) of operation ``kind`` of ``nbytes`` on
-        ``p`` workers on ``link`` (:func:`cost_terms`)."""
-        a, b = cost_terms(kind, nbytes, p)
-        return np.array([m.cost(a, b) for m in self.models(link)])
+        ``p`` workers on ``link`` (:func:`cost_terms`). Read-only: computed once per argument set
+        (a step repeats the same operations; the links must not change after construction)."""
+        key = (link, kind, nbytes, p)
+        out = self._costs.get(key)
+        if out is None:
+            a, b = cost_terms(kind, nbytes, p)
+            out = np.array([m.cost(a, b) for m in self.models(link)])
+            out.setflags(write=False)
+            if len(self._costs) < 4096:  # sizes that vary without end (compressed payloads) stay bounded
+                self._costs[key] = out
+        return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -425,8 +436,11 @@ class Clock:
     settlement is queued, :meth:`compute` and :meth:`backward` queue behind it and are applied in
     program order by the same read, with the same float64 operations, so every value read is
     exactly that of an eager clock. The exchange therefore stays off the step's critical path: in a
-    DDP step it is issued after backward and waited for at the next step's settlement (the next
-    read), a whole optimizer step, forward and backward later, by which time it has arrived.
+    DDP step it is made by the next step's first gradient bucket (its all-reduce carries it,
+    :class:`lsgd.comm.CarriedSettlement`; ``algo.carry_settlement=false``: an all-gather issued
+    after backward) and applied at the next read, after that backward, by which time it has
+    arrived. A read before a carrier took it (a record, an evaluation, a checkpoint) makes the
+    all-gather there: the same values, on every rank at the same point.
     """
 
     def __init__(self, k: int = 1, lanes: int = 1):

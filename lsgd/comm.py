@@ -31,6 +31,9 @@ hooks complete on gloo's threads). Clock buffers live on the communicator's ``de
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -235,6 +238,151 @@ class _Done(Handle):
 
 
 # --------------------------------------------------------------------------------------------
+# the clock settlement carried in a SUM all-reduce (DDP's gradient bucket)
+# --------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def chunk_type(dtype: torch.dtype) -> np.dtype:
+    """The unsigned integer type whose pieces of a float64 :func:`split_float64` sends in a
+    tensor of ``dtype``: the widest of 32, 16 and 8 bits not above its significand digits (float64
+    53: uint32; float32 24: uint16; float16 11 and bfloat16 8: uint8), so every piece is exactly
+    representable in ``dtype``.
+
+    Raises:
+        ValueError: ``dtype`` is not a real floating-point type.
+    """
+    if not dtype.is_floating_point or dtype.is_complex:
+        raise ValueError(f"a carried settlement needs a real floating-point tensor, got {dtype}")
+    digits = 1 - int(round(math.log2(torch.finfo(dtype).eps)))
+    return np.dtype(next(f"uint{w}" for w in (32, 16, 8) if w <= digits))
+
+
+def split_float64(values: np.ndarray, chunk: np.dtype) -> np.ndarray:
+    """The bytes of each float64 of ``values`` (shape ``[m]``) as ``c = 8 / chunk.itemsize``
+    unsigned integers of type ``chunk`` (:func:`chunk_type`), in memory order: shape ``[m, c]``
+    (a view). :func:`join_float64` inverts it exactly.
+
+    Why exact through a SUM all-reduce in a floating type whose significand has at least
+    ``8 * chunk.itemsize`` digits: every piece is an integer below ``2**(8 * itemsize)``, so it
+    converts to that type and back without rounding; a slot that one rank writes and every other
+    rank fills with +0.0 sums to the piece itself, in any order and association (``c + 0.0 == c``
+    and ``0.0 + 0.0 == +0.0`` exactly in IEEE 754 arithmetic). The bit pattern is split, not the
+    value, so there is no condition on the magnitude: zeros of both signs, subnormals, infinities
+    and NaNs come back bit for bit (a ``hi + mid + lo`` split of the value into three float32
+    would lose bits below float32's subnormal range, |x| < 2**-97, and overflow above its largest
+    float). The ranks share a byte order (one architecture)."""
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    return values.view(chunk).reshape(values.size, -1)
+
+
+def join_float64(chunks: np.ndarray, chunk: np.dtype) -> np.ndarray:
+    """Inverse of :func:`split_float64`: pieces ``[..., c]`` (integers representable in
+    ``chunk``, any numeric type) -> float64 ``[...]``.
+
+    Raises:
+        ValueError: a piece is not an integer in ``chunk``'s range (the carrier changed it).
+    """
+    with np.errstate(invalid="ignore"):  # a negative, fractional, huge or NaN piece changes: caught below
+        ints = np.ascontiguousarray(chunks).astype(chunk)
+    if not (ints == chunks).all():
+        raise ValueError("a carried settlement arrived changed: its pieces are not integers of its chunk type")
+    return ints.view(np.float64).reshape(ints.shape[:-1])
+
+
+class CarriedSettlement:
+    """One clock settlement's exchange (the payload every rank contributes: issue times and port
+    free times, then the codes, float64 ``[m]``), made by whichever comes first:
+
+    * :meth:`write` (:meth:`block`) + :meth:`ride`: it travels inside a SUM all-reduce the step makes anyway (DDP's
+      gradient bucket; :meth:`lsgd.comm.Communicator.take_carried`): rank ``r`` writes its payload's
+      pieces (:func:`split_float64`) into slot ``r`` of a ``[p, m, c]`` block and +0.0 elsewhere,
+      so the SUM is exactly the all-gather of the payloads;
+    * :meth:`gathered` before it was shipped: the explicit exchange, an uncounted all-gather (what
+      an uncarried settlement does at once).
+
+    Every rank of the group must take the same path at the same point (lockstep: the same
+    settlements, carriers and clock reads on every rank)."""
+
+    __slots__ = ("comm", "payload", "_gathered", "_carrier", "_chunk")
+
+    #: exchanges made since the process started, explicit (all-gather) and carried (a test's
+    #: witness of which path ran)
+    explicit = 0
+    carried = 0
+
+    def __init__(self, comm: Communicator, payload: np.ndarray):
+        self.comm = comm
+        self.payload = payload
+        self._gathered: np.ndarray | None = None
+        self._carrier: tuple[torch.Tensor, object] | None = None
+        self._chunk = np.dtype(np.uint16)
+
+    @property
+    def shipped(self) -> bool:
+        return self._carrier is not None
+
+    @property
+    def exchanged(self) -> bool:
+        return self._gathered is not None or self._carrier is not None
+
+    def block(self, dtype: torch.dtype) -> torch.Tensor:
+        """This rank's contribution, flat, ``p * m * c`` elements of ``dtype`` (see the class)."""
+        self._chunk = chunk_type(dtype)
+        block = np.zeros((self.comm.world_size, self.payload.size * 8 // self._chunk.itemsize))
+        block[self.comm.rank] = split_float64(self.payload, self._chunk).reshape(-1)
+        return torch.from_numpy(block.reshape(-1)).to(dtype)
+
+    def write(self, tail: torch.Tensor) -> None:
+        """Put :meth:`block` into ``tail`` (``p * m * c`` elements of its dtype), before the
+        all-reduce that carries it is issued (on CPU through a numpy view: two numpy operations,
+        no temporary tensor)."""
+        if tail.device.type == "cpu" and tail.dtype != torch.bfloat16:  # numpy has no bfloat16
+            self._chunk = chunk_type(tail.dtype)
+            view = tail.numpy()
+            view.fill(0)
+            c = self.payload.size * 8 // self._chunk.itemsize
+            view[self.comm.rank * c : (self.comm.rank + 1) * c] = self.payload.view(self._chunk)
+        else:
+            tail.copy_(self.block(tail.dtype))
+
+    def ride(self, tail: torch.Tensor, future) -> None:
+        """The block (:meth:`write`) travels as ``tail`` of the tensor whose SUM all-reduce
+        ``future`` completes."""
+        self._carrier = (tail, future)
+        CarriedSettlement.carried += 1
+
+    def gathered(self) -> np.ndarray:
+        """Every rank's payload, ``[p, m]`` float64 (the all-gather): from the carrier (waiting for
+        it if needed), else by the explicit all-gather now.
+
+        Read while an exception is handled (a failing rank writing its summary), it starts no
+        collective its peers are not in and waits for no carrier that has not completed or that
+        failed: this rank's own values, ``[1, m]`` (a lower bound of the settlement)."""
+        if self._gathered is None:
+            comm = self.comm
+            failing = sys.exc_info()[0] is not None
+            if self._carrier is not None:
+                tail, future = self._carrier
+                if failing and not future.done():
+                    return self.payload[None, :]
+                try:
+                    with comm._s.blocked.region():
+                        future.wait()  # done by now on gloo; on CUDA it also orders this stream after NCCL's
+                except Exception:
+                    if failing:
+                        return self.payload[None, :]
+                    raise
+                summed = tail.numpy() if tail.device.type == "cpu" and tail.dtype != torch.bfloat16 else \
+                    tail.detach().to("cpu", torch.float64).numpy()
+                self._gathered = join_float64(summed.reshape(comm.world_size, self.payload.size, -1), self._chunk)
+            elif failing:
+                return self.payload[None, :]
+            else:
+                CarriedSettlement.explicit += 1
+                self._gathered = comm._all_gather_payload(self.payload)
+        return self._gathered
+
+
+# --------------------------------------------------------------------------------------------
 # the communicator
 # --------------------------------------------------------------------------------------------
 def _coalesced(tensors: Sequence[torch.Tensor]):
@@ -305,6 +453,9 @@ class Communicator:
         #: (their MAX over the group, on every rank at the same point); the trainer puts its stop
         #: agreement (:class:`lsgd.preemption.PreemptionWatch`) here; None: nothing to carry
         self.carry = None
+        #: the last settlement made with ``carried=True`` while its exchange is still to be made
+        #: (:meth:`take_carried`, :class:`CarriedSettlement`)
+        self._carried: CarriedSettlement | None = None
         self._s.comms.append(self)
 
     # -- world -------------------------------------------------------------------------------
@@ -477,7 +628,8 @@ class Communicator:
                 self._pending.append(handle)
         return handle
 
-    def settle(self, codes: Sequence[int] = (), on_codes: Callable[[list[int]], None] | None = None) -> bool:
+    def settle(self, codes: Sequence[int] = (), on_codes: Callable[[list[int]], None] | None = None,
+               carried: bool = False) -> bool:
         """Wait for every collective issued so far on the clock: settle them (their issue times'
         MAX over the group: one uncounted all-gather, the MAX taken locally) and move the clock to
         the end of the last (the group's stream). Every rank of the group must call it at the same
@@ -487,27 +639,35 @@ class Communicator:
         their MAX over the group is handed to ``on_codes`` when the settlement applies (the next
         clock read, :class:`lsgd.clock.Clock`), so a per-step agreement (the stop agreement,
         :attr:`carry`) costs no message of its own. Returns whether they were sent (False: nothing
-        to settle, so no exchange)."""
-        sent = self._settle_ends(codes, on_codes)
+        to settle, so no exchange).
+
+        ``carried``: the exchange is not issued here; it waits (:meth:`take_carried`) for a SUM
+        all-reduce the algorithm makes anyway before the next clock read (DDP's next gradient
+        bucket), and is made explicitly (the all-gather) only where the clock is read before one
+        took it (records, evaluation, checkpoints, :meth:`quiesce`). The values are the same
+        either way (:class:`CarriedSettlement`); the ranks must then read the clock at the same
+        points (lockstep: every rank makes the same records at the same step)."""
+        sent = self._settle_ends(codes, on_codes, carried)
         clock = self._s.clock
         if clock is not None:
             clock.defer(lambda: clock._advance_to(self._stream_free))
         return sent
 
-    def _settle_ends(self, codes: Sequence[int] = (), on_codes: Callable[[list[int]], None] | None = None) -> bool:
+    def _settle_ends(self, codes: Sequence[int] = (), on_codes: Callable[[list[int]], None] | None = None,
+                     carried: bool = False) -> bool:
         """Compute the end of every collective issued so far, moving no clock; True when some were
         (and ``codes`` went with them, :meth:`settle`)."""
         with self._s.lock:
             last = self._pending[-1] if self._pending else None
         if last is None:
             return False
-        self._settle_ends_through(last, codes, on_codes)
+        self._settle_ends_through(last, codes, on_codes, carried)
         return True
 
     def _settle_ends_through(self, handle: Handle, codes: Sequence[int] = (),
-                             on_codes: Callable[[list[int]], None] | None = None) -> None:
+                             on_codes: Callable[[list[int]], None] | None = None, carried: bool = False) -> None:
         """Compute the ends of the collectives issued up to ``handle`` (FIFO), moving no clock;
-        ``codes``: see :meth:`settle`."""
+        ``codes``, ``carried``: see :meth:`settle`."""
         with self._s.lock:
             if handle not in self._pending:
                 return
@@ -529,19 +689,50 @@ class Communicator:
         # elements takes (p - 1) messages per rank, a ring all-reduce up to 2 (p - 1) per element
         # up to 2 p elements (4 ranks, 7 float64: 1.8 ms against 2.5 ms on this 2-core host)
         payload = np.concatenate([issues.reshape(-1), np.asarray(codes, dtype=np.float64)])
-        buf = torch.from_numpy(payload).to(self.device)
-        gathered = torch.empty(self.world_size * buf.numel(), dtype=buf.dtype, device=buf.device)
-        work = _ALL_GATHER_INTO(gathered, buf, group=self.group, async_op=True)
+        if carried:
+            exchange = self._carried = CarriedSettlement(self, payload)
+            gathered = exchange.gathered
+        else:
+            buf = torch.from_numpy(payload).to(self.device)
+            out = torch.empty(self.world_size * buf.numel(), dtype=buf.dtype, device=buf.device)
+            work = _ALL_GATHER_INTO(out, buf, group=self.group, async_op=True)
+
+            def gathered():
+                with self._s.blocked.region():
+                    work.wait()
+                return out.cpu().numpy().reshape(self.world_size, -1)
 
         def apply():
-            with self._s.blocked.region():
-                work.wait()
-            out = gathered.cpu().numpy().reshape(self.world_size, -1).max(axis=0)
+            out = gathered().max(axis=0)
+            if carried and self._carried is exchange:
+                self._carried = None
             self._apply_settled(batch, out[: issues.size].reshape(issues.shape))
             if on_codes is not None:
                 on_codes([int(c) for c in out[issues.size :]])
 
         clock.defer(apply)
+
+    def take_carried(self) -> CarriedSettlement | None:
+        """The settlement made with ``carried=True`` (:meth:`settle`) whose exchange is still to be
+        made, for the caller to ship in a SUM all-reduce (:meth:`CarriedSettlement.block`,
+        :meth:`CarriedSettlement.ride`); None when there is none. Every rank gets the same answer
+        at the same point of a lockstep method."""
+        carried = self._carried
+        return carried if carried is not None and not carried.exchanged else None
+
+    def flush_carried(self) -> None:
+        """Make the exchange of a carried settlement not yet shipped (the explicit all-gather;
+        every rank calls it at the same point: :meth:`quiesce`)."""
+        if self._carried is not None:
+            self._carried.gathered()
+
+    def _all_gather_payload(self, payload: np.ndarray) -> np.ndarray:
+        """Uncounted, blocking all-gather of one float64 vector per rank: ``[p, len(payload)]``."""
+        buf = torch.from_numpy(payload).to(self.device)
+        out = torch.empty(self.world_size * buf.numel(), dtype=buf.dtype, device=buf.device)
+        with self._s.blocked.region():
+            _ALL_GATHER_INTO(out, buf, group=self.group)
+        return out.cpu().numpy().reshape(self.world_size, -1)
 
     def _apply_settled(self, batch: list[Handle], issues: np.ndarray) -> None:
         """Run the settled operations through this group's stream: their ends (no clock moves)."""
@@ -918,8 +1109,11 @@ class Communicator:
         """Settle every collective issued on this communicator and its subgroups, in their
         creation order (a global order, so ranks in several subgroups cannot deadlock): compute
         their ends, moving no clock (measurement never moves modeled time; the algorithm's own
-        waits do). Before evaluation, checkpoint and exit; every rank calls it at the same point."""
+        waits do); a carried settlement still waiting for its carrier makes its exchange here
+        (:meth:`flush_carried`). Before evaluation, checkpoint and exit; every rank calls it at the
+        same point."""
         for comm in self._s.comms:
+            comm.flush_carried()
             comm._settle_ends()
 
     def resumed(self, state: dict | None) -> Handle:
@@ -949,6 +1143,7 @@ class Communicator:
             self.stats = CommStats(**{k: v for k, v in state.items() if k in CommStats.__dataclass_fields__})
             return
         self.stats = CommStats(**state["stats"])
+        self._carried = None
         self._stream_free = np.asarray(state["stream_free"], dtype=np.float64)
         if self.clock is not None and "clock" in state:
             self.clock.load_state_dict(state["clock"])

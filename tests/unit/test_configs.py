@@ -165,6 +165,7 @@ def test_slurm_launcher_composes():
         (["optim.clip_grad_norm=0"], "optim.clip_grad_norm"),
         (["optim=adamw", "optim.clip_grad_norm=-1"], "optim.clip_grad_norm"),
         (["optim.clip_grad_norm=big"], "optim.clip_grad_norm"),
+        (["algo=ddp", "algo.carry_settlement=sometimes"], "algo.carry_settlement"),
     ],
 )
 def test_validation_names_the_key(overrides, key):
