@@ -436,9 +436,8 @@ class Clock:
     settlement is queued, :meth:`compute` and :meth:`backward` queue behind it and are applied in
     program order by the same read, with the same float64 operations, so every value read is
     exactly that of an eager clock. The exchange therefore stays off the step's critical path: in a
-    DDP step it is made by the next step's first gradient bucket (its all-reduce carries it,
-    :class:`lsgd.comm.CarriedSettlement`; ``algo.carry_settlement=false``: an all-gather issued
-    after backward) and applied at the next read, after that backward, by which time it has
+    DDP step it is an all-gather issued after backward (``algo.carry_settlement=true``: made by the
+    next step's first gradient bucket, whose all-reduce carries it, :class:`lsgd.comm.CarriedSettlement`) and applied at the next read, after that backward, by which time it has
     arrived. A read before a carrier took it (a record, an evaluation, a checkpoint) makes the
     all-gather there: the same values, on every rank at the same point.
     """

@@ -73,7 +73,7 @@ def _run(tmp_path: Path, overrides: list[str], name: str, resume: bool = False, 
 
 def test_carried_settlement_gives_the_records_of_its_own_exchange(tmp_path):
     explicit, ex_ranks = _run(tmp_path, ["algo.carry_settlement=false"], "explicit")
-    carried, ranks = _run(tmp_path, [], "carried")
+    carried, ranks = _run(tmp_path, ["algo.carry_settlement=true"], "carried")
     assert [r["step"] for r in carried] == [4, 6, 8, 10]
     assert carried == explicit
     # every step's clock on every rank, the previous step's settlement applied: the same values
@@ -96,7 +96,7 @@ def test_carried_settlement_gives_the_records_of_its_own_exchange(tmp_path):
     # carries nothing), rank 1 interrupted from step 7's settlement on: its stop code rides in step
     # 8's bucket and every rank stops at step 8 (the record and a checkpoint written), with the
     # records and clocks of the uninterrupted run
-    resumed, res_ranks = _run(tmp_path, [], "carried", resume=True, stop_at=7)
+    resumed, res_ranks = _run(tmp_path, ["algo.carry_settlement=true"], "carried", resume=True, stop_at=7)
     assert resumed == carried[:3]
     for rank in range(2):
         assert res_ranks[rank]["status"] == "interrupted" and res_ranks[rank]["steps"] == 8
