@@ -198,9 +198,10 @@ class DDP(Algorithm):
     def _counting_allreduce_hook(self, state, bucket):
         """torch's ``allreduce_hook`` (divide by the world size, then a SUM all-reduce of the
         bucket), counted and timed, with one Python callback on the completing thread instead of
-        that hook's callback plus ours (each takes the GIL from the training thread). Bucket 0
-        also carries the previous step's clock settlement (:meth:`after_backward`), when there
-        is one: its block is appended to the bucket's all-reduce (:meth:`_carrier`)."""
+        that hook's callback plus ours (each takes the GIL from the training thread). With
+        ``algo.carry_settlement=true`` (default false) bucket 0 also carries the previous step's
+        clock settlement (:meth:`after_backward`), when there is one: its block is appended to
+        the bucket's all-reduce (:meth:`_carrier`)."""
         buffer = bucket.buffer()
         nbytes = buffer.numel() * buffer.element_size()
         self.comm.issued("all_reduce", nbytes, issue_at=self.bucket_ready_at(bucket))
