@@ -389,8 +389,9 @@ class Ports:
         self.free = {(link, d): np.zeros((self.lanes, self.k)) for link in LINKS for d in DIRECTIONS}
 
     def free_at(self, link: str, direction: str) -> np.ndarray:
-        """When the earliest-free lane of a port is free (shape ``[k]``)."""
-        return self.free[(link, direction)].min(axis=0)
+        """When the earliest-free lane of a port is free (shape ``[k]``, a new array)."""
+        f = self.free[(link, direction)]
+        return f[0].copy() if self.lanes == 1 else f.min(axis=0)
 
     def occupy(self, link: str, direction: str, ready: np.ndarray, cost: np.ndarray,
                entries: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -408,6 +409,11 @@ class Ports:
 
     def hold(self, link: str, until: np.ndarray) -> None:
         """A collective: the earliest-free lane of both ports of ``link`` is busy until ``until``."""
+        if self.lanes == 1:  # (the same values as below: lane 0 in every column)
+            for d in DIRECTIONS:
+                f = self.free[(link, d)][0]
+                np.maximum(f, until, out=f)
+            return
         cols = np.arange(self.k)
         for d in DIRECTIONS:
             f = self.free[(link, d)]
@@ -430,7 +436,8 @@ class Clock:
     communicator advances entries by their own network's costs.
 
     Settling a collective's clock needs the participants' start times (an uncounted all-gather,
-    MAX taken locally); the communicator issues it asynchronously and :meth:`defer` s its effect, which is
+    MAX taken locally; a shared-memory board where the ranks share a host, :mod:`lsgd.board`);
+    the communicator issues it asynchronously and :meth:`defer` s its effect, which is
     applied, in order, the next time the clock is *read* (:attr:`now`, :attr:`ports`,
     :meth:`backward_point`, :meth:`state_dict`). Advancing the clock does not read it: while a
     settlement is queued, :meth:`compute` and :meth:`backward` queue behind it and are applied in

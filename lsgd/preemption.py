@@ -56,7 +56,10 @@ import os
 import signal
 import subprocess
 
+import numpy as np
 import torch
+
+from lsgd.board import AGREE
 
 log = logging.getLogger("lsgd")
 
@@ -267,7 +270,9 @@ class PreemptionWatch:
         the caller); None on every rank when none did.
 
         Where this step's own exchange carried the codes (:meth:`carried`), that answer, and
-        nothing is sent. Else the agreement is an uncounted all-reduce MAX of :meth:`code`, issued
+        nothing is sent. Else the agreement is an uncounted all-reduce MAX of :meth:`code` (where
+        the communicator has a shared-memory board, :meth:`lsgd.comm.Communicator.board`, every
+        rank's code posted there and the MAX taken at the read: no message), issued
         without waiting every :attr:`period` calls (the 1st, the ``period + 1``-th, ...) and read
         :attr:`lag` calls after its issue: the ranks call this at the same steps, so they all read
         the same answer at the same step, and no step waits for the flag's round trip (a blocking
@@ -299,6 +304,12 @@ class PreemptionWatch:
             issue = (calls // period + 1) * period
             self._due = min(issue, pending[0][0] + lag) if pending else issue
             return None
+        board = comm.board()
+        if board is not None:  # every rank on one host: no message (lsgd.board)
+            handle = flag = BoardMax(board, board.post(AGREE, np.array([float(self.code())])))
+            pending.append((calls, handle, flag))
+            self._due = min(calls + period, pending[0][0] + lag)
+            return None
         flag = torch.tensor([self.code()], dtype=torch.int32, device=device)
         handle = comm.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, count=False, async_op=True)
         if flag.device.type == "cuda":
@@ -318,6 +329,24 @@ class PreemptionWatch:
         the collectives that end a run)."""
         while self._pending:
             self._pending.popleft()[1].wait()
+
+
+class BoardMax:
+    """A stop agreement posted on a shared-memory board (:class:`lsgd.board.Board`): ``wait()``
+    gathers every rank's code (waiting for ranks that have not posted it), ``item()`` is their MAX."""
+
+    __slots__ = ("board", "n", "value")
+
+    def __init__(self, board, n: int):
+        self.board, self.n, self.value = board, n, None
+
+    def wait(self) -> None:
+        if self.value is None:
+            self.value = int(self.board.gather(AGREE, self.n, 1).max())
+
+    def item(self) -> int:
+        self.wait()
+        return self.value
 
 
 class _CopyDone:

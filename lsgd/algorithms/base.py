@@ -321,7 +321,10 @@ class Algorithm:
     def broadcast_buffers(self) -> None:
         """Broadcast the floating-point buffers (BatchNorm statistics) from rank 0 (counted), as
         DDP's ``broadcast_buffers`` does, so synchronous methods keep identical replicas."""
-        buffers = float_buffers(self.model)
+        cached = getattr(self, "_float_buffers", None)
+        if cached is None or cached[0] is not self.model:  # found once per model: BatchNorm updates
+            cached = self._float_buffers = (self.model, float_buffers(self.model))  # them in place
+        buffers = cached[1]
         if buffers:
             self.comm.broadcast_(buffers, src=0)
 

@@ -22,8 +22,10 @@ are summed in another order (on 2 ranks a + b = b + a: the same bits). The gradi
 their last bits from torch's DDP, and from the same run with ``log_every`` changed (a record flushes
 the settlement, so that step's bucket 0 goes without the block): the demo's 4-worker DDP ends at
 test accuracy 0.8995 with it against 0.8984 without. The modeled values are the same either way. Compression hooks (:mod:`lsgd.algorithms.compressed`,
-PowerSGD) keep the settlement's own all-gather. On this 2-core host the per-step all-gather cost
-~0.4-0.5 ms of CPU per rank (4 gloo ranks), about 4% of the demo CNN's DDP step.
+PowerSGD) keep the settlement's own exchange. On this 2-core host the per-step gloo all-gather cost
+~0.4-0.5 ms of CPU per rank (4 gloo ranks), about 4% of the demo CNN's DDP step; where the ranks
+share a host the exchange goes through the shared-memory board instead (:mod:`lsgd.board`: no
+message, the same values), which is why the carrier stays off by default.
 
 Buffers (BatchNorm running statistics) follow DDP's ``broadcast_buffers`` semantics: they are
 broadcast from rank 0 after every step's backward (before the next forward), through the

@@ -1,6 +1,7 @@
 """DDP's clock settlement carried in the next step's gradient bucket (``algo.carry_settlement``,
-lsgd.comm.CarriedSettlement) against the independent path: its own all-gather after backward
-(``algo.carry_settlement=false``). On real gloo ranks running the real trainer, with ranks of
+lsgd.comm.CarriedSettlement) against the independent paths: its own exchange after backward
+(``algo.carry_settlement=false``), through the shared-memory board (lsgd.board, the default where
+the ranks share a host) and through gloo's all-gather (``LSGD_BOARD=0``). On real gloo ranks running the real trainer, with ranks of
 different speeds (so the settlement's MAX decides the modeled times), the stop agreement carried
 along, records between the steps that carry, evaluations, a checkpoint and a resume: every record
 is the same, number for number."""
@@ -37,9 +38,13 @@ class _StopOnRank1(PreemptionWatch):
         return super().code()
 
 
-def _train(rank, world, cfg, run_dir, stop_at):
+def _train(rank, world, cfg, run_dir, stop_at, board):
+    import os
+
     from lsgd.comm import CarriedSettlement
     from lsgd.trainer import Trainer
+
+    os.environ["LSGD_BOARD"] = "1" if board else "0"  # (this rank's own environment)
 
     trainer = Trainer(cfg, Path(run_dir), "cpu", watch := _StopOnRank1(rank, stop_at))
     watch.trainer = trainer
@@ -57,25 +62,35 @@ def _train(rank, world, cfg, run_dir, stop_at):
     finally:
         (Path(run_dir) / f"rank{rank}.json").write_text(json.dumps({
             "carried": CarriedSettlement.carried, "explicit": CarriedSettlement.explicit, "trace": trace,
+            "board": trainer.comm._board is not None,
             "status": summary["status"], "steps": summary["steps"]}))
 
 
-def _run(tmp_path: Path, overrides: list[str], name: str, resume: bool = False, stop_at: int | None = None):
-    """(records without the measured keys, each rank's exchange counts, clock trace and status)."""
+def _run(tmp_path: Path, overrides: list[str], name: str, resume: bool = False, stop_at: int | None = None,
+         board: bool = True):
+    """(records without the measured keys, each rank's exchange counts, clock trace and status);
+    ``board``: the uncarried settlements through the shared-memory board (lsgd.board; False:
+    ``LSGD_BOARD=0``, gloo's all-gather)."""
     cfg = compose_cfg([*TINY, "launcher.nproc_per_node=2", f"results_dir={tmp_path}", *COMMON, *overrides])
     cfg.update(run_id=name, resume=resume)
     run_dir = tmp_path / name
     run_dir.mkdir(exist_ok=resume)
-    run_gloo(_train, 2, cfg, str(run_dir), stop_at)
+    run_gloo(_train, 2, cfg, str(run_dir), stop_at, board)
     recs = [{k: v for k, v in r.items() if k not in MEASURED} for r in records(run_dir) if "kind" not in r]
     return recs, [json.loads((run_dir / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 def test_carried_settlement_gives_the_records_of_its_own_exchange(tmp_path):
+    gathered, ga_ranks = _run(tmp_path, ["algo.carry_settlement=false"], "gathered", board=False)
     explicit, ex_ranks = _run(tmp_path, ["algo.carry_settlement=false"], "explicit")
     carried, ranks = _run(tmp_path, ["algo.carry_settlement=true"], "carried")
     assert [r["step"] for r in carried] == [4, 6, 8, 10]
-    assert carried == explicit
+    assert carried == explicit == gathered
+    # the settlements went through the shared-memory board (lsgd.board) or, with LSGD_BOARD=0,
+    # gloo's all-gather: the same values
+    assert [r["board"] for r in ex_ranks] == [True] * 2 and [r["board"] for r in ga_ranks] == [False] * 2
+    for rank in range(2):
+        assert ga_ranks[rank]["trace"] == ex_ranks[rank]["trace"]
     # every step's clock on every rank, the previous step's settlement applied: the same values
     for rank in range(2):
         assert ranks[rank]["trace"] == ex_ranks[rank]["trace"]

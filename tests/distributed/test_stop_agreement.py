@@ -1,7 +1,8 @@
 """The stop agreement (lsgd.preemption.PreemptionWatch.agreed) on real gloo ranks: issued every
 ``lag``-th call and read ``lag`` calls after it was issued, it lets a rank run ``lag`` steps ahead of
 the slowest before it waits (drifting methods: no coupling between their synchronizations), every
-rank still stops at the same call, and a step's own exchange can carry it (DDP: the clock's
+rank still stops at the same call, over the agreement's own all-reduce or the shared-memory board
+(lsgd.board: every rank on one host), and a step's own exchange can carry it (DDP: the clock's
 settlement, lsgd.comm.Communicator.settle's codes)."""
 
 from __future__ import annotations
@@ -15,22 +16,33 @@ import torch
 import torch.distributed as dist
 from gloo import run_gloo
 
+from lsgd.board import Board
 from lsgd.preemption import AGREEMENTS_IN_FLIGHT, Interrupted, PreemptionWatch
 
 DELAY_S = 1.0  # rank 1 starts this much later than rank 0
 
 
 class _Gloo:
-    """The accounting communicator's all_reduce, as the watch calls it (uncounted, async)."""
+    """The accounting communicator's all_reduce, as the watch calls it (uncounted, async), and its
+    shared-memory board (:meth:`lsgd.comm.Communicator.board`), or none (``board=False``: the
+    agreement's own all-reduce)."""
+
+    def __init__(self, board: bool):
+        self._board = Board.create() if board else None
+        assert (self._board is not None) == board  # the ranks share this host's /dev/shm
+
+    def board(self):
+        return self._board
 
     def all_reduce(self, tensor, op=None, count=True, async_op=False):
+        assert self._board is None, "the board carries the agreement: nothing to send"
         assert count is False and async_op
         return dist.all_reduce(tensor, op=op, async_op=True)
 
 
-def _ahead_then_stop(rank, world_size, lag, out):
+def _ahead_then_stop(rank, world_size, lag, board, out):
     cpu = torch.device("cpu")
-    comm = _Gloo()
+    comm = _Gloo(board)
     with PreemptionWatch("off", interrupts=True) as watch:
         watch.lag = lag
         if rank == 1:
@@ -59,9 +71,10 @@ def _ahead_then_stop(rank, world_size, lag, out):
         (out / "r.json").write_text(json.dumps([ahead, waited, stops]))
 
 
+@pytest.mark.parametrize("board", [False, True], ids=["all_reduce", "board"])
 @pytest.mark.parametrize("lag", [1, 4, 16])
-def test_a_rank_runs_lag_calls_ahead_then_waits_and_all_stop_together(lag, tmp_path):
-    run_gloo(_ahead_then_stop, 2, lag, tmp_path)
+def test_a_rank_runs_lag_calls_ahead_then_waits_and_all_stop_together(lag, board, tmp_path):
+    run_gloo(_ahead_then_stop, 2, lag, board, tmp_path)
     ahead, waited, stops = json.loads((tmp_path / "r.json").read_text())
     assert ahead < DELAY_S / 2, ahead          # lag calls issued without waiting for rank 1
     assert waited > DELAY_S * 0.8, waited      # the (lag + 1)th reads rank 1's first issue: it waited

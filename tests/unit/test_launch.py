@@ -141,6 +141,9 @@ class _OneRank:
     def __init__(self):
         self.issued = 0
 
+    def board(self):
+        return None  # no shared-memory board: the agreement's own all-reduce
+
     def all_reduce(self, tensor, op=None, count=True, async_op=False):
         assert count is False  # the agreement is never counted as training traffic
         assert async_op  # never waited for at the step that issues it
