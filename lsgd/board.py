@@ -79,7 +79,8 @@ class Board:
         return HEADER + CHANNELS * size * slots * (width + 2) * 8
 
     @classmethod
-    def create(cls, group=None, slots: int = 8, width: int = 64, timeout_s: float = 1800.0) -> Board | None:
+    def create(cls, group=None, slots: int = 8, width: int = 64, timeout_s: float = 1800.0,
+               device: torch.device | str = "cpu") -> Board | None:
         """A board for ``group`` (None: the default group), or None on every rank where some rank
         cannot map it (no shared ``/dev/shm``), where ``LSGD_BOARD=0`` or torch.distributed is not
         initialized. Collective: every rank of the group calls it at the same point (it makes one
@@ -90,6 +91,8 @@ class Board:
                 fastest writer; more raises at the read).
             width: float64 values per row at most (:meth:`fits`).
             timeout_s: how long a read waits for a rank's row before raising RuntimeError.
+            device: where the group's collectives take tensors (``cuda`` for NCCL); the board
+                itself is host memory either way.
         """
         if not (dist.is_available() and dist.is_initialized()) or not enabled():
             return None
@@ -125,7 +128,7 @@ class Board:
             if buffer is not None and rank == 0:  # no exchange in any row yet, then the token
                 np.frombuffer(buffer, dtype=np.float64, offset=HEADER).fill(-1.0)
                 buffer[: len(token)] = token.encode()
-        ok = torch.tensor([0 if buffer is None else 1], dtype=torch.int32)
+        ok = torch.tensor([0 if buffer is None else 1], dtype=torch.int32, device=device)
         # rank 0 cleared the rows and wrote the token before this all-reduce; the others check the
         # token after it (a file of the same name on another host's /dev/shm would not hold it)
         dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)

@@ -737,7 +737,7 @@ class Communicator:
         ``LSGD_BOARD=0``, a world of one). The first call is collective: every rank of the group
         makes it at the same point (the first settlement or stop agreement, in lockstep)."""
         if self._board is False:
-            self._board = Board.create(self.group) if self.world_size > 1 and _initialized() else None
+            self._board = Board.create(self.group, device=self.device) if self.world_size > 1 and _initialized() else None
         return self._board
 
     def take_carried(self) -> CarriedSettlement | None:
