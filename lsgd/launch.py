@@ -571,21 +571,24 @@ def run(cfg_node) -> dict | None:
         algo_cls = ALGORITHMS[cfg["algo"]["name"]]
         saved.update(algo_cls.describe(cfg["algo"], algo_cls.roles(saved["world_size"]).count("worker")))
         write_atomic(run_dir / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
-    # what produced the run (lsgd.provenance); a resumed run appends its session to the first one's
-    provenance.write_environment(run_dir, provenance.collect(provenance.launch_facts(cfg, launch_env)),
-                                 resume=bool(cfg.get("resume")))
-
     from lsgd.data import prepare
-
-    print(f"lsgd: {_job_tag()}run folder {run_dir}", file=sys.stderr, flush=True)
-    # a local launch owns Ctrl-C / SIGTERM from here (_MainSignals): a first signal while the data
-    # are prepared starts no worker, a second one stops the preparation at once
     from lsgd.preemption import StopFlag
 
-    signals = _MainSignals(StopFlag(), run_dir) if launch_env is None and cfg["launcher"].get("interrupts", True) \
-        else contextlib.nullcontext()
+    # from here a Ctrl-C leaves the folder marked interrupted (the except below), never a folder
+    # with a config and no summary
     try:
+        # what produced the run (lsgd.provenance); a resumed run appends its session to the first one's
+        provenance.write_environment(run_dir, provenance.collect(provenance.launch_facts(cfg, launch_env)),
+                                     resume=bool(cfg.get("resume")))
+        # a local launch owns Ctrl-C / SIGTERM from here (_MainSignals): a first signal while the data
+        # are prepared starts no worker, a second one stops the preparation at once
+        signals = _MainSignals(StopFlag(), run_dir) if launch_env is None and cfg["launcher"].get("interrupts", True) \
+            else contextlib.nullcontext()
         with signals:
+            # the folder's line once the handlers are in place: a Ctrl-C right after it reaches
+            # _MainSignals (before, one in the few lines between this print and the handlers
+            # raised KeyboardInterrupt past them and left no summary.json: a test's flake under load)
+            print(f"lsgd: {_job_tag()}run folder {run_dir}", file=sys.stderr, flush=True)
             try:
                 prepare(cfg["dataset"])
             except KeyboardInterrupt:
@@ -608,8 +611,9 @@ def run(cfg_node) -> dict | None:
                     _print_first_failure(run_dir)
                     raise
     except KeyboardInterrupt:
-        # a second Ctrl-C while the data were prepared (or any Ctrl-C where the launcher does not
-        # own them): no worker ran, nothing to checkpoint; the folder says interrupted
+        # a Ctrl-C before the handlers, a second one while the data were prepared (or any Ctrl-C
+        # where the launcher does not own them): no worker ran, nothing to checkpoint; the folder
+        # says interrupted
         _mark_interrupted(run_dir, cfg, signal.SIGINT)
         _exit_if_stopped(json.loads((run_dir / "summary.json").read_text()), cfg, None, run_dir)
         raise
