@@ -2,9 +2,9 @@
 shares one host's ``/dev/shm``.
 
 The cluster clock's settlement of a step (every rank's issue times, port free times and the stop
-code; :meth:`lsgd.comm.Communicator.settle`) and the stop agreement of the methods whose workers
-drift apart (:meth:`lsgd.preemption.PreemptionWatch.agreed`) need every rank's few float64 values:
-an all-gather. They are the simulation's messages, not the method's (never counted, never clocked),
+code; :meth:`lsgd.comm.Communicator.settle`), the stop agreement of the methods whose workers
+drift apart (:meth:`lsgd.preemption.PreemptionWatch.agreed`) and the per-worker figures of a record
+(:meth:`lsgd.comm.Communicator.gather_values`) need every rank's few float64 values: an all-gather. They are the simulation's messages, not the method's (never counted, never clocked),
 yet on gloo each one is a real collective: p - 1 messages through TCP loopback per rank, two
 thread hand-offs per message, about 0.4-0.5 ms of CPU per rank and exchange on a 2-core host with 4
 ranks, 3-4% of the demo CNN's DDP step (``scripts/bench_overhead.py``).
@@ -47,9 +47,9 @@ import torch
 import torch.distributed as dist
 
 SHM_DIR = "/dev/shm"
-#: channels of a board: the clock's settlements, the stop agreement
-SETTLE, AGREE = 0, 1
-CHANNELS = 2
+#: channels of a board: the clock's settlements, the stop agreement, the records' per-worker figures
+SETTLE, AGREE, GATHER = 0, 1, 2
+CHANNELS = 3
 HEADER = 64  # bytes before the table: rank 0's token (the file is the one rank 0 created)
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from gloo import run_gloo
 
-from lsgd.board import AGREE, SETTLE, Board
+from lsgd.board import AGREE, CHANNELS, SETTLE, Board
 
 EDGES = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 5e-324, -2.2250738585072014e-308, 2.0**53, 1e308, -1.5])
 
@@ -34,8 +34,8 @@ def _same_as_gloo(rank, world_size, out):
     board = Board.create(slots=4, width=16)
     assert board is not None  # the ranks share this host's /dev/shm
     mismatches = 0
-    for n in range(11):  # wraps around the 4 slots twice
-        for channel in (SETTLE, AGREE):
+    for n in range(11):  # wraps around the 4 slots twice, on every channel
+        for channel in range(CHANNELS):  # the settlements, the stop agreement, the records' figures
             m = 1 + (3 * n + channel) % 16  # the same size on every rank, different per exchange
             mine = _payload(rank, n, m)
             assert board.post(channel, mine) == n
