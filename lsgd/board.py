@@ -84,7 +84,8 @@ class Board:
         """A board for ``group`` (None: the default group), or None on every rank where some rank
         cannot map it (no shared ``/dev/shm``), where ``LSGD_BOARD=0`` or torch.distributed is not
         initialized. Collective: every rank of the group calls it at the same point (it makes one
-        ``broadcast_object_list`` and one all-reduce on the group).
+        ``broadcast_object_list`` and two all-reduces on the group). The mapping lives as long as
+        the process (a few KB: ``3 * p * slots * (width + 2)`` float64).
 
         Args:
             slots: rows per rank and channel (how many exchanges a reader may lag behind the
@@ -212,10 +213,3 @@ class Board:
                 raise RuntimeError(f"shared-memory board: rank(s) {pending} did not post exchange {n} of "
                                    f"channel {channel} within {self.timeout_s:g} s")
             time.sleep(min(1e-3, 2e-5 * (spins - 64)))
-
-    def close(self) -> None:
-        self._table = None
-        try:
-            self._map.close()
-        except BufferError:  # a numpy view is still alive somewhere: the mapping goes with it
-            pass

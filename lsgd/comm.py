@@ -400,9 +400,6 @@ def _coalesced(tensors: Sequence[torch.Tensor]):
         yield group, torch.cat([t.detach().reshape(-1) for t in group])
 
 
-_BROADCAST_COALESCED = getattr(dist, "_broadcast_coalesced", None)
-
-
 @torch.no_grad()
 def copy_back(flat: torch.Tensor, group: Sequence[torch.Tensor]) -> None:
     """Copy consecutive slices of the 1-D ``flat`` into the tensors of ``group`` (the inverse of
@@ -731,8 +728,9 @@ class Communicator:
         clock.defer(apply)
 
     def board(self) -> Board | None:
-        """The group's shared-memory board (:class:`lsgd.board.Board`: the settlement's and the
-        stop agreement's all-gather without a message, where the group's ranks share one host's
+        """The group's shared-memory board (:class:`lsgd.board.Board`: the settlement's, the stop
+        agreement's and the records' figures' all-gather without a message, where the group's
+        ranks share one host's
         ``/dev/shm``), made at the first call; None where it cannot be (another host,
         ``LSGD_BOARD=0``, a world of one). The first call is collective: every rank of the group
         makes it at the same point (the first settlement or stop agreement, in lockstep)."""
@@ -887,7 +885,7 @@ class Communicator:
             # group rank src and copies back in place, with no Python step per tensor; synchronous.
             # A buffer of the group's size makes it one broadcast, as counted.
             self._collective(
-                "broadcast", nbytes, lambda group=group, size=max(nbytes, 1): _BROADCAST_COALESCED(pg, group, size, src),
+                "broadcast", nbytes, lambda group=group, size=max(nbytes, 1): dist._broadcast_coalesced(pg, group, size, src),
                 False, count, root=src,
             )
 

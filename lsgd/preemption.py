@@ -306,10 +306,15 @@ class PreemptionWatch:
             return None
         board = comm.board()
         if board is not None:  # every rank on one host: no message (lsgd.board)
-            handle = flag = BoardMax(board, board.post(AGREE, np.array([float(self.code())])))
-            pending.append((calls, handle, flag))
-            self._due = min(calls + period, pending[0][0] + lag)
-            return None
+            handle = flag = BoardMax(board, self.code())
+        else:
+            handle, flag = self._all_reduce(comm, device)
+        pending.append((calls, handle, flag))
+        self._due = min(calls + period, pending[0][0] + lag)
+        return None
+
+    def _all_reduce(self, comm, device: torch.device):
+        """(handle, flag): the agreement's uncounted MAX all-reduce of :meth:`code`, issued."""
         flag = torch.tensor([self.code()], dtype=torch.int32, device=device)
         handle = comm.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, count=False, async_op=True)
         if flag.device.type == "cuda":
@@ -320,9 +325,7 @@ class PreemptionWatch:
             host = torch.empty(1, dtype=torch.int32).pin_memory()
             host.copy_(flag, non_blocking=True)
             handle, flag = _CopyDone(), host
-        pending.append((calls, handle, flag))
-        self._due = min(calls + period, pending[0][0] + lag)
-        return None
+        return handle, flag
 
     def drain(self) -> None:
         """Complete the agreements in flight, if any (every rank calls it at the same point, before
@@ -332,17 +335,20 @@ class PreemptionWatch:
 
 
 class BoardMax:
-    """A stop agreement posted on a shared-memory board (:class:`lsgd.board.Board`): ``wait()``
-    gathers every rank's code (waiting for ranks that have not posted it), ``item()`` is their MAX."""
+    """A stop agreement posted on a shared-memory board (:class:`lsgd.board.Board`): this rank's
+    ``code`` is posted at construction; ``wait()`` gathers every rank's (waiting for ranks that have
+    not posted it; a failing rank, while an exception is handled, takes its own), ``item()`` is
+    their MAX."""
 
-    __slots__ = ("board", "n", "value")
+    __slots__ = ("board", "n", "own", "value")
 
-    def __init__(self, board, n: int):
-        self.board, self.n, self.value = board, n, None
+    def __init__(self, board, code: int):
+        self.board, self.own, self.value = board, np.array([float(code)]), None
+        self.n = board.post(AGREE, self.own)
 
     def wait(self) -> None:
         if self.value is None:
-            self.value = int(self.board.gather(AGREE, self.n, 1).max())
+            self.value = int(self.board.gather(AGREE, self.n, 1, own=self.own).max())
 
     def item(self) -> int:
         self.wait()
