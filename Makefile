@@ -22,7 +22,7 @@ install: $(STAMP)
 # 26 Nov 2026, fresh caches both). `make install INSTALLER=pip` uses pip alone.
 # --compile-bytecode and compileall (pip compiles at install by itself): where PYTHONDONTWRITEBYTECODE
 # is set, as on CI's machines, nothing is cached at import, and without .pyc files every worker
-# process compiles torch's sources again: 3.8-4.4 s per `import lsgd.trainer` instead of 1.5-1.7 s,
+# process compiles torch's sources again: 3.8-4.4 s per `import lsgd.training.trainer` instead of 1.5-1.7 s,
 # which made the suite 24.5 min instead of 15 (measured 26 Nov 2026). The import of lattice_fused has
 # numba compile the lattice quantizer's loops into its on-disk cache (lsgd/compression/__pycache__,
 # written whatever PYTHONDONTWRITEBYTECODE says): 2.7 s once here, instead of in every worker process
@@ -43,7 +43,7 @@ else
 endif
 	$(PY) -c "import lsgd.compression.lattice_fused" \
 	  || echo "numba did not compile the lattice loops: the lattice quantizer will take its torch path"
-	$(PY) -c "import lsgd.algorithms.adasum_fused as f; f.warm_up()" \
+	$(PY) -c "import lsgd.algorithms.adasum.kernels as f; f.warm_up()" \
 	  || echo "numba did not compile Adasum's dot products: Adasum will take its torch path"
 	touch $(STAMP)
 

@@ -23,10 +23,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lsgd.resolvers import (
+from lsgd.config.resolvers import (
     register_resolvers as _register_resolvers,  # callers import it from here
 )
-from lsgd.resolvers import run_id  # noqa: F401  (public name, kept)
+from lsgd.config.resolvers import run_id  # noqa: F401  (public name, kept)
 
 USAGE = """usage: lsgd <command> [args]
 
@@ -66,10 +66,10 @@ def train(argv: list[str]) -> int:
     """Run the Hydra application with ``argv`` as its command line."""
     import hydra
 
-    from lsgd.launch import detect_launch_env
+    from lsgd.launch.launcher import detect_launch_env
 
-    from lsgd.config import check_override_keys
-    from lsgd.errors import ConfigError
+    from lsgd.config.validation import check_override_keys
+    from lsgd.core.errors import ConfigError
 
     _register_resolvers()
     if not any(a in ("-sc", "--shell-completion", "-h", "--help", "--hydra-help") for a in argv):
@@ -79,9 +79,9 @@ def train(argv: list[str]) -> int:
             print(f"lsgd: invalid configuration: {exc}", file=sys.stderr)
             return 2
     if "-m" in argv or "--multirun" in argv:
-        import lsgd.launch
+        import lsgd.launch.launcher
 
-        lsgd.launch.SWEEP_JOBS = _sweep_jobs(argv)
+        lsgd.launch.launcher.SWEEP_JOBS = _sweep_jobs(argv)
     env = detect_launch_env(os.environ)
     scratch = None
     if env is not None and env.rank != 0 and env.world_size > 1:
@@ -100,8 +100,8 @@ def train(argv: list[str]) -> int:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
-        from lsgd.errors import ConfigError
-        from lsgd.launch import record_invalid, remove_unstarted, run
+        from lsgd.core.errors import ConfigError
+        from lsgd.launch.launcher import record_invalid, remove_unstarted, run
 
         try:
             return run(cfg)
@@ -213,7 +213,7 @@ def data(argv: list[str]) -> int:
 
     from lsgd.data import prepare
 
-    from lsgd.errors import ConfigError
+    from lsgd.core.errors import ConfigError
 
     if not argv:
         print("usage: lsgd data DATASET [dataset.KEY=VALUE ...]", file=sys.stderr)
@@ -236,13 +236,13 @@ def data(argv: list[str]) -> int:
 
 def calibrate(argv: list[str]) -> int:
     """``lsgd calibrate [--threads N]``: measure this machine for ``cluster.device=cpu``
-    (:func:`lsgd.cluster.calibrate_cpu`) with N torch threads (default: torch's current count) and
-    store the figures where that preset reads them (:func:`lsgd.cluster.cpu_profile_path`)."""
+    (:func:`lsgd.compute.model.calibrate_cpu`) with N torch threads (default: torch's current count) and
+    store the figures where that preset reads them (:func:`lsgd.compute.model.cpu_profile_path`)."""
     import argparse
 
     import torch
 
-    from lsgd.cluster import calibrate_cpu, write_cpu_profile
+    from lsgd.compute.model import calibrate_cpu, write_cpu_profile
 
     parser = argparse.ArgumentParser(prog="lsgd calibrate", description=calibrate.__doc__)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's current count)")
@@ -322,7 +322,7 @@ def list_options(argv: list[str]) -> int:
 
 def version() -> str:
     """``lsgd <version>`` plus ``(commit <short>[+dirty])`` in a git checkout."""
-    from lsgd.provenance import lsgd_info
+    from lsgd.training.provenance import lsgd_info
 
     info = lsgd_info()
     commit = info.get("commit_short")
@@ -331,7 +331,7 @@ def version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``lsgd ARGV``; returns the exit code. Ctrl-C outside a run's training loop (which stops at
-    its next step with a checkpoint: lsgd.preemption) prints one line and returns 130."""
+    its next step with a checkpoint: lsgd.training.preemption) prints one line and returns 130."""
     try:
         return _main(argv)
     except KeyboardInterrupt:
@@ -365,8 +365,8 @@ def _main(argv: list[str] | None = None) -> int:
         return list_options(rest)
     if cmd == "calibrate":
         return calibrate(rest)
-    if cmd == "emulate":  # issue 23 (lsgd.emulate)
-        from lsgd.emulate import main as emulate_main
+    if cmd == "emulate":  # issue 23 (lsgd.launch.emulate)
+        from lsgd.launch.emulate import main as emulate_main
 
         return emulate_main(rest)
     print(f"lsgd: unknown command {cmd!r}; allowed: train, plot, report, data, list, calibrate, emulate, --version\n\n{USAGE}",

@@ -4,8 +4,8 @@
 
 On ``--workers`` gloo ranks (spawned, one thread each) it times, alternating the order every repeat,
 
-(a) :func:`lsgd.algorithms.adasum.adasum_reduce_` of a parameter-shaped tensor list (vector halving,
-    distance doubling, per-tensor float64 dot products) through an :class:`lsgd.comm.Communicator`
+(a) :func:`lsgd.algorithms.adasum.adasum.adasum_reduce_` of a parameter-shaped tensor list (vector halving,
+    distance doubling, per-tensor float64 dot products) through an :class:`lsgd.comm.communicator.Communicator`
     of the default group without a clock (as training runs it, counting included; no clock
     messages), and
 (b) ``dist.all_reduce`` (SUM) of the same tensors coalesced the same way (one flat buffer per dtype,
@@ -41,9 +41,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lsgd.algorithms.adasum import adasum_reduce_
-from lsgd.comm import Communicator
-from lsgd.launch import free_port
+from lsgd.algorithms.adasum.adasum import adasum_reduce_
+from lsgd.comm.communicator import Communicator
+from lsgd.launch.launcher import free_port
 
 
 #: goal of the adasum / all-reduce wall ratio per list

@@ -7,7 +7,7 @@ On 1 + W gloo ranks (spawned, one thread each; rank 0 the server, ranks 1..W the
 GPT ``20m`` model of ``model=gpt`` (byte vocabulary: 19,177,984 float32 parameters in 76 tensors)
 or one flat float32 tensor of 20M elements (``--model flat20m``):
 
-* the algorithm is the real :class:`lsgd.algorithms.async_local_sgd.AsyncLocalSGD`, set up by its
+* the algorithm is the real :class:`lsgd.algorithms.asynchronous.async_local_sgd.AsyncLocalSGD`, set up by its
   own :meth:`setup` (one 2-rank process group per (server, worker) pair, the virtual-time plan of
   W equally fast workers with H = 1, outer optimizer delayed Nesterov with N = W); the server calls
   :meth:`serve_step` (receive the pseudo-gradient on the worker's pair group, :meth:`apply` =
@@ -29,7 +29,7 @@ or one flat float32 tensor of 20M elements (``--model flat20m``):
 
 Block and all-reduce repeats alternate; the table shows medians of ``--repeats``. All ranks share
 this machine's cores and loopback: the times are this machine's, not a cluster's (the cluster
-clock, ``modeled_time_s``, prices the messages: ``lsgd.comm``).
+clock, ``modeled_time_s``, prices the messages: ``lsgd.comm.communicator``).
 
 Measured once (25 Nov 2026; 2 CPU cores shared with other jobs, load average ~10; 1m45s)::
 
@@ -55,10 +55,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lsgd.algorithms.async_local_sgd import AsyncLocalSGD
+from lsgd.algorithms.asynchronous.async_local_sgd import AsyncLocalSGD
 from lsgd.algorithms.base import RunContext
-from lsgd.comm import Communicator
-from lsgd.launch import free_port
+from lsgd.comm.communicator import Communicator
+from lsgd.launch.launcher import free_port
 
 GPT20M = {"name": "gpt", "size": "20m", "dropout": 0.0, "bias": True, "n_layer": None, "n_head": None, "n_embd": None}
 FLAT = 20_000_000

@@ -46,7 +46,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from lsgd.compression import build
-from lsgd.launch import free_port
+from lsgd.launch.launcher import free_port
 
 CONFIGS = [
     ("none", "none", {}),

@@ -5,11 +5,11 @@ vs the exchange it saves, side by side in one run (issue 12).
     python scripts/bench_gossip.py --lattice [--repeats 7]      # the quantizer alone (make bench)
 
 On ``--workers`` gloo ranks (spawned, one thread each), for a flat float32 model of ``--floats``
-elements, through :class:`lsgd.comm.Communicator` (counted as training counts, no clock), alternating
+elements, through :class:`lsgd.comm.communicator.Communicator` (counted as training counts, no clock), alternating
 the order every repeat:
 
 (a) ``pair``: one SwarmSGD interaction: every rank swaps its model with its partner in a perfect
-    matching of the complete graph (``lsgd.algorithms.swarm_sgd.round_partners``), one
+    matching of the complete graph (``lsgd.algorithms.gossip.swarm_sgd.round_partners``), one
     ``sendrecv`` each way;
 (b) ``allreduce``: ``Communicator.average_`` of the same model (a ring all-reduce on gloo);
 (c) ``pair8``: the same interaction sending 8-bit lattice codes (``n`` bytes + checksums) instead.
@@ -50,11 +50,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lsgd.algorithms.swarm_sgd import round_partners
-from lsgd.comm import Communicator
-from lsgd.launch import free_port
+from lsgd.algorithms.gossip.swarm_sgd import round_partners
+from lsgd.comm.communicator import Communicator
+from lsgd.launch.launcher import free_port
 from lsgd.compression.lattice import LatticeQuantizer
-from lsgd.topology import Topology
+from lsgd.comm.topology import Topology
 
 CHUNK = 1 << 20
 SIZES = {"1M": 1 << 20, "25M": 25 * (1 << 20)}

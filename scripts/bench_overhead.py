@@ -53,11 +53,11 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from lsgd.launch import free_port
+from lsgd.launch.launcher import free_port
 
 
 def compose(overrides: list[str]) -> dict:
-    from lsgd.config import compose_config
+    from lsgd.config.validation import compose_config
 
     cfg = compose_config(overrides, check=False)
     cfg.update(run_id="bench", eval_unit="step", eval_every=10**9, checkpoint_every=0, epochs=1000, max_steps=None)
@@ -65,12 +65,12 @@ def compose(overrides: list[str]) -> dict:
 
 
 def make_trainer(cfg: dict, algo: dict, run_dir: str, watch: bool = True):
-    from lsgd.preemption import PreemptionWatch
-    from lsgd.trainer import Trainer
+    from lsgd.training.preemption import PreemptionWatch
+    from lsgd.training.trainer import Trainer
 
     cfg = dict(cfg, algo=algo)
-    # as `lsgd train` runs (lsgd.trainer.train: launcher.interrupts defaults to true): Ctrl-C is
-    # watched, so the ranks agree on a step to stop at (lsgd.preemption); no handler is installed
+    # as `lsgd train` runs (lsgd.training.trainer.train: launcher.interrupts defaults to true): Ctrl-C is
+    # watched, so the ranks agree on a step to stop at (lsgd.training.preemption); no handler is installed
     trainer = Trainer(cfg, run_dir, "cpu", PreemptionWatch("off", interrupts=True) if watch else None)
     trainer.start_time = time.perf_counter()
     trainer.recorder.start(trainer.samples)
@@ -114,7 +114,7 @@ def worker(rank: int, world: int, port: int, args, overrides: list[str]) -> None
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=300))
     from lsgd.models import build_model
-    from lsgd.optim import build_optimizer
+    from lsgd.training.optim import build_optimizer
 
     cfg = compose(overrides)
     run_dir = tempfile.mkdtemp(prefix=f"lsgd-bench-{rank}-") if rank == 0 else tempfile.mkdtemp()

@@ -127,7 +127,7 @@ class Setup:
 # ----------------------------------------------------------------------------------------------
 def compose(overrides: list[str]) -> dict:
     """The validated lsgd config of ``overrides`` (Hydra compose, as ``lsgd train`` would)."""
-    from lsgd.config import compose_config
+    from lsgd.config.validation import compose_config
 
     return compose_config(overrides)
 
@@ -192,8 +192,8 @@ def cuda_tests(s: Setup, cmd: list[str] | None = None) -> list[Row]:
 # 2. training runs on a world of one
 # ----------------------------------------------------------------------------------------------
 def train_runs(s: Setup) -> list[Row]:
-    from lsgd.config import resolve_backend
-    from lsgd.trainer import Trainer
+    from lsgd.core.devices import resolve_backend
+    from lsgd.training.trainer import Trainer
 
     steps, every = (12, 3) if s.dry_run else (80, 10)
     rows = []
@@ -225,11 +225,11 @@ def overhead(s: Setup, rounds: int = 7) -> list[Row]:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from lsgd.accel import batch_to_channels_last, to_channels_last
-    from lsgd.config import resolve_backend
+    from lsgd.training.accel import batch_to_channels_last, to_channels_last
+    from lsgd.core.devices import resolve_backend
     from lsgd.models import build_model
-    from lsgd.optim import build_optimizer
-    from lsgd.trainer import Trainer
+    from lsgd.training.optim import build_optimizer
+    from lsgd.training.trainer import Trainer
 
     if s.dry_run:
         model_over, block, rounds = ["model=cnn", "batch_size=16"], 2, 5
@@ -300,10 +300,10 @@ def overhead(s: Setup, rounds: int = 7) -> list[Row]:
 def model_speed(s: Setup, compile_backend: str) -> list[Row]:
     from torch.utils.flop_counter import FlopCounterMode
 
-    from lsgd.accel import optimizer_kernels, to_channels_last
+    from lsgd.training.accel import optimizer_kernels, to_channels_last
     from lsgd.data import DatasetInfo
     from lsgd.models import build_model
-    from lsgd.services import loss_fn
+    from lsgd.training.services import loss_fn
 
     dev = s.device
     if s.dry_run:  # CPU: ResNet-18 for ResNet-50 and fp32 (bf16 convolutions crawl on a CPU without AMX)

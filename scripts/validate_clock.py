@@ -76,7 +76,7 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("param_server", "parameter server", ("algo=param_server", "launcher.nproc_per_node=5"), 24, "h"),
     # real timing needs cluster.compute=profile: each worker's step is stretched in wall time to its
     # modeled seconds (step_time_s / speed), so the clock's compute is what the worker really spends
-    # as long as the real compute fits in the stretch (lsgd/algorithms/async_real.py)
+    # as long as the real compute fits in the stretch (lsgd/algorithms/asynchronous/real_timing.py)
     Arm("async_real", "async local SGD (DN), H=8, real timing",
         ("algo=async_local_sgd", "algo.timing=real", "algo.local_steps=8", "cluster.compute=profile",
          "cluster.step_time_s=0.05", f"cluster.speeds={ASYNC_SPEEDS}", "launcher.nproc_per_node=5"), 48, "*"),

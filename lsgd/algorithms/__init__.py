@@ -1,4 +1,4 @@
-"""Distributed training algorithms: one module per method, all communication through lsgd.comm.
+"""Distributed training algorithms: one module per method, all communication through lsgd.comm.communicator.
 
 Every module of this package is imported here; a subclass of
 :class:`~lsgd.algorithms.base.Algorithm` that sets ``name`` registers itself in :data:`ALGORITHMS`
@@ -11,11 +11,11 @@ import importlib
 import pkgutil
 
 from lsgd.algorithms.base import ALGORITHMS, Algorithm, RunContext
-from lsgd.comm import Communicator
-from lsgd.errors import ConfigError
+from lsgd.comm.communicator import Communicator
+from lsgd.core.errors import ConfigError
 
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+for _module in pkgutil.walk_packages(__path__, prefix=f"{__name__}."):
+    importlib.import_module(_module.name)
 
 
 def build_algorithm(cfg: dict, comm: Communicator) -> Algorithm:

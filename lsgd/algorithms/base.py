@@ -15,7 +15,7 @@ bookkeeping of the step that just ended). Methods whose workers take different n
 steps (asynchronous SwarmSGD, asynchronous Local-SGD) set :attr:`Algorithm.lockstep` to False: the
 trainer then performs each record at every multiple it crosses, one by one (see
 ``Trainer.bookkeeping``).
-All communication goes through the :class:`lsgd.comm.Communicator` given at construction.
+All communication goes through the :class:`lsgd.comm.communicator.Communicator` given at construction.
 
 Roles: :meth:`Algorithm.roles` says what every rank is (``worker`` by default; ``server`` for
 parameter-server methods). The trainer dispatches once: a worker runs the loop above, a server
@@ -40,9 +40,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lsgd.clock import Clock
-from lsgd.comm import Communicator
-from lsgd.errors import ConfigError
+from lsgd.clock.network import Clock
+from lsgd.comm.communicator import Communicator
+from lsgd.core.errors import ConfigError
 
 ROLES = ("worker", "server")
 
@@ -61,7 +61,7 @@ class RunContext:
             data shard it reads); ``worker_index`` is None on a server.
         steps_per_epoch, total_steps: local steps per epoch and in the run.
         batch_size: local batch (samples per worker per step).
-        clock: this process's cluster clock (:class:`lsgd.clock.Clock`).
+        clock: this process's cluster clock (:class:`lsgd.clock.network.Clock`).
         device: where the model lives.
         data: the worker's :class:`lsgd.data.ShardedLoader` (None on a server).
         train_set: the whole training set (every rank, servers included; the same object the
@@ -69,13 +69,13 @@ class RunContext:
             given (hand-driven hooks).
         lr: callable returning the learning rate in use this step.
         lr_decay_steps: completed-step counts from which a milestone of a step schedule lowers
-            the learning rate (:func:`lsgd.optim.lr_decay_steps`; empty under constant and
+            the learning rate (:func:`lsgd.training.optim.lr_decay_steps`; empty under constant and
             continuous schedules).
         seed: the run seed.
         compute_seconds: callable mapping FLOPs of extra compute (compression) to seconds on this
             worker's clock (0 in measured mode); None: not modeled.
         counted_seconds: callable running ``fn()`` and returning ``(its result, its modeled seconds
-            on this worker)`` (:meth:`lsgd.cluster.ComputeModel.counted_seconds`: its operators
+            on this worker)`` (:meth:`lsgd.compute.model.ComputeModel.counted_seconds`: its operators
             priced on the device's roofline; 0 in measured mode), for extra compute such as a
             compressor's; it dispatches slowly, so callers cache the seconds; None: not modeled.
         step_compute_s: callable returning ``(modeled, measured)`` seconds of the current step's
@@ -91,7 +91,7 @@ class RunContext:
         add_losses: callable adding ``(sum, count, non-finite count)`` to this rank's accumulators
             (the server, with the losses its workers shipped).
         grad_ready_fraction: ``{parameter name: fraction of the backward pass's FLOPs done when its
-            gradient is final}`` (:meth:`lsgd.cluster.ComputeModel.count_grad_ready`), for
+            gradient is final}`` (:meth:`lsgd.compute.model.ComputeModel.count_grad_ready`), for
             algorithms that overlap communication with backward (DDP's buckets); None: not known
             (then by parameter share).
     """
@@ -163,7 +163,7 @@ def restore_(tensors: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
 #: read one step after its issue, the stop agreement tied every worker's every step to the
 #: slowest's (measured on the emulated cluster at 50 Mbit/s: local SGD's wall time 5% and SlowMo's
 #: 13% above the clock's), which these methods do not do; read 16 steps later it lets them drift
-#: as the method does. Issued every 8th step (:data:`lsgd.preemption.AGREEMENTS_IN_FLIGHT`), a
+#: as the method does. Issued every 8th step (:data:`lsgd.training.preemption.AGREEMENTS_IN_FLIGHT`), a
 #: signal then stops them within 24 steps (SLURM's ``--signal=USR1@120`` warning leaves 5 s per step).
 DRIFT_AGREEMENT_LAG = 16
 
@@ -192,18 +192,18 @@ class Algorithm:
     #: rejects ``checkpoint_every`` > 0). May be set per instance.
     bookkeeping = "collective"
 
-    #: How a skipped fp16 step (gradient overflow) is agreed by every worker (:mod:`lsgd.accel`):
+    #: How a skipped fp16 step (gradient overflow) is agreed by every worker (:mod:`lsgd.training.accel`):
     #: ``synchronized`` (the gradients are all-reduced before the step: the verdict is already the
     #: same everywhere), ``flag`` (the found-inf flag is all-reduced with MAX every step), or None:
     #: ``precision=fp16`` is refused for this algorithm (bf16 is not).
     grad_scaler: str | None = None
 
     #: Calls (steps, for lock-step methods) between the issue of the stop agreement
-    #: (:class:`lsgd.preemption.PreemptionWatch`: an uncounted MAX all-reduce of a 4-byte flag,
+    #: (:class:`lsgd.training.preemption.PreemptionWatch`: an uncounted MAX all-reduce of a 4-byte flag,
     #: issued every ``max(1, agreement_lag // AGREEMENTS_IN_FLIGHT)`` steps, 8 for a lag of 16) and its
     #: read; a rank can run this many steps ahead of the slowest before the agreement makes it wait,
     #: and a signal stops the run ``agreement_lag`` to ``agreement_lag + max(1, agreement_lag //
-    #: AGREEMENTS_IN_FLIGHT)`` steps after it arrives (:mod:`lsgd.preemption`).
+    #: AGREEMENTS_IN_FLIGHT)`` steps after it arrives (:mod:`lsgd.training.preemption`).
     #: 1 (the default) for methods that all-reduce every step: their own collectives couple the
     #: workers anyway, and a signal stops them at once.
     #: :data:`DRIFT_AGREEMENT_LAG` for methods whose workers drift apart between synchronizations
@@ -229,7 +229,7 @@ class Algorithm:
         """Check this algorithm's ``algo.*`` keys for ``world_size`` processes.
 
         Raises:
-            lsgd.errors.ConfigError: naming the key and the allowed values.
+            lsgd.core.errors.ConfigError: naming the key and the allowed values.
         """
 
     @classmethod
@@ -238,7 +238,7 @@ class Algorithm:
         an algorithm takes over); default: none. Called after :meth:`validate_config`.
 
         Raises:
-            lsgd.errors.ConfigError: naming the key and the allowed values.
+            lsgd.core.errors.ConfigError: naming the key and the allowed values.
         """
 
     @classmethod
@@ -403,7 +403,7 @@ class ServerAlgorithm(Algorithm):
     Subclasses call ``super().validate_config(algo, world_size)`` first.
 
     Raises:
-        lsgd.errors.ConfigError: (``validate_config``) fewer than 2 processes.
+        lsgd.core.errors.ConfigError: (``validate_config``) fewer than 2 processes.
     """
 
     @classmethod

@@ -22,84 +22,9 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from lsgd.analysis.load import (
-    DEFAULT_IGNORED_KEYS,
-    _hashable,
-    _is_missing,
-    config_columns,
-    differing_keys,
-    flatten_config,
-    format_value,
-)
-
-#: How an algorithm (``algo.name``) is written in labels.
-ALGO_NAMES = {
-    "ddp": "DDP",
-    "local_sgd": "local SGD",
-    "post_local_sgd": "post-local SGD",
-    "slowmo": "SlowMo",
-    "diloco": "DiLoCo",
-    "compressed": "compressed",
-    "gravac": "GraVAC",
-    "accordion": "Accordion",
-    "adasum": "Adasum",
-    "swarm_sgd": "SwarmSGD",
-    "dpsgd": "D-PSGD",
-    "decentlam": "DecentLaM",
-    "sgp": "SGP",
-    "ad_psgd": "AD-PSGD",
-    "lead": "LEAD",
-    "overlap_local_sgd": "Overlap-Local-SGD",
-    "param_server": "parameter server",
-    "async_local_sgd": "async local SGD",
-    "adsaga": "ADSAGA",
-}
-
-#: Short names of config keys in labels (the symbols of shared/glossary.md where there is one);
-#: a key not listed is written as its last dotted part with ``_`` as spaces (``optim.lr`` -> ``lr``).
-KEY_NAMES = {
-    "algo.local_steps": "H",
-    "algo.slow_lr": "alpha",
-    "algo.slow_momentum": "beta",
-    "algo.cf": "CF",
-    "algo.rank": "rank",
-    "algo.levels": "levels",
-    "algo.cf_min": "CF min",
-    "algo.cf_max": "CF max",
-    "algo.cf_low": "CF low",
-    "algo.cf_high": "CF high",
-    "algo.epsilon": "eps",
-    "algo.warmup_steps": "warm-up steps",
-    "algo.buffer_policy": "buffers",
-    "algo.dn_buffer": "N",
-    "algo.dn_c": "c",
-    "batch_size": "batch",
-    "launcher.nproc_per_node": "workers",
-    "world_size": "workers",
-    "optim.lr": "lr",
-    "study.heterogeneity": "heterogeneity",
-    "cluster.speeds": "speeds",
-    "dataset.alpha": "Dirichlet alpha",
-}
-
-#: Keys whose value alone is the label part (``"top-k"``, ``"ring"``), and how values are written.
-VALUE_ONLY_KEYS = ("algo.name", "algo.compressor", "algo.topology", "algo.quantizer", "study.arm")
-
-#: Written values of :data:`VALUE_ONLY_KEYS` (others as :func:`lsgd.analysis.load.format_value`).
-VALUE_NAMES = {
-    "algo.name": ALGO_NAMES,
-    "algo.compressor": {
-        "none": "dense", "topk": "top-k", "randomk": "random-k", "dgc": "DGC", "redsync": "RedSync",
-        "qsgd": "QSGD", "powersgd": "PowerSGD", "fp16": "fp16",
-    },
-}  # fmt: skip
-
-#: Boolean keys written as a word when true and ``no <word>`` (or the given word) when false.
-BOOL_NAMES = {
-    "algo.error_feedback": ("error feedback", "no error feedback"),
-    "algo.blocking": ("blocking", "non-blocking"),
-    "algo.hierarchical": ("hierarchical", "flat"),
-}
+from lsgd.analysis.load import DEFAULT_IGNORED_KEYS, _hashable, config_columns, differing_keys, flatten_config
+from lsgd.core.labels import format_value, label_part
+from lsgd.core.labels import is_missing as _is_missing
 
 #: Keys tried first when choosing the keys of a label (then ``algo.*``, then the rest).
 LABEL_KEY_PRIORITY = ("algo.name", "study.arm")
@@ -192,31 +117,6 @@ def label_keys(frame: pd.DataFrame, keys: list[str] | None = None) -> list[str]:
         if len(after) == len(arms):
             break
     return chosen
-
-
-def key_name(key: str, keys: Iterable[str] = ()) -> str:
-    """How ``key`` is named in a label (:data:`KEY_NAMES`, else its last dotted part with spaces);
-    its full dotted name when another of ``keys`` would get the same short name."""
-    def short(k: str) -> str:
-        return KEY_NAMES.get(k) or str(k).rsplit(".", 1)[-1].replace("_", " ")
-
-    name = short(key)
-    if any(short(k) == name for k in keys if k != key):
-        return str(key)
-    return name
-
-
-def label_part(key: str, value, keys: Iterable[str] = ()) -> str:
-    """One part of a label: ``"local SGD"`` (algo.name), ``"top-k"``, ``"H=8"``, ``"error feedback"``;
-    ``""`` for a missing value."""
-    if _is_missing(value):
-        return ""
-    if key in BOOL_NAMES and isinstance(value, (bool, np.bool_)):
-        return BOOL_NAMES[key][0 if value else 1]
-    text = format_value(value)
-    if key in VALUE_ONLY_KEYS:
-        return VALUE_NAMES.get(key, {}).get(text, text)
-    return f"{key_name(key, keys)}={text}"
 
 
 def defining_keys(row: Mapping) -> list[str]:

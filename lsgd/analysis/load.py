@@ -8,7 +8,7 @@ one path or a list of paths, each a run folder or any folder that holds run fold
 Config keys become columns with dotted names (``algo.name``, ``algo.local_steps``, ``optim.lr``,
 ``world_size``); list and mapping values are stored as JSON strings, so every cell is a scalar.
 
-``environment.json`` (what produced the run: commit, versions, CPU / GPU; :mod:`lsgd.provenance`)
+``environment.json`` (what produced the run: commit, versions, CPU / GPU; :mod:`lsgd.training.provenance`)
 becomes the ``env.*`` columns of :func:`load_summaries` (:data:`ENV_COLUMNS`), never config columns:
 runs that differ only in their environment stay one arm. Runs without the file have None there.
 
@@ -28,11 +28,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
+
+from lsgd.core.labels import format_value
+from lsgd.core.labels import is_missing as _is_missing
 import yaml
 
-from lsgd.provenance import ENVIRONMENT_FILE  # (lsgd.provenance imports torch only where it collects)
+from lsgd.training.provenance import ENVIRONMENT_FILE  # (lsgd.training.provenance imports torch only where it collects)
 
 PathLike = str | os.PathLike
 
@@ -584,15 +586,6 @@ def _is_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _is_missing(value) -> bool:
-    if value is None:
-        return True
-    try:
-        return bool(pd.isna(value))
-    except (TypeError, ValueError):
-        return False
-
-
 def config_columns(frame: pd.DataFrame) -> list[str]:
     """Config columns of a frame from :func:`load_runs` / :func:`load_summaries`.
 
@@ -649,20 +642,6 @@ def _hashable(value):
     except TypeError:
         return repr(value)
     return value
-
-
-def format_value(value) -> str:
-    """A config value as written in a label or table: ``8`` not ``8.0``, ``true``, ``0.001``."""
-    if _is_missing(value):
-        return ""
-    if isinstance(value, (bool, np.bool_)):
-        return "true" if value else "false"
-    if isinstance(value, numbers.Integral):
-        return str(int(value))
-    if isinstance(value, numbers.Real):
-        value = float(value)
-        return str(int(value)) if value.is_integer() and abs(value) < 1e15 else f"{value:g}"
-    return str(value)
 
 
 def run_labels(frame: pd.DataFrame, keys: list[str] | None = None) -> dict[str, str]:

@@ -53,14 +53,14 @@ Communication, per run:
 - modeled time at 1 and 10 Gbps = the cluster clock's what-if entries ``modeled_time_1gbps_s``,
   ``modeled_time_10gbps_s`` (the same run's events priced on the inter-node link of the network
   preset of that bandwidth, ``network=1gbps`` / ``network=10gbps``: its bandwidth and its latency,
-  50 / 10 us; overlap and waiting included; :mod:`lsgd.clock`), from summary.json, else from the
+  50 / 10 us; overlap and waiting included; :mod:`lsgd.clock.network`), from summary.json, else from the
   last metrics record. Runs recorded before the cluster clock fall back to ``compute_time_s`` +
   ``NetworkModel(bandwidth_gbps, latency).cost(model_alpha_terms, model_beta_bytes)`` (no overlap)
-  with the same latency (:func:`lsgd.clock.what_if_latency_us`; a bandwidth without a preset: the
+  with the same latency (:func:`lsgd.clock.network.what_if_latency_us`; a bandwidth without a preset: the
   run's ``network.latency_us``, else 10 us); blank for runs that lack those keys.
 
 Environment (:func:`environment_table`, :func:`environment_note`): what produced the runs, from
-their ``environment.json`` (:mod:`lsgd.provenance`): commit (``+dirty``: the tree had changes),
+their ``environment.json`` (:mod:`lsgd.training.provenance`): commit (``+dirty``: the tree had changes),
 lsgd, torch, torch's CPU capability, CPU, GPU and python, one row per distinct combination with
 the runs that share it; a run without the file shows ``-``. When the runs differ in torch version,
 commit or CPU capability (their numerics may differ in the last bits), one line says so and names
@@ -84,12 +84,9 @@ from pathlib import Path
 import pandas as pd
 
 from lsgd.analysis.arms import (
-    BOOL_NAMES,
-    VALUE_ONLY_KEYS,
     arm_keys,
     arm_labels,
     config_differences,
-    key_name,
     order_key,
     seed_keys,
     select_runs,
@@ -100,18 +97,18 @@ from lsgd.analysis.load import (
     RUNNING,
     PathLike,
     _hashable,
-    _is_missing,
     _num,
     compression_frame,
-    format_value,
     read_runs,
     runs_frame,
     summaries_frame,
     world_sizes,
 )
+from lsgd.core.labels import BOOL_NAMES, VALUE_ONLY_KEYS, format_value, key_name
+from lsgd.core.labels import is_missing as _is_missing
 from lsgd.analysis.plots import check_width, eval_metric, plot_frames, safe_name
 from lsgd.analysis.stats import CONFIDENCE, aggregate_seeds, paired_differences
-from lsgd.clock import NetworkModel, what_if_latency_us
+from lsgd.clock.network import NetworkModel, what_if_latency_us
 
 #: ``algo.name`` of the default baseline the speedups are relative to (``--baseline`` chooses another).
 BASELINE_ALGO = "ddp"
@@ -139,7 +136,7 @@ def modeled_time_at(
     compute_time_s: float, alpha_terms: float, beta_bytes: float, bandwidth_gbps: float, latency_us: float
 ) -> float:
     """Seconds of a run on another network: measured ``compute_time_s`` + the alpha-beta cost
-    ``alpha_terms`` latencies + ``beta_bytes`` bytes (:meth:`lsgd.clock.NetworkModel.cost`).
+    ``alpha_terms`` latencies + ``beta_bytes`` bytes (:meth:`lsgd.clock.network.NetworkModel.cost`).
     NaN if an argument is missing."""
     values = [_num(v) for v in (compute_time_s, alpha_terms, beta_bytes, bandwidth_gbps, latency_us)]
     if not all(math.isfinite(v) for v in values):
@@ -1022,7 +1019,7 @@ def definitions_text(baseline: str, confidence: float = CONFIDENCE) -> list[str]
         ),
         (
             "- **Wall time** is measured on the machine that ran the job. **Modeled time** is the "
-            "cluster clock (`lsgd/comm.py`): the slowest worker's virtual time on the configured "
+            "cluster clock (`lsgd/comm/communicator.py`): the slowest worker's virtual time on the configured "
             "cluster, compute from `cluster.*` (a FLOP profile of the target device, or `step_time_s`) "
             "and communication at its alpha-beta cost, overlapped where the algorithm overlaps it; "
             "modeled @1 / @10 Gbps is the same clock with the inter-node link of the `network=1gbps` / "

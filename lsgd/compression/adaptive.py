@@ -1,7 +1,7 @@
 """Adaptive compression controllers: GraVAC's compression factor and Accordion's regime switch.
 
 Both are pure state machines over Python floats (no tensors, no ``torch.distributed``): the
-algorithms in :mod:`lsgd.algorithms.gravac` and :mod:`lsgd.algorithms.accordion` measure gains or
+algorithms in :mod:`lsgd.algorithms.gradient_compression.gravac` and :mod:`lsgd.algorithms.gradient_compression.accordion` measure gains or
 norms, make them identical on every worker (all-reduce, or values every worker already holds) and
 feed them here, so every worker takes the same decision. ``state_dict`` / ``load_state_dict``
 give JSON-able state for an exact resume.

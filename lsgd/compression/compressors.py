@@ -30,7 +30,7 @@ sparsifiers support GraVAC's "multi-level" compression (:meth:`Compressor.compre
 again inside an earlier selection, cheaper than starting from the dense tensor).
 
 Randomness (randomk's indices, dgc's threshold sample, qsgd's stochastic rounding) is seeded by
-:func:`lsgd.seeding.derive_seed` of ``(name, seed, step, key, ...)`` (the same mixer as the data
+:func:`lsgd.core.seeding.derive_seed` of ``(name, seed, step, key, ...)`` (the same mixer as the data
 partition's), so it is reproducible and, for randomk and dgc, identical on every worker that
 compresses the same ``(step, key)``; qsgd also mixes in the worker's rank so its rounding noise is
 independent across workers. dgc's sample (and qsgd's rounding of float64 tensors or on other
@@ -52,7 +52,7 @@ import torch
 
 from lsgd.compression import alloc
 from lsgd.compression.fastrand import random_float32, random_int64
-from lsgd.seeding import derive_seed
+from lsgd.core.seeding import derive_seed
 
 COMPRESSORS = ("none", "fp16", "topk", "randomk", "dgc", "redsync", "qsgd", "lattice", "powersgd")
 SPARSIFIERS = ("topk", "randomk", "dgc", "redsync")
@@ -100,7 +100,7 @@ class Compressed:
 
 # -- helpers -------------------------------------------------------------------------------------
 def _generator(device: torch.device, *parts: object) -> torch.Generator:
-    """A generator on ``device`` seeded by :func:`lsgd.seeding.derive_seed` of ``parts``
+    """A generator on ``device`` seeded by :func:`lsgd.core.seeding.derive_seed` of ``parts``
     (the compressor's name first, then its seed, the step, the tensor key, ...)."""
     g = torch.Generator(device=device)
     g.manual_seed(derive_seed(*parts))

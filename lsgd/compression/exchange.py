@@ -3,7 +3,7 @@
 :func:`exchange` takes this worker's payloads of several tensors (one :class:`Compressed` per
 tensor, in the same order on every worker) and returns, per tensor, the dense average over the
 ``p`` workers of ``decompress(payload)``. It issues one collective per payload part per call, never
-one per tensor, all through :class:`lsgd.comm.Communicator` so the bytes are counted.
+one per tensor, all through :class:`lsgd.comm.communicator.Communicator` so the bytes are counted.
 
 ``compressor.exchange == "all_reduce"`` (none, fp16, randomk; the payloads can be summed element-wise):
     the values of all items are concatenated (one buffer per values dtype, in practice one) and
@@ -67,8 +67,8 @@ import functools
 
 import torch
 
-from lsgd.clock import cost_terms
-from lsgd.comm import Communicator
+from lsgd.clock.network import cost_terms
+from lsgd.comm.communicator import Communicator
 from lsgd.compression.compressors import Compressed, Compressor, NoCompression
 
 _IDENTITY = NoCompression()
@@ -174,7 +174,7 @@ def dense_is_cheaper(c: Compressed, count: int, p: int) -> bool:
     """Whether item ``c`` travels dense: when all-gathering ``count`` values (plus int32 indices)
     from each of ``p`` workers puts at least as many bytes on every link as a ring all-reduce of
     the dense tensor (``numel * element size`` = n bytes): ``(p-1) count (b_v + b_i) >= 2 (p-1)/p n``,
-    the bandwidth terms of :func:`lsgd.clock.cost_terms` (the items share one collective, so their
+    the bandwidth terms of :func:`lsgd.clock.network.cost_terms` (the items share one collective, so their
     latency terms are not compared). At p = 2 this is "sparse payload >= dense size"; at 32 workers
     a top-k at CF 10 (20% of the dense bytes with indices) travels dense."""
     if c.indices is None or not c.send_indices:

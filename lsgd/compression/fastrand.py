@@ -11,7 +11,7 @@ about 1 ns, i.e. 0.5 ns per 32-bit word, and its raw stream for a given seed is 
 stream-compatibility policy for bit generators (NEP 19), so it is the same on every machine and
 rank. A well-kept library rather than own code: numpy is already installed with torch and pandas.
 
-Seeds: :func:`random_int32` takes an integer seed (e.g. :func:`lsgd.seeding.derive_seed` of the
+Seeds: :func:`random_int32` takes an integer seed (e.g. :func:`lsgd.core.seeding.derive_seed` of the
 purpose, seed, step, key, ...); :func:`seed_from` draws one from a ``torch.Generator`` (advancing it),
 for callers that hand a generator down (SwarmSGD's lattice encode).
 """

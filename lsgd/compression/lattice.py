@@ -20,7 +20,7 @@ compares it with the checksum of its decoded integers: an error (a change of ``k
 multiples of ``q`` in some coordinates) changes the plain sum unless the errors cancel, and then the
 two sums weighted by powers of primitive roots (the error polynomial evaluated at a root) miss it
 with probability about 65521**-2. A caught tensor is resent at full precision by the caller
-(:mod:`lsgd.algorithms.swarm_sgd`, :mod:`lsgd.compression.exchange`).
+(:mod:`lsgd.algorithms.gossip.swarm_sgd`, :mod:`lsgd.compression.exchange`).
 
 Bytes of one tensor of ``n`` elements: ``ceil(bits n / 8)`` (codes packed 8 / bits per byte for
 bits 1, 2, 4, 8; two bytes per element for 16) + 24 (checksum).
@@ -92,7 +92,7 @@ is PCG64 itself (0.86 ns per element: 32 of its 64 bits per element, its 128-bit
 chain) and writing the outputs (a byte of payload and 4 bytes of points per element). numba's
 price is per process: 2.7 s to compile both loops the first time on a machine (then cached on disk
 next to :mod:`lsgd.compression.lattice_fused`, also under ``PYTHONDONTWRITEBYTECODE``), 0.4 s to load
-them in every later process (measured after ``import lsgd.trainer``).
+them in every later process (measured after ``import lsgd.training.trainer``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ under ``PYTHONDONTWRITEBYTECODE``), and it is a well-kept library. The alternati
 extension a compiler at install, torch.compile's C++ code generation a compiler at run time (and it
 does not fuse the random words or the modular block sums). Its cost is per process: compiling both
 loops for both point dtypes at import takes 2.7 s the first time on a machine, loading them from
-the cache 0.4 s (numba's own start-up, measured after ``import lsgd.trainer``), paid on the first
+the cache 0.4 s (numba's own start-up, measured after ``import lsgd.training.trainer``), paid on the first
 float32 encode or decode of a process, not at ``import lsgd``. :func:`lsgd.compression.lattice.fused_kernels`
 imports this module and falls back to the torch path (same results, a warning) when numba is
 missing or this module fails to compile. The random words stay numpy's PCG64 (drawn into an array

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
 
-from lsgd.comm import Communicator
+from lsgd.comm.communicator import Communicator
 
 
 def bucket_payload(state: torch_powersgd.PowerSGDState, tensors: list[torch.Tensor]) -> tuple[int, int, int]:
@@ -164,7 +164,7 @@ class PowerSGD:
     def _blocking(self):
         """On gloo the main thread runs or waits for the whole chain (its callbacks run inline in
         torch's hook when an all-reduce is already done, else on gloo's threads while the hook waits):
-        all of it is communication for measured compute (:mod:`lsgd.blocked`), the chain's
+        all of it is communication for measured compute (:mod:`lsgd.comm.blocked_time`), the chain's
         compression matmuls included (a limit: ``cluster.compute=measured`` leaves them out). On
         NCCL the hook only issues: nothing is timed here."""
         return self.comm.blocking() if not self.overlap else contextlib.nullcontext()

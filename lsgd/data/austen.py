@@ -43,7 +43,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from lsgd.errors import ConfigError
+from lsgd.core.errors import ConfigError
 
 PACKAGE = "r-cran-janeaustenr"
 PACKAGE_VERSION = "1.0.0-1"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lsgd.errors import ConfigError
+from lsgd.core.errors import ConfigError
 
 PARTITIONS = ("iid", "dirichlet")
 

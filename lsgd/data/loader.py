@@ -14,7 +14,7 @@ from lsgd.data.partition import (
     generator,
     iid_partition,
 )
-from lsgd.errors import ConfigError
+from lsgd.core.errors import ConfigError
 
 
 class ShardedLoader:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lsgd.errors import ConfigError
-from lsgd.seeding import derive_seed
+from lsgd.core.errors import ConfigError
+from lsgd.core.seeding import derive_seed
 
 __all__ = ["derive_seed", "dirichlet_partition", "generator", "iid_partition", "label_entropy"]
 

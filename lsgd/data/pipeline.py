@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lsgd.errors import ConfigError
+from lsgd.core.errors import ConfigError
 
 #: allowed values of ``dataset.pin_memory``
 PIN_MEMORY = ("auto", True, False)
@@ -93,7 +93,7 @@ def resolve_pin_memory(value, device: str) -> bool:
 
 
 def _init_process(dtype: torch.dtype, _worker_id: int) -> None:
-    # the run's default dtype (lsgd.config.default_dtype): a set's batch() builds inputs in it; a
+    # the run's default dtype (lsgd.core.devices.default_dtype): a set's batch() builds inputs in it; a
     # forked process inherits it, a spawned one would not
     torch.set_default_dtype(dtype)
 

@@ -54,8 +54,8 @@ import torch
 from lsgd.data import austen
 from lsgd.data.memory import TokenBlockDataset
 from lsgd.data.text import ByteTokenizer, _tokenized, pack_blocks
-from lsgd.errors import ConfigError
-from lsgd.files import write_atomic
+from lsgd.core.errors import ConfigError
+from lsgd.core.files import write_atomic
 
 DOCUMENT_UNITS = ("paragraph", "file")
 SPLITS = ("train", "validation", "test")

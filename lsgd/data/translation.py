@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lsgd.errors import ConfigError
+from lsgd.core.errors import ConfigError
 
 #: target id that cross-entropy ignores (torch.nn.functional.cross_entropy's default ignore_index)
 IGNORE_INDEX = -100

@@ -32,10 +32,10 @@ from typing import Any
 from torch import nn
 
 from lsgd.data import DatasetInfo
-from lsgd.errors import ConfigError
+from lsgd.core.errors import ConfigError
 
 # Defaults of every key each model accepts (conf/model/<name>.yaml sets the same values).
-# ``channels_last`` (convnets): parameters and input batches in NHWC memory format (lsgd.accel).
+# ``channels_last`` (convnets): parameters and input batches in NHWC memory format (lsgd.training.accel).
 DEFAULTS: dict[str, dict[str, Any]] = {
     "cnn": {"channels": [16, 32], "hidden": 128, "channels_last": False},
     "logreg": {"init": "zeros"},

@@ -30,7 +30,7 @@ from runner import (
 )
 
 import lsgd as lsgd_pkg
-from lsgd import provenance
+from lsgd.training import provenance
 
 
 def _ok(res):
@@ -239,7 +239,7 @@ def test_wandb_offline_logs_rank0_only_tagged_with_algo_and_variant(tmp_path):
     ``variant:local_sgd_k``, grouped by the experiment and named by the arm label and seed."""
     from wandb_history import run_records
 
-    from lsgd.loggers import run_label
+    from lsgd.training.loggers import run_label
 
     res = lsgd(["train", "experiment=local_vs_minibatch", "variant=local_sgd_k", "study.local_steps=2",
                 "study.local_batch=8", "study.rounds=2", "study.eval_rounds=2", "study.log_rounds=1",

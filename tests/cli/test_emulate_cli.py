@@ -1,4 +1,4 @@
-"""``lsgd train launcher=emulated`` (lsgd.emulate, issue 23) end to end: a run on capped links, and
+"""``lsgd train launcher=emulated`` (lsgd.launch.emulate, issue 23) end to end: a run on capped links, and
 no namespace, veth, bridge or qdisc left after a normal run, a worker killed with SIGKILL, or Ctrl-C
 (SIGINT to the launcher).
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from runner import LSGD, TINY, lsgd, metrics, run_dirs, session_processes, summary
 
-from lsgd import emulate
+from lsgd.launch import emulate
 
 EMULATED = ["launcher=emulated", "launcher.nproc_per_node=2"]
 

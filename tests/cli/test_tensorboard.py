@@ -11,7 +11,7 @@ import yaml
 from runner import summary
 from wandb_history import run_records
 
-from lsgd.loggers import run_label
+from lsgd.training.loggers import run_label
 
 
 def flat(d: dict, prefix: str = "") -> dict:

@@ -1,8 +1,8 @@
-"""Timed gloo transfers between two workers on an emulated cluster (lsgd.emulate), for the
+"""Timed gloo transfers between two workers on an emulated cluster (lsgd.launch.emulate), for the
 calibration test and by hand (``python tests/distributed/emulated_bench.py [CAP_MBIT ...]``).
 
 :func:`measure` builds a 2-node emulated cluster, starts 2 processes (one per namespace, gloo bound
-to its veth) once, and for each cap (``lsgd.emulate.set_rate`` between caps) times ``repeats``
+to its veth) once, and for each cap (``lsgd.launch.emulate.set_rate`` between caps) times ``repeats``
 point-to-point transfers of ``nbytes`` (rank 0 -> rank 1, rank 1 answering with one element) and
 ``repeats`` all-reduces of ``nbytes`` (float32; after a change of cap, after one untimed), as rank 0 sees them. Around each phase it reads the
 byte counter of the tbf on rank 1's ingress (the bridge-side veth): bytes as tbf meters them (frames
@@ -31,7 +31,7 @@ def _worker(rank: int, plan: dict, port: int, nbytes: int, schedule: list, queue
     import torch
     import torch.distributed as dist
 
-    from lsgd.emulate import Plan, enter_node
+    from lsgd.launch.emulate import Plan, enter_node
 
     p = Plan(**plan)
     enter_node(p, rank)
@@ -84,7 +84,7 @@ def measure(schedule: list[tuple[float, int]], nbytes: int = 16 * 2**20, gpus_pe
     """
     import torch.distributed as dist
 
-    from lsgd.emulate import cluster, set_rate
+    from lsgd.launch.emulate import cluster, set_rate
 
     cfg = {"network": {"bandwidth_gbps": schedule[0][0] / 1000, "latency_us": 0}, "cluster": {"gpus_per_node": gpus_per_node}}
     ctx = mp.get_context("spawn")
@@ -125,7 +125,7 @@ if __name__ == "__main__":
     import statistics
     import sys
 
-    from lsgd.emulate import WIRE_FACTOR
+    from lsgd.launch.emulate import WIRE_FACTOR
 
     caps = [float(a) for a in sys.argv[1:]] or [50, 200, 1000]
     for r in measure([(c, 3) for c in caps]):

@@ -2,7 +2,7 @@
 order against a single-process replay of the schedule, and the trainer itself under heterogeneous
 speeds (step counts, modeled time, reproducibility, exact resume).
 
-The schedule (lsgd.algorithms.ad_psgd.virtual_plan) is tested on its own in
+The schedule (lsgd.algorithms.gossip.ad_psgd.virtual_plan) is tested on its own in
 tests/unit/test_ad_psgd_schedule.py; here the replay applies its averagings and gradient steps to
 n models in one process, with its own code."""
 
@@ -18,12 +18,12 @@ from test_algorithms import SGD_M, SPE, WARMUP_COSINE, B, batch, make_model, run
 from trainer_runs import compose_cfg, records
 
 from lsgd.algorithms import build_algorithm
-from lsgd.algorithms.ad_psgd import virtual_plan
+from lsgd.algorithms.gossip.ad_psgd import virtual_plan
 from lsgd.algorithms.base import RunContext
-from lsgd.comm import Clock, Communicator, NetworkModel
-from lsgd.failures import PEER_LOSS
-from lsgd.optim import build_optimizer, build_scheduler, lr_factor_fn
-from lsgd.topology import Topology
+from lsgd.comm.communicator import Clock, Communicator, NetworkModel
+from lsgd.training.failures import PEER_LOSS
+from lsgd.training.optim import build_optimizer, build_scheduler, lr_factor_fn
+from lsgd.comm.topology import Topology
 
 SEED = 7
 STEP_S = (0.01, 0.02, 0.01, 0.04)  # modeled seconds per local step (speeds 1, 1/2, 1, 1/4); 0, 2 active
@@ -33,7 +33,7 @@ CFG = {"name": "ad_psgd", "topology": "ring", "weights": "uniform", "average_buf
 
 
 def _worker(rank, world, out):
-    """The trainer's hook order for a method not in lockstep (lsgd/trainer.py, Trainer.train_step),
+    """The trainer's hook order for a method not in lockstep (lsgd/training/trainer.py, Trainer.train_step),
     with the cluster clock charged each step's modeled compute."""
     model = make_model()
     opt = build_optimizer(model.parameters(), SGD_M)
@@ -160,7 +160,7 @@ MEASURED = {"wall_time_s", "comm_time_s", "compute_time_s", "compute_time_s_max"
 
 
 def _train(rank, world, cfg, run_dir):
-    from lsgd.trainer import Trainer
+    from lsgd.training.trainer import Trainer
 
     trainer = Trainer(cfg, Path(run_dir), "cpu")
     trainer.fit()

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from gloo import run_gloo
 from torch import nn
 
-from lsgd.algorithms import adasum as A
-from lsgd.algorithms.adasum import (
+from lsgd.algorithms.adasum import adasum as A
+from lsgd.algorithms.adasum.adasum import (
     Adasum,
     adasum_pair,
     adasum_reduce_,
@@ -26,7 +26,7 @@ from lsgd.algorithms.adasum import (
     adasum_tree_reference,
     node_groups,
 )
-from lsgd.comm import Clock, Communicator, Network, NetworkModel, cost_terms
+from lsgd.comm.communicator import Clock, Communicator, Network, NetworkModel, cost_terms
 
 F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
 
@@ -568,7 +568,7 @@ def test_delta_one_worker_equals_plain_optimizer():
 
 
 def test_config_errors():
-    from lsgd.errors import ConfigError
+    from lsgd.core.errors import ConfigError
 
     with pytest.raises(ConfigError):
         Adasum({"name": "adasum", "target": "weights"}, Communicator())

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch.multiprocessing.spawn import ProcessException
 from trainer_runs import TINY, compose_cfg, records, run, train
 
-from lsgd.algorithms import async_plan
-from lsgd.algorithms.adsaga import DelayModel, features, partitions
+from lsgd.algorithms.asynchronous import plan as async_plan
+from lsgd.algorithms.asynchronous.adsaga import DelayModel, features, partitions
 from lsgd.data import build_datasets
 from lsgd.data.partition import generator
 

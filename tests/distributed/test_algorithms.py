@@ -1,6 +1,6 @@
 """Algorithms on real 2- and 4-rank gloo groups against single-process closed-form references.
 
-Every run drives the hooks in the trainer's order (lsgd/trainer.py) with a learning-rate schedule
+Every run drives the hooks in the trainer's order (lsgd/training/trainer.py) with a learning-rate schedule
 running: ``after_backward``, ``optimizer_step``, ``scheduler.step()``, ``after_step``. The
 references apply the same schedule: local step ``t`` (0-based) uses ``lr * factor(t)``.
 """
@@ -15,8 +15,8 @@ from torch import nn
 
 from lsgd.algorithms import build_algorithm
 from lsgd.algorithms.base import RunContext
-from lsgd.comm import Communicator, NetworkModel, cost_terms
-from lsgd.optim import build_optimizer, build_scheduler, lr_decay_steps, lr_factor_fn
+from lsgd.comm.communicator import Communicator, NetworkModel, cost_terms
+from lsgd.training.optim import build_optimizer, build_scheduler, lr_decay_steps, lr_factor_fn
 
 IN, HID, OUT, B = 10, 16, 3, 8
 
@@ -34,7 +34,7 @@ def batch(rank: int, step: int):
 
 
 def run_not_lockstep(algo, net, opt, sched, rank: int, total: int, clock=None, compute_s: float = 0.0, after=None) -> int:
-    """The trainer's hook order for a method not in lockstep (lsgd/trainer.py, Trainer.work and
+    """The trainer's hook order for a method not in lockstep (lsgd/training/trainer.py, Trainer.work and
     train_step): before_step, forward, backward, ``clock`` (where given) charged ``compute_s`` modeled
     seconds, after_backward, optimizer step, the schedule at the algorithm's position,
     after_step, until the algorithm's progress reaches ``total``; ``after(step)`` after each step.
@@ -95,7 +95,7 @@ def _worker(rank, world, out, algo_cfg, optim_cfg, steps, bn, schedule, groups):
                      total_steps=steps, batch_size=B, lr=lambda: opt.param_groups[0]["lr"], lr_decay_steps=lr_decay_steps(schedule, SPE))
     net = algo.setup(model, opt, ctx)
     pre_sync = []
-    for step in range(steps):  # the trainer's order (lsgd/trainer.py, Trainer.train_step)
+    for step in range(steps):  # the trainer's order (lsgd/training/trainer.py, Trainer.train_step)
         x, y = batch(rank, step)
         loss = F.cross_entropy(net(x), y)
         opt.zero_grad()

@@ -9,8 +9,8 @@ import torch
 from torch.multiprocessing.spawn import ProcessException
 from trainer_runs import records, run, train
 
-from lsgd.algorithms.async_plan import dylu_steps, plan
-from lsgd.cluster import resolve_speeds
+from lsgd.algorithms.asynchronous.plan import dylu_steps, plan
+from lsgd.compute.model import resolve_speeds
 
 MEASURED = {"wall_time_s", "comm_time_s", "compute_time_s", "compute_time_s_max", "samples_per_s"}
 
@@ -116,7 +116,7 @@ def test_heterogeneous_workers_record_every_multiple_reproducibly_and_resume_exa
 def test_config_errors_through_the_run_validation():
     from trainer_runs import compose_cfg
 
-    from lsgd.errors import ConfigError
+    from lsgd.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="needs cluster.compute=profile"):
         compose_cfg(["algo=async_local_sgd", "cluster.compute=measured"])

@@ -11,8 +11,8 @@ import pytest
 import torch
 from trainer_runs import records, run, train
 
-from lsgd.algorithms.async_real import ARRIVAL_KIND
-from lsgd.cluster import resolve_speeds
+from lsgd.algorithms.asynchronous.real_timing import ARRIVAL_KIND
+from lsgd.compute.model import resolve_speeds
 
 
 @pytest.mark.timeout(120)
@@ -127,7 +127,7 @@ def test_real_timing_staleness_counts_server_steps_under_fedbuff_and_drops(tmp_p
 def test_real_timing_config_errors():
     from trainer_runs import compose_cfg
 
-    from lsgd.errors import ConfigError
+    from lsgd.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="algo.timing='bogus' is not allowed; allowed: virtual, real"):
         compose_cfg(["algo=async_local_sgd", "algo.timing=bogus"])

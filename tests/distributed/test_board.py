@@ -1,4 +1,4 @@
-"""The shared-memory board (lsgd.board.Board) on real gloo ranks: what it gathers is what gloo's
+"""The shared-memory board (lsgd.comm.shared_memory.Board) on real gloo ranks: what it gathers is what gloo's
 all-gather delivers, bit for bit (edge values included, across the slots' wrap-around); a reader
 that lagged too far or a rank that never posts raises instead of returning a wrong value; a failing
 rank reads its own values without waiting; nothing is left in /dev/shm; ``LSGD_BOARD=0`` turns it
@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from gloo import run_gloo
 
-from lsgd.board import AGREE, CHANNELS, SETTLE, Board
+from lsgd.comm.shared_memory import AGREE, CHANNELS, SETTLE, Board
 
 EDGES = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 5e-324, -2.2250738585072014e-308, 2.0**53, 1e308, -1.5])
 

@@ -1,6 +1,6 @@
 """DDP's clock settlement carried in the next step's gradient bucket (``algo.carry_settlement``,
-lsgd.comm.CarriedSettlement) against the independent paths: its own exchange after backward
-(``algo.carry_settlement=false``), through the shared-memory board (lsgd.board, the default where
+lsgd.comm.communicator.CarriedSettlement) against the independent paths: its own exchange after backward
+(``algo.carry_settlement=false``), through the shared-memory board (lsgd.comm.shared_memory, the default where
 the ranks share a host) and through gloo's all-gather (``LSGD_BOARD=0``). On real gloo ranks running the real trainer, with ranks of
 different speeds (so the settlement's MAX decides the modeled times), the stop agreement carried
 along, records between the steps that carry, evaluations, a checkpoint and a resume: every record
@@ -16,7 +16,7 @@ import pytest
 from gloo import run_gloo
 from trainer_runs import TINY, compose_cfg, records
 
-from lsgd.preemption import PreemptionWatch
+from lsgd.training.preemption import PreemptionWatch
 
 MEASURED = {"wall_time_s", "comm_time_s", "compute_time_s", "compute_time_s_max", "samples_per_s"}
 STEPS = 10
@@ -41,8 +41,8 @@ class _StopOnRank1(PreemptionWatch):
 def _train(rank, world, cfg, run_dir, stop_at, board):
     import os
 
-    from lsgd.comm import CarriedSettlement
-    from lsgd.trainer import Trainer
+    from lsgd.comm.communicator import CarriedSettlement
+    from lsgd.training.trainer import Trainer
 
     os.environ["LSGD_BOARD"] = "1" if board else "0"  # (this rank's own environment)
 
@@ -69,7 +69,7 @@ def _train(rank, world, cfg, run_dir, stop_at, board):
 def _run(tmp_path: Path, overrides: list[str], name: str, resume: bool = False, stop_at: int | None = None,
          board: bool = True):
     """(records without the measured keys, each rank's exchange counts, clock trace and status);
-    ``board``: the uncarried settlements through the shared-memory board (lsgd.board; False:
+    ``board``: the uncarried settlements through the shared-memory board (lsgd.comm.shared_memory; False:
     ``LSGD_BOARD=0``, gloo's all-gather)."""
     cfg = compose_cfg([*TINY, "launcher.nproc_per_node=2", f"results_dir={tmp_path}", *COMMON, *overrides])
     cfg.update(run_id=name, resume=resume)
@@ -86,7 +86,7 @@ def test_carried_settlement_gives_the_records_of_its_own_exchange(tmp_path):
     carried, ranks = _run(tmp_path, ["algo.carry_settlement=true"], "carried")
     assert [r["step"] for r in carried] == [4, 6, 8, 10]
     assert carried == explicit == gathered
-    # the settlements went through the shared-memory board (lsgd.board) or, with LSGD_BOARD=0,
+    # the settlements went through the shared-memory board (lsgd.comm.shared_memory) or, with LSGD_BOARD=0,
     # gloo's all-gather: the same values
     assert [r["board"] for r in ex_ranks] == [True] * 2 and [r["board"] for r in ga_ranks] == [False] * 2
     for rank in range(2):

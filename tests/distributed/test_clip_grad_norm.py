@@ -1,5 +1,5 @@
 """optim.clip_grad_norm in the real trainer: the gradient is clipped after the algorithm has
-synchronized it and before the optimizer's step (lsgd.optim.clip_grad_norm).
+synchronized it and before the optimizer's step (lsgd.training.optim.clip_grad_norm).
 
 Three one-step DDP runs on 2 gloo ranks from the same initial model x0 and the same batches,
 SGD without momentum at learning rate lr, float64: clipped at c (a), at 2c (b) and unclipped (d).
@@ -22,7 +22,7 @@ LR, C = 0.1, 1e-3
 
 
 def _train_each(rank, world, cfgs, root):
-    from lsgd.trainer import Trainer
+    from lsgd.training.trainer import Trainer
 
     for name, cfg in cfgs.items():
         run_dir = Path(root) / name

@@ -18,7 +18,7 @@ import torch
 from gloo import run_gloo
 from trainer_runs import TINY, compose_cfg, records, train
 
-from lsgd.comm import Clock, Communicator, Network, NetworkModel, PostedRecv
+from lsgd.comm.communicator import Clock, Communicator, Network, NetworkModel, PostedRecv
 
 S = 0.03  # compute seconds per step at speed 1.0
 CNN_PARAMS = 215_418  # SmallCNN on 1x28x28: see lsgd/models/cnn.py
@@ -215,7 +215,7 @@ def _train_slow_average(rank, world, cfg, run_dir):
     """The trainer, with rank 1 entering every model-sized all-reduce DELAY late."""
     import torch.distributed as dist
 
-    from lsgd.trainer import Trainer
+    from lsgd.training.trainer import Trainer
 
     real = dist.all_reduce
 

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from gloo import run_gloo
 
-from lsgd.comm import Communicator
+from lsgd.comm.communicator import Communicator
 from lsgd.compression import Compressed, build, exchange
 from lsgd.compression.exchange import dense_is_cheaper
 

@@ -10,7 +10,7 @@ from gloo import run_gloo
 from torch import nn
 
 from lsgd.algorithms import build_algorithm
-from lsgd.comm import Communicator
+from lsgd.comm.communicator import Communicator
 
 STEPS = 40
 SIZES = None  # parameter sizes of the model, filled on first use

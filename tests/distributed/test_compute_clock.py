@@ -1,5 +1,5 @@
 """The compute model on a real run: the clock advances by forward + backward + the optimizer's
-step (the roofline profile, lsgd/cluster.py), and a compressor's counted work adds to it."""
+step (the roofline profile, lsgd/compute/model.py), and a compressor's counted work adds to it."""
 
 from __future__ import annotations
 

@@ -182,7 +182,7 @@ def test_dgc_without_error_feedback_keeps_optimizer_momentum(tmp_path):
                                       (["algo.warmup_epochs=1.5"], "algo.warmup_epochs"),
                                       (["algo.error_feedback=maybe"], "algo.error_feedback")])
 def test_dgc_config_errors(bad, key):
-    from lsgd.errors import ConfigError
+    from lsgd.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=key):
         compose_cfg([*TINY, *COMMON, *bad])

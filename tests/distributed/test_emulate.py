@@ -1,4 +1,4 @@
-"""The emulated cluster (lsgd.emulate, issue 23): links take the time their cap predicts, and
+"""The emulated cluster (lsgd.launch.emulate, issue 23): links take the time their cap predicts, and
 nothing is left behind.
 
 These tests need root and the kernel's network namespaces, veth, bridge and tbf (CI runs as root).
@@ -7,7 +7,7 @@ Where they are missing the tests FAIL with the reason (tests/conftest.py: only C
 Prediction: a TCP stream at MTU 1500 carries 1448 payload bytes per frame (1500 - 20 IP - 20 TCP -
 12 timestamp option) that tbf meters as 1514 bytes (the frame with its 14-byte Ethernet header,
 without preamble or FCS), so ``n`` payload bytes take ``n * 8 * 1514 / 1448 / cap`` seconds
-(lsgd.emulate.WIRE_FACTOR = 1.0456). A 2-rank ring all-reduce of ``n`` bytes sends ``n`` bytes each
+(lsgd.launch.emulate.WIRE_FACTOR = 1.0456). A 2-rank ring all-reduce of ``n`` bytes sends ``n`` bytes each
 way on each link (reduce-scatter n/2, all-gather n/2; Thakur et al. 2005: 2(p-1)/p n), both
 directions at once, so it takes the same time as an ``n``-byte transfer.
 """
@@ -23,7 +23,7 @@ import sys
 import pytest
 from emulated_bench import measure
 
-from lsgd import emulate
+from lsgd.launch import emulate
 
 MB16 = 16 * 2**20
 
@@ -122,7 +122,7 @@ def test_cleanup_removes_what_a_killed_launcher_left_and_keeps_live_runs():
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
 def test_a_launcher_stopped_by_a_signal_removes_its_cluster(sig):
-    """SIGTERM / SIGHUP (default action: death without cleanup, unless lsgd.emulate catches them)
+    """SIGTERM / SIGHUP (default action: death without cleanup, unless lsgd.launch.emulate catches them)
     and SIGINT to a process holding a cluster: it exits and nothing of its run is left."""
     _require_root()
     # SIGINT's Python handler explicitly: a test run started in the background by a shell without job

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from test_algorithms import SGD_M, SPE, WARMUP_COSINE, batch, lr_at, make_model, train
 
-from lsgd.failures import PEER_LOSS
-from lsgd.topology import Topology
+from lsgd.training.failures import PEER_LOSS
+from lsgd.comm.topology import Topology
 
 N = 4
 SGD = {"name": "sgd", "lr": 0.1, "momentum": 0.0, "nesterov": False, "weight_decay": 0.0}
@@ -147,8 +147,8 @@ def test_decentlam_momentum_follows_its_recursion(tmp_path):
 
 
 def test_decentlam_needs_plain_sgd():
-    from lsgd.algorithms.decentlam import DecentLaM
-    from lsgd.errors import ConfigError
+    from lsgd.algorithms.gossip.decentlam import DecentLaM
+    from lsgd.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="optim.momentum=0"):
         DecentLaM.validate_run({"algo": cfg("decentlam", momentum=0.9), "optim": SGD_M}, N)
@@ -275,7 +275,7 @@ def test_sgp_de_biased_models_reach_the_mean_on_a_static_strongly_connected_grap
 @pytest.mark.parametrize("variant", ["awc", "atc"])
 def test_the_clock_hides_the_awc_exchange_behind_the_next_gradient(tmp_path, variant):
     """Ring of 4, 8 steps of t = 20 ms, an exchange with two neighbours of cost c per message: the
-    two messages share the worker's egress and ingress ports (LogGP, lsgd.clock; before issue 22
+    two messages share the worker's egress and ingress ports (LogGP, lsgd.clock.network; before issue 22
     they travelled at once and the exchange cost c), so an exchange costs 2c: atc waits 2c every
     step (8 t + 16 c); awc's exchange of x(t) runs during step t's forward and backward pass
     (2c < t), so only step 0's blocking one shows (8 t + 2c)."""
@@ -354,7 +354,7 @@ def test_osgp_resumes_with_the_shares_in_flight_to_identical_metrics(tmp_path):
 def reference_ad_psgd(topo, steps, optim_cfg=SGD_M, schedule=WARMUP_COSINE):
     """Gradients at x_i, then each passive worker averages with the active workers that picked it
     (ascending), then every worker adds its optimizer step."""
-    from lsgd.algorithms.ad_psgd import step_partners
+    from lsgd.algorithms.gossip.ad_psgd import step_partners
 
     nodes = Nodes(optim_cfg, steps, schedule)
     for step in range(steps):
@@ -373,7 +373,7 @@ def reference_ad_psgd(topo, steps, optim_cfg=SGD_M, schedule=WARMUP_COSINE):
 
 @pytest.mark.parametrize("topology", ["ring", "complete"])
 def test_ad_psgd_equals_its_recursion_and_keeps_the_mean(tmp_path, topology):
-    from lsgd.algorithms.ad_psgd import step_partners
+    from lsgd.algorithms.gossip.ad_psgd import step_partners
 
     steps = 6
     got = train(tmp_path, "ad", N, cfg("ad_psgd", topology=topology), SGD_M, steps, schedule=WARMUP_COSINE)
@@ -388,15 +388,15 @@ def test_ad_psgd_equals_its_recursion_and_keeps_the_mean(tmp_path, topology):
 
 
 def test_ad_psgd_splits_the_graph_in_two_and_rejects_dynamic_graphs():
-    from lsgd.algorithms.ad_psgd import ADPSGD
-    from lsgd.errors import ConfigError
+    from lsgd.algorithms.gossip.ad_psgd import ADPSGD
+    from lsgd.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="algo.topology=one_peer_exponential"):
         ADPSGD.validate_config(cfg("ad_psgd", topology="one_peer_exponential"), 8)
     # exponential graph on 8 (not bipartite): even/odd split, the +1 edges connect it
     ADPSGD.validate_config(cfg("ad_psgd", topology="exponential"), 8)
     # the hypercube is bipartite by bit parity, not by index parity (0 -> 1, 2, 4 are all passive)
-    from lsgd.algorithms.ad_psgd import bipartite_neighbors, sides
+    from lsgd.algorithms.gossip.ad_psgd import bipartite_neighbors, sides
 
     cube = Topology("hypercube", 8, "uniform", 0)
     assert bipartite_neighbors(cube)[0] == [1, 2, 4] and sides(cube)[3] == 0
@@ -459,8 +459,8 @@ def test_lead_keeps_h_w_equal_to_w_h_and_the_duals_summing_to_zero(tmp_path, com
 
 
 def test_lead_rejects_directed_and_time_varying_topologies():
-    from lsgd.algorithms.lead import LEAD
-    from lsgd.errors import ConfigError
+    from lsgd.algorithms.gossip.lead import LEAD
+    from lsgd.core.errors import ConfigError
 
     for topology in ("exponential", "one_peer_exponential", "matching"):
         with pytest.raises(ConfigError, match=f"algo.topology={topology}"):
@@ -469,7 +469,7 @@ def test_lead_rejects_directed_and_time_varying_topologies():
 
 
 def test_lead_quantizer_is_unbiased_and_its_payload_is_packed(tmp_path):
-    from lsgd.algorithms.lead import dequantize, packed_bits, quantize
+    from lsgd.algorithms.gossip.lead import dequantize, packed_bits, quantize
 
     v = torch.linspace(-1.0, 0.7, 41)
     g = torch.Generator().manual_seed(0)

@@ -11,9 +11,9 @@ import pytest
 import torch.multiprocessing as mp
 from trainer_runs import compose_cfg, records, run
 
-from lsgd.comm import NetworkModel
+from lsgd.comm.communicator import NetworkModel
 from lsgd.data import dataset_info
-from lsgd.failures import PEER_LOSS
+from lsgd.training.failures import PEER_LOSS
 from lsgd.models import build_model
 
 STEP_S = 0.02  # cluster.step_time_s: the profile's compute seconds per step (forward + backward)

@@ -10,7 +10,7 @@ import torch
 from gloo import run_gloo
 from trainer_runs import records, run
 
-from lsgd.comm import Communicator
+from lsgd.comm.communicator import Communicator
 from lsgd.compression import build
 from lsgd.compression.exchange import exchange
 

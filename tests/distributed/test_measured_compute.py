@@ -91,7 +91,7 @@ def slow_network(delay: float = D) -> None:
 
 
 def _train_slow(rank, world, cfg, run_dir):
-    from lsgd.trainer import Trainer
+    from lsgd.training.trainer import Trainer
 
     slow_network()  # this forked rank's own torch.distributed: nothing to restore
     Trainer(cfg, Path(run_dir), "cpu").fit()

@@ -116,7 +116,7 @@ def _worker(rank: int, world_size: int, jobs: list[tuple[str, dict]], work: str)
     import torch.distributed as dist
     from cases import state_digest
 
-    from lsgd.trainer import Trainer
+    from lsgd.training.trainer import Trainer
 
     for folder, cfg in jobs:
         run_dir = Path(work) / folder
@@ -153,7 +153,7 @@ def _digests(run_dir: Path, world: int) -> list[str]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     """Every configuration's plain, evaluated, checkpointed, crashed and resumed runs under one folder."""
-    from lsgd.failures import PEER_LOSS
+    from lsgd.training.failures import PEER_LOSS
 
     work = tmp_path_factory.mktemp("measurement")
     for name, (_, world) in CONFIGS.items():  # the crashes: each its own group, up to the failure
@@ -186,7 +186,7 @@ def test_every_algorithm_is_covered_or_rejects_checkpoints():
 
 @pytest.mark.parametrize("setting", sorted(REJECTED))
 def test_rejected_settings_name_checkpoint_every(tmp_path, setting):
-    from lsgd.errors import ConfigError
+    from lsgd.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="checkpoint_every"):
         compose_cfg(["debug=default", "launcher.nproc_per_node=3", "checkpoint_every=5", *REJECTED[setting]])

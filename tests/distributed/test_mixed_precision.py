@@ -1,4 +1,4 @@
-"""Mixed precision through the trainer's real loop on 2 gloo ranks (lsgd.accel), on CPU.
+"""Mixed precision through the trainer's real loop on 2 gloo ranks (lsgd.training.accel), on CPU.
 
 * fp16 + GradScaler: an inf injected into ONE worker's gradient at one step (rank 1, local step
   :data:`K`, in backward) makes BOTH workers skip that optimizer step and halve their loss scale;
@@ -49,7 +49,7 @@ def _cfg(tmp_path: Path, name: str) -> dict:
 
 
 def _runs(rank, world, cfgs, root):
-    from lsgd.trainer import Trainer
+    from lsgd.training.trainer import Trainer
 
     for name, cfg in cfgs.items():
         run_dir = Path(root) / name

@@ -1,4 +1,4 @@
-"""The point-to-point trace (lsgd.p2p_trace, ``LSGD_TRACE_P2P``) on 2 real gloo ranks: one row per
+"""The point-to-point trace (lsgd.comm.p2p_trace, ``LSGD_TRACE_P2P``) on 2 real gloo ranks: one row per
 exchange and rank, times in causal order, and the clock's view beside them."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 from gloo import run_gloo
 
-from lsgd import p2p_trace
-from lsgd.comm import Clock, Communicator, Network, NetworkModel
+from lsgd.comm import p2p_trace
+from lsgd.comm.communicator import Clock, Communicator, Network, NetworkModel
 
 LINK = NetworkModel(bandwidth_gbps=1, latency_us=5)
 N = 100_000          # float32 elements per message
@@ -73,7 +73,7 @@ def test_times_are_in_causal_order(trace):
 
 def test_the_clock_view_is_the_exchange_cost(trace):
     """Both ranks issue at clock 0 (no compute between), so each exchange ends one message cost
-    alpha + n beta after the other (a paired exchange costs one message, lsgd.clock)."""
+    alpha + n beta after the other (a paired exchange costs one message, lsgd.clock.network)."""
     cost = 5e-6 + 4 * N * 8 / 1e9
     df = p2p_trace.load(trace).sort_values(["rank", "seq"])
     for row in df.itertuples():

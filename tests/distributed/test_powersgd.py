@@ -10,8 +10,8 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
 from torch.nn.parallel import DistributedDataParallel
 
-from lsgd.algorithms.compressed import Compressed
-from lsgd.comm import Communicator
+from lsgd.algorithms.gradient_compression.compressed import Compressed
+from lsgd.comm.communicator import Communicator
 
 STEPS = 6
 START = 3

@@ -1,9 +1,9 @@
-"""The stop agreement (lsgd.preemption.PreemptionWatch.agreed) on real gloo ranks: issued every
+"""The stop agreement (lsgd.training.preemption.PreemptionWatch.agreed) on real gloo ranks: issued every
 ``lag``-th call and read ``lag`` calls after it was issued, it lets a rank run ``lag`` steps ahead of
 the slowest before it waits (drifting methods: no coupling between their synchronizations), every
 rank still stops at the same call, over the agreement's own all-reduce or the shared-memory board
-(lsgd.board: every rank on one host), and a step's own exchange can carry it (DDP: the clock's
-settlement, lsgd.comm.Communicator.settle's codes)."""
+(lsgd.comm.shared_memory: every rank on one host), and a step's own exchange can carry it (DDP: the clock's
+settlement, lsgd.comm.communicator.Communicator.settle's codes)."""
 
 from __future__ import annotations
 
@@ -16,15 +16,15 @@ import torch
 import torch.distributed as dist
 from gloo import run_gloo
 
-from lsgd.board import Board
-from lsgd.preemption import AGREEMENTS_IN_FLIGHT, Interrupted, PreemptionWatch
+from lsgd.comm.shared_memory import Board
+from lsgd.training.preemption import AGREEMENTS_IN_FLIGHT, Interrupted, PreemptionWatch
 
 DELAY_S = 1.0  # rank 1 starts this much later than rank 0
 
 
 class _Gloo:
     """The accounting communicator's all_reduce, as the watch calls it (uncounted, async), and its
-    shared-memory board (:meth:`lsgd.comm.Communicator.board`), or none (``board=False``: the
+    shared-memory board (:meth:`lsgd.comm.communicator.Communicator.board`), or none (``board=False``: the
     agreement's own all-reduce)."""
 
     def __init__(self, board: bool):
@@ -103,7 +103,7 @@ def test_an_answer_carried_by_the_steps_exchange_is_read_and_nothing_is_sent():
 
 def _codes_in_settlement(rank, world_size, out):
     """Two ranks, clocks 1 s apart, one counted asynchronous all-reduce each, settled with codes."""
-    from lsgd.comm import Clock, Communicator, NetworkModel
+    from lsgd.comm.communicator import Clock, Communicator, NetworkModel
 
     clock = Clock()
     comm = Communicator(NetworkModel(bandwidth_gbps=8e-9, latency_us=0.0), clock=clock)  # beta = 1 s/byte

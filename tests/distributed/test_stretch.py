@@ -20,7 +20,7 @@ TOTAL = H * ROUNDS
 
 
 def _train(rank, world, cfg, run_dir):
-    from lsgd.trainer import Trainer
+    from lsgd.training.trainer import Trainer
 
     trainer = Trainer(cfg, Path(run_dir), "cpu")
     ends, blocked, step = [], [], trainer.train_step

@@ -28,15 +28,15 @@ from trainer_runs import records, run
 
 from lsgd.algorithms import build_algorithm
 from lsgd.algorithms.base import RunContext
-from lsgd.algorithms.swarm_sgd import round_length, round_partners
-from lsgd.algorithms.virtual_pairing import LEFT_OUT, plan
-from lsgd.cluster import resolve_speeds
-from lsgd.comm import Communicator, NetworkModel
-from lsgd.failures import PEER_LOSS
+from lsgd.algorithms.gossip.swarm_sgd import round_length, round_partners
+from lsgd.algorithms.gossip.virtual_pairing import LEFT_OUT, plan
+from lsgd.compute.model import resolve_speeds
+from lsgd.comm.communicator import Communicator, NetworkModel
+from lsgd.training.failures import PEER_LOSS
 from lsgd.compression.lattice import LatticeQuantizer
-from lsgd.optim import build_optimizer, build_scheduler, lr_factor_fn
-from lsgd.seeding import derive_seed
-from lsgd.topology import Topology
+from lsgd.training.optim import build_optimizer, build_scheduler, lr_factor_fn
+from lsgd.core.seeding import derive_seed
+from lsgd.comm.topology import Topology
 
 SEED = 7
 
@@ -235,7 +235,7 @@ VIRTUAL_STEP_S = (0.01, 0.02, 0.01, 0.04)  # modeled seconds per local step of e
 
 
 def _virtual_worker(rank, world, out, algo_cfg, total, schedule):
-    """The trainer's hook order for a method not in lockstep (lsgd/trainer.py, Trainer.work and
+    """The trainer's hook order for a method not in lockstep (lsgd/training/trainer.py, Trainer.work and
     train_step): before_step, step, the schedule at the algorithm's position, after_step, until the
     algorithm's progress reaches the total."""
     model = make_model()
@@ -252,7 +252,7 @@ def _virtual_worker(rank, world, out, algo_cfg, total, schedule):
 
 
 class VirtualReference(Reference):
-    """The n nodes in one process following the plan (lsgd.algorithms.virtual_pairing, tested on its
+    """The n nodes in one process following the plan (lsgd.algorithms.gossip.virtual_pairing, tested on its
     own in tests/unit/test_virtual_pairing.py): each node's local steps with the learning rate at
     its progress, its exchanges in virtual-time order; a non-blocking exchange applied by each end at
     its own next action, or when it stops."""
@@ -393,7 +393,7 @@ def test_virtual_time_runs_in_the_trainer_records_every_multiple_and_resumes_exa
 
 
 def test_virtual_time_pairing_needs_the_profile_clock(tmp_path):
-    from lsgd.errors import ConfigError
+    from lsgd.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="cluster.compute=profile"):
         run(tmp_path, ["algo=swarm_sgd", "algo.pairing=virtual_time", "cluster.compute=measured"], world=2)

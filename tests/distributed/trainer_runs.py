@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from gloo import run_gloo
 
-from lsgd.config import compose_config
+from lsgd.config.validation import compose_config
 
 #: tiny synthetic settings; 2 gloo workers unless the world size says otherwise
 TINY = ["debug=default", "dataset.num_train=512", "dataset.num_test=64", "log_every=1", "eval_every=1000",
@@ -20,7 +20,7 @@ def compose_cfg(overrides: list[str]) -> dict:
 
 
 def _train(rank, world, cfg, run_dir):
-    from lsgd.trainer import Trainer
+    from lsgd.training.trainer import Trainer
 
     trainer = Trainer(cfg, Path(run_dir), "cpu")
     trainer.fit()

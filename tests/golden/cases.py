@@ -3,7 +3,7 @@
 What the goldens guard
 ----------------------
 Each case composes a config with Hydra (as ``lsgd train`` does), runs the real
-:class:`lsgd.trainer.Trainer` ``.fit()`` on every rank of a real gloo process group, in float64
+:class:`lsgd.training.trainer.Trainer` ``.fit()`` on every rank of a real gloo process group, in float64
 (``dtype=float64``: torch's default dtype in every rank, so the model, the data and every buffer an
 algorithm allocates are float64), and records
 
@@ -213,10 +213,10 @@ CASES_BY_NAME = {c.name: c for c in CASES}
 def compose(case: Case, dtype: str = "float64") -> dict:
     """The resolved, validated run config of ``case`` (as ``lsgd train`` builds it before workers
     start), in ``dtype``."""
-    from lsgd.config import compose_config
+    from lsgd.config.validation import compose_config
 
     cfg = compose_config(case.all_overrides(dtype), throw_on_missing=True)
-    cfg["run_id"] = f"golden-{case.name}"  # lsgd.launch.run sets the run folder name here
+    cfg["run_id"] = f"golden-{case.name}"  # lsgd.launch.launcher.run sets the run folder name here
     return cfg
 
 
@@ -255,7 +255,7 @@ def _worker(rank: int, world_size: int, jobs: list[tuple[str, dict]], work: str)
     import torch
     import torch.distributed as dist
 
-    from lsgd.trainer import Trainer
+    from lsgd.training.trainer import Trainer
 
     for key, value in THREAD_ENV.items():
         if os.environ.get(key) != value:  # a forkserver started earlier without it
@@ -326,9 +326,9 @@ def environment() -> dict:
 
 #: imported once by the forkserver that forks every rank (a freshly spawned rank spends about six
 #: CPU seconds importing torch and, at its first optimizer, torch._dynamo)
-PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "lsgd.trainer", "gloo", "cases"]
+PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "lsgd.training.trainer", "gloo", "cases"]
 
-#: One OpenMP thread on *every* thread of a rank, as ``lsgd.launch.spawn_local`` arranges by
+#: One OpenMP thread on *every* thread of a rank, as ``lsgd.launch.launcher.spawn_local`` arranges by
 #: exporting OMP_NUM_THREADS (= threads per worker, 1 on this machine) before its workers start.
 #: ``torch.set_num_threads(1)`` alone (what tests/distributed/gloo.py does) covers only the calling
 #: thread: a future callback runs on gloo's thread when the collective is still in flight when

@@ -1,4 +1,4 @@
-"""lsgd.accel on CPU: the precision / compile / channels_last keys are validated before any worker
+"""lsgd.training.accel on CPU: the precision / compile / channels_last keys are validated before any worker
 starts, fp16's scale rule on one process, channels_last layouts and outputs, the compile fallback,
 the optimizer kernels chosen per device. (The 2-rank skip agreement: tests/distributed/
 test_mixed_precision.py.)"""
@@ -13,14 +13,14 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from lsgd import accel
-from lsgd.accel import Precision, batch_to_channels_last, compile_module, compile_problem, optimizer_kernels
+from lsgd.training import accel
+from lsgd.training.accel import Precision, batch_to_channels_last, compile_module, compile_problem, optimizer_kernels
 from lsgd.cli import _register_resolvers
-from lsgd.config import validate
-from lsgd.errors import ConfigError
+from lsgd.config.validation import validate
+from lsgd.core.errors import ConfigError
 from lsgd.models.cnn import SmallCNN
 from lsgd.models.resnet_cifar import CifarResNet
-from lsgd.optim import build_optimizer
+from lsgd.training.optim import build_optimizer
 
 
 def load(overrides: list[str]) -> dict:

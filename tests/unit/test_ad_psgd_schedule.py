@@ -1,4 +1,4 @@
-"""Asynchronous AD-PSGD's virtual-time schedule (lsgd.algorithms.ad_psgd.virtual_plan, algo.pairing=
+"""Asynchronous AD-PSGD's virtual-time schedule (lsgd.algorithms.gossip.ad_psgd.virtual_plan, algo.pairing=
 virtual_time): hand-computed cases, and the properties any schedule must have, checked by an
 independent executor of every rank's operations (records and averagings)."""
 
@@ -9,8 +9,8 @@ import itertools
 
 import pytest
 
-from lsgd.algorithms.ad_psgd import bipartite_neighbors, sides, virtual_plan
-from lsgd.topology import Topology
+from lsgd.algorithms.gossip.ad_psgd import bipartite_neighbors, sides, virtual_plan
+from lsgd.comm.topology import Topology
 
 
 def test_equal_speeds_free_exchanges_hand_computed():
@@ -80,7 +80,7 @@ def test_invariants_under_heterogeneous_speeds(topology, n, cost):
     """Speeds 1, 1/2, 1/3, 1/4, ... (mod 5): every averaging is seen by both ends at one time, between
     an active worker and a passive neighbour, an active worker averages at most once a step, its
     gradient is applied at s + c, s = max(x, the passive's ports free) (it never waits for compute,
-    only for the passive's port: one averaging at a time there, lsgd.clock Ports); progress is
+    only for the passive's port: one averaging at a time there, lsgd.clock.network Ports); progress is
     non-decreasing, below floor(G(t)/n) at each boundary, and reaches the total at each worker's
     last step only; and every rank's records and averagings, run as blocking operations, complete
     (no deadlock) with every record."""
@@ -155,8 +155,8 @@ def test_bad_input_is_refused():
 
 
 def test_the_option_is_checked_before_any_worker_starts():
-    from lsgd.algorithms.ad_psgd import ADPSGD
-    from lsgd.errors import ConfigError
+    from lsgd.algorithms.gossip.ad_psgd import ADPSGD
+    from lsgd.core.errors import ConfigError
 
     algo = {"name": "ad_psgd", "topology": "ring", "weights": "uniform", "average_buffers": True, "seed": 0}
     ADPSGD.validate_config({**algo, "pairing": "virtual_time"}, 4)

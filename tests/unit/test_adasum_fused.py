@@ -1,5 +1,5 @@
-"""Adasum's compiled dot products (lsgd/algorithms/adasum_fused.py) against the torch path of
-lsgd.algorithms.adasum._partial_dots (float64 copies, MKL's gemv / dot, index_add_, segment_reduce):
+"""Adasum's compiled dot products (lsgd/algorithms/adasum/kernels.py) against the torch path of
+lsgd.algorithms.adasum.adasum._partial_dots (float64 copies, MKL's gemv / dot, index_add_, segment_reduce):
 on every machine against float64 dot products computed exactly (math.fsum of the exact products),
 within the float64 bound of a sum of n exact terms in any order, (n - 1) 2**-53 sum |terms|; and,
 where the kernels reproduce this machine's torch path (``A.torch_order_matches()``: MKL's and ATen's
@@ -16,7 +16,7 @@ import random
 import pytest
 import torch
 
-from lsgd.algorithms import adasum as A
+from lsgd.algorithms.adasum import adasum as A
 
 
 @pytest.fixture(autouse=True)

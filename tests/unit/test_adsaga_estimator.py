@@ -14,11 +14,11 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from lsgd.algorithms import async_plan
-from lsgd.algorithms.adsaga import DelayModel, objective, partitions, saga_difference, solve_f_star
+from lsgd.algorithms.asynchronous import plan as async_plan
+from lsgd.algorithms.asynchronous.adsaga import DelayModel, objective, partitions, saga_difference, solve_f_star
 from lsgd.cli import _register_resolvers
-from lsgd.config import validate
-from lsgd.errors import ConfigError
+from lsgd.config.validation import validate
+from lsgd.core.errors import ConfigError
 
 C, D, N = 3, 4, 6
 

@@ -1119,7 +1119,7 @@ def test_labels_show_what_defines_each_method():
 
 # -- environment.json: what produced the runs ------------------------------------------------------
 def environment(torch="2.14.1", commit="a" * 40, dirty=False, cap="AVX512", gpus=(), device="cpu", **extra):
-    """One session of environment.json as lsgd.provenance writes it (the keys the report reads)."""
+    """One session of environment.json as lsgd.training.provenance writes it (the keys the report reads)."""
     return {
         "session": "start", "started_at": "2026-01-01T00:00:00+00:00",
         "lsgd": {"version": "0.1.0", "path": "/src/lsgd", "commit": commit, "commit_short": commit[:7], "dirty": dirty},

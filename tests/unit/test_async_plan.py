@@ -1,5 +1,5 @@
 """Asynchronous Local-SGD's pieces without processes: the virtual-time plan
-(lsgd.algorithms.async_plan) against hand-computed cases and invariants, DyLU step counts, and the
+(lsgd.algorithms.asynchronous.plan) against hand-computed cases and invariants, DyLU step counts, and the
 delayed Nesterov outer optimizer against its formula (papers.md section 4)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import random
 import pytest
 import torch
 
-from lsgd.algorithms.async_local_sgd import AsyncLocalSGD, DelayedNesterov
-from lsgd.algorithms.async_plan import dylu_steps, plan
-from lsgd.errors import ConfigError
+from lsgd.algorithms.asynchronous.async_local_sgd import AsyncLocalSGD, DelayedNesterov
+from lsgd.algorithms.asynchronous.plan import dylu_steps, plan
+from lsgd.core.errors import ConfigError
 
 
 # -- the plan ------------------------------------------------------------------------------------

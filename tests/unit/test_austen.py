@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from lsgd.data import austen
-from lsgd.errors import ConfigError
+from lsgd.core.errors import ConfigError
 
 import rdata  # noqa: E402
 

@@ -59,7 +59,7 @@ def test_rejects_what_does_not_fit():
 def test_lead_levels_take_b_plus_1_bits(bits):
     """2^b + 1 levels need ceil(log2(2^b + 1)) = b + 1 bits: b = 2 sends 3 bits a value (it sent 4),
     b = 4 five (it sent 8); the quantizer's levels round-trip through the packer at that width."""
-    from lsgd.algorithms.lead import packed_bits, quantize
+    from lsgd.algorithms.gossip.lead import packed_bits, quantize
 
     assert packed_bits(bits) == math.ceil(math.log2(2**bits + 1)) == bits + 1
     v = torch.linspace(-1.0, 1.0, 101, dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""lsgd.blocked.BlockedTime: the union of the regions' wall intervals, on any training thread."""
+"""lsgd.comm.blocked_time.BlockedTime: the union of the regions' wall intervals, on any training thread."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from lsgd.blocked import BlockedTime
-from lsgd.comm import Communicator
+from lsgd.comm.blocked_time import BlockedTime
+from lsgd.comm.communicator import Communicator
 
 T = 0.05  # s
 

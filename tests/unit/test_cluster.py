@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-from lsgd.cluster import (
+from lsgd.compute.model import (
     CLUSTER_DEFAULTS,
     COMPUTE_MODES,
     DEVICE_MEMORY_BANDWIDTH,
@@ -36,7 +36,7 @@ from lsgd.cluster import (
     validate_cluster,
     write_cpu_profile,
 )
-from lsgd.errors import ConfigError
+from lsgd.core.errors import ConfigError
 
 B, IN, HID, OUT = 8, 5, 4, 3
 
@@ -491,7 +491,7 @@ def test_grad_ready_fractions_follow_backward_flops_in_reverse_layer_order():
 
 
 def test_ddp_bucket_fractions_by_flops_and_the_parameter_share_fallback():
-    from lsgd.algorithms.ddp import ready_fractions
+    from lsgd.algorithms.averaging.ddp import ready_fractions
 
     model = nn.Sequential(nn.Linear(IN, HID), nn.ReLU(), nn.Linear(HID, OUT))
     ids = {n: id(p) for n, p in model.named_parameters()}
@@ -506,7 +506,7 @@ def test_ddp_bucket_fractions_by_flops_and_the_parameter_share_fallback():
 def test_calibrate_writes_a_readable_file_that_the_cpu_preset_uses(tmp_path, monkeypatch, capsys):
     from lsgd.cli import main
 
-    import lsgd.cluster as cluster
+    import lsgd.compute.model as cluster
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(cluster, "MATMUL_CURVE_K", (8, 32))
@@ -553,7 +553,7 @@ def test_calibrate_writes_a_readable_file_that_the_cpu_preset_uses(tmp_path, mon
 
 
 def test_cpu_without_a_calibration_refuses_a_joined_launch(tmp_path, monkeypatch):
-    from lsgd.cluster import ensure_cpu_profile
+    from lsgd.compute.model import ensure_cpu_profile
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     with pytest.raises(ConfigError, match="lsgd calibrate --threads 7"):
@@ -582,8 +582,8 @@ def test_a_local_launch_calibrates_cpu_before_the_workers_and_a_joined_one_refus
     """launch._ensure_cpu_calibration: cluster.device=cpu without a record measures once (here a
     stand-in measurement) at the workers' thread count and stores it; a joined launch gets a
     ConfigError naming `lsgd calibrate`; other devices touch nothing."""
-    import lsgd.cluster as cluster
-    from lsgd.launch import LaunchEnv, _ensure_cpu_calibration
+    import lsgd.compute.model as cluster
+    from lsgd.launch.launcher import LaunchEnv, _ensure_cpu_calibration
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     seen = []
@@ -612,7 +612,7 @@ def test_a_local_launch_calibrates_cpu_before_the_workers_and_a_joined_one_refus
 
 # ---------------------------------------------------------------- matmul shape efficiency, first touch (cpu)
 def _curve_spec(**kw):
-    from lsgd.cluster import DeviceSpec
+    from lsgd.compute.model import DeviceSpec
 
     return DeviceSpec("cpu", 16e9, 1e15, 1e-6, matmul_curve=((16.0, 1e9), (64.0, 4e9), (1024.0, 16e9)), **kw)
 
@@ -621,7 +621,7 @@ def test_a_matmul_is_priced_at_the_curve_rate_of_its_smallest_dimension():
     """Closed form: on a grid point exactly that point's rate; between points the log-log line
     (k = 32, halfway in log between 16 and 64: sqrt(1e9 x 4e9) = 2e9; k = 256 between 64 and 1024:
     sqrt(4e9 x 16e9) = 8e9); outside the grid the end points; not a matmul or no curve: the peak."""
-    from lsgd.cluster import DeviceSpec, Roofline, cpu_spec_from_record
+    from lsgd.compute.model import DeviceSpec, Roofline, cpu_spec_from_record
 
     spec = _curve_spec()
     assert spec.matmul_rate(64) == 4e9 and spec.matmul_rate(16) == 1e9 and spec.matmul_rate(1024) == 16e9
@@ -653,7 +653,7 @@ def test_a_matmul_is_priced_at_the_curve_rate_of_its_smallest_dimension():
 def test_fresh_large_outputs_pay_first_touch_and_in_place_writes_do_not():
     """An out-of-place op whose output is >= 32 MiB (glibc's largest mmap threshold) adds
     output bytes / first_touch_bandwidth; the same op in place, or a small output, adds nothing."""
-    from lsgd.cluster import FRESH_ALLOCATION_BYTES, Roofline
+    from lsgd.compute.model import FRESH_ALLOCATION_BYTES, Roofline
 
     n = FRESH_ALLOCATION_BYTES // 4
     x = torch.zeros(n)
@@ -716,7 +716,7 @@ def test_a_convolution_is_priced_at_the_conv_curve_and_without_one_at_the_peak()
     """Closed form: a conv with GEMM dimension 4, on a curve ((2, 1e9), (8, 4e9)), runs at
     sqrt(1e9 x 4e9) = 2e9 FLOP/s (halfway in log); a matmul on the same device keeps the matmul
     curve; no conv curve (GPU presets, an old calibration file): the peak."""
-    from lsgd.cluster import DeviceSpec, Roofline
+    from lsgd.compute.model import DeviceSpec, Roofline
 
     spec = DeviceSpec("cpu", 16e9, 1e15, 1e-6, matmul_curve=((16.0, 1e9), (1024.0, 16e9)),
                       conv_curve=((2.0, 1e9), (8.0, 4e9)))
@@ -739,7 +739,7 @@ def test_batch_norm_and_max_pool_are_priced_at_their_element_rates():
     evaluation mode: the plain roofline. Max-pool: output elements x window / the max_pool2d rate
     (2 x 2 stride 2: the input's elements; 3 x 3 stride 2: 9 per output). Without the rates (GPU
     presets, an old calibration file): the plain roofline."""
-    from lsgd.cluster import DeviceSpec, Roofline
+    from lsgd.compute.model import DeviceSpec, Roofline
 
     rates = {"batch_norm_train": 1e8, "max_pool2d": 2e7}
     spec = DeviceSpec("cpu", 1e15, 1e15, 0.0, element_rates=rates)
@@ -786,7 +786,7 @@ def test_calibration_times_are_this_threads_cpu_time():
     spends off the CPU (here asleep, as when another process holds the core) is not counted."""
     import time
 
-    from lsgd.cluster import _cpu_seconds
+    from lsgd.compute.model import _cpu_seconds
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -799,7 +799,7 @@ def test_calibration_times_are_this_threads_cpu_time():
 def test_a_calibration_file_of_the_old_format_is_not_read(tmp_path):
     """A format-1 file (before the conv curve, the element rates and thread-CPU timings) reads as
     no record, so the preset measures anew (or a joined launch asks for `lsgd calibrate`)."""
-    from lsgd.cluster import CPU_PROFILE_FORMAT
+    from lsgd.compute.model import CPU_PROFILE_FORMAT
 
     path = tmp_path / "cpu.json"
     record = {"peak_flops": 1e9, "memory_bandwidth": 1e9, "launch_s": 1e-6, "threads": 1}

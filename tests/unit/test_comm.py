@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lsgd.comm import (
+from lsgd.comm.communicator import (
     Clock,
     Communicator,
     Network,
@@ -17,7 +17,7 @@ from lsgd.comm import (
     tensor_bytes,
     wire_bytes,
 )
-from lsgd.optim import lr_factor_fn
+from lsgd.training.optim import lr_factor_fn
 
 
 def test_ring_formulas():
@@ -91,7 +91,7 @@ def test_what_if_entries_are_the_network_presets():
     2 (p - 1) alpha + 2 (p - 1) / p n beta = 2 alpha + n beta on each what-if entry."""
     from omegaconf import OmegaConf
 
-    from lsgd.comm import preset_latencies_us, what_if_latency_us
+    from lsgd.comm.communicator import preset_latencies_us, what_if_latency_us
 
     conf = {}
     for name in ("1gbps", "10gbps", "100gbps"):

@@ -12,8 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 from trainer_runs import TINY, compose_cfg
 
 from lsgd.algorithms.base import RunContext
-from lsgd.algorithms.compressed import Compressed
-from lsgd.comm import Communicator
+from lsgd.algorithms.gradient_compression.compressed import Compressed
+from lsgd.comm.communicator import Communicator
 
 
 @pytest.mark.parametrize("algo", ["compressed", "gravac", "accordion"])

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lsgd.comm import Communicator
+from lsgd.comm.communicator import Communicator
 from lsgd.compression import (
     COMPRESSORS,
     DGCMemory,

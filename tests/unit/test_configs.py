@@ -11,8 +11,8 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from lsgd.cli import _register_resolvers
-from lsgd.config import validate
-from lsgd.errors import ConfigError
+from lsgd.config.validation import validate
+from lsgd.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf" / "config.yaml"
@@ -291,7 +291,7 @@ def test_async_bundles_compose_and_validate_every_arm(experiment, cells):
     W ranks, the asynchronous arms 1 + W (rank 0 the server), and every arm's W workers get the same
     speeds (the level's preset for W workers: fastest 1, slowest 1 / spread); each arm is the
     algorithm and outer optimizer it names; H = 50 and the inner AdamW everywhere."""
-    from lsgd.cluster import HETEROGENEITY_SPREAD
+    from lsgd.compute.model import HETEROGENEITY_SPREAD
 
     for cell in cells:
         workers_speeds = {}
@@ -345,8 +345,8 @@ def test_async_bundles_take_the_least_visited_shard(experiment):
 
 
 def test_lsgd_add_and_speeds_resolvers():
-    from lsgd.cluster import resolve_speeds
-    from lsgd.resolvers import add, speeds
+    from lsgd.compute.model import resolve_speeds
+    from lsgd.config.resolvers import add, speeds
 
     assert add(4, 1) == 5 and add("4", -1) == 3 and add(7) == 7
     for bad in [(2.5,), (True, 3), ("x",), ()]:
@@ -361,7 +361,7 @@ def test_lsgd_add_and_speeds_resolvers():
 
 
 def test_lsgd_mul_resolver():
-    from lsgd.resolvers import mul
+    from lsgd.config.resolvers import mul
 
     assert mul(8, 16) == 128 and mul("3", 5, 2) == 30 and mul(7) == 7
     for bad in [(2.5,), (True, 3), ("x",), ()]:
@@ -441,7 +441,7 @@ def _train_commands(text: str, comments: bool) -> list[str]:
 
 def test_documented_train_commands_name_only_existing_keys(monkeypatch):
     """Every `lsgd train` command in README.md and in the comments of conf/ composes with keys that
-    exist (lsgd.config.check_override_keys), so the docs never teach a typo that would now be
+    exist (lsgd.config.validation.check_override_keys), so the docs never teach a typo that would now be
     rejected (or, before, silently ignored).
 
     Hydra is initialized once for all commands, and each distinct group selection is composed once
@@ -451,7 +451,7 @@ def test_documented_train_commands_name_only_existing_keys(monkeypatch):
 
     import hydra
 
-    from lsgd.config import check_override_keys
+    from lsgd.config.validation import check_override_keys
 
     _register_resolvers()
     compose_each = hydra.compose
@@ -481,9 +481,9 @@ def test_documented_train_commands_name_only_existing_keys(monkeypatch):
 
 
 def test_wire_overhead_resolves_and_rejects_bad_values():
-    """network.wire_overhead: null is 1.0, or 1514/1448 (lsgd.emulate.WIRE_FACTOR) under
+    """network.wire_overhead: null is 1.0, or 1514/1448 (lsgd.launch.emulate.WIRE_FACTOR) under
     launcher.emulate=true; an explicit number stays; < 1 or not a number is a ConfigError naming the key."""
-    from lsgd.config import resolve_wire_overhead
+    from lsgd.config.validation import resolve_wire_overhead
 
     cfg = load(["debug=default"])
     assert cfg["network"]["wire_overhead"] is None

@@ -27,7 +27,7 @@ from lsgd.data import (
     prepare,
 )
 from lsgd.data.memory import random_crop_flip
-from lsgd.errors import ConfigError
+from lsgd.core.errors import ConfigError
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "dataset"
 SYNTH = {"name": "synthetic", "num_train": 1000, "num_test": 300, "num_classes": 5, "input_shape": [1, 8, 8]}

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lsgd.compression.compressors import QSGD
-from lsgd.services import Recorder
+from lsgd.training.services import Recorder
 
 
 def _recorder(tmp_path: Path) -> Recorder:
@@ -102,7 +102,7 @@ def test_qsgd_torch_path_zero_norm_gives_zero_levels():
 def test_cuda_step_times_match_a_synchronized_clock():
     import time
 
-    from lsgd.accel import CudaStepTimes
+    from lsgd.training.accel import CudaStepTimes
 
     timer = CudaStepTimes()
     a = torch.randn(2048, 2048, device="cuda")
@@ -128,7 +128,7 @@ def test_trainer_steps_on_cuda_without_a_host_sync(tmp_path, monkeypatch):
     from omegaconf import OmegaConf
 
     from lsgd.cli import _register_resolvers
-    from lsgd.trainer import Trainer
+    from lsgd.training.trainer import Trainer
 
     _register_resolvers()
     with initialize_config_module(config_module="lsgd.conf", version_base="1.3"):

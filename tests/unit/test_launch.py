@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from lsgd.cli import run_id
-from lsgd.config import cuda_device_index
-from lsgd.errors import ConfigError
-from lsgd.launch import (
+from lsgd.core.devices import cuda_device_index
+from lsgd.core.errors import ConfigError
+from lsgd.launch.launcher import (
     detect_launch_env,
     find_resume_dir,
     first_host,
     slurm_master_port,
 )
-from lsgd.preemption import PreemptionWatch, resolve_mode
+from lsgd.training.preemption import PreemptionWatch, resolve_mode
 
 
 @pytest.mark.parametrize(
@@ -162,7 +162,7 @@ def test_interrupts_are_noted_not_raised_and_agree_on_their_kind():
     """SIGINT inside the watch sets the flag (no KeyboardInterrupt) and agrees as an interrupt;
     SIGTERM is a preemption under launcher.preemption=checkpoint, an interrupt under off; the main
     process's StopFlag counts as a signal received; handlers come back afterwards."""
-    from lsgd.preemption import Interrupted, Preempted, StopFlag
+    from lsgd.training.preemption import Interrupted, Preempted, StopFlag
 
     before = signal.getsignal(signal.SIGINT)
     comm = _OneRank()

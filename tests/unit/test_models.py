@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lsgd.data import DatasetInfo
-from lsgd.errors import ConfigError
+from lsgd.core.errors import ConfigError
 from lsgd.models import DEFAULTS, MODELS, build_model, check_compatible
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "model"

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from lsgd.errors import ConfigError
-from lsgd.optim import (
+from lsgd.core.errors import ConfigError
+from lsgd.training.optim import (
     build_optimizer,
     build_scheduler,
     clip_grad_norm,

@@ -12,7 +12,7 @@ import torch
 from lsgd.data import ShardedLoader, resolve
 from lsgd.data.memory import TensorDataset
 from lsgd.data.pipeline import BatchPipeline, resolve_pin_memory
-from lsgd.errors import ConfigError
+from lsgd.core.errors import ConfigError
 
 CFG = {"name": "synthetic", "num_train": 96, "input_shape": [3, 8, 8]}
 

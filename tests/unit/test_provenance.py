@@ -1,4 +1,4 @@
-"""lsgd.provenance: the commit / dirty detection on real git repositories made here, the record of
+"""lsgd.training.provenance: the commit / dirty detection on real git repositories made here, the record of
 this process, environment.json across a resume, and the per-node entries of a multi-node run."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 import lsgd
-from lsgd import provenance
-from lsgd.provenance import ENVIRONMENT_FILE
+from lsgd.training import provenance
+from lsgd.training.provenance import ENVIRONMENT_FILE
 
 
 def git(repo: Path, *args: str) -> str:

@@ -1,4 +1,4 @@
-"""The per-step fast paths of the trainer and the stop agreement (lsgd.trainer._plan_step,
+"""The per-step fast paths of the trainer and the stop agreement (lsgd.training.trainer._plan_step,
 PreemptionWatch.agreed's schedule) decide the same things as the definitions they replace:
 
 * the stop agreement issues at every ``period``-th call and reads each issue ``lag`` calls later
@@ -16,9 +16,9 @@ import warnings
 import pytest
 import torch
 
-from lsgd.optim import build_scheduler
-from lsgd.preemption import AGREEMENTS_IN_FLIGHT, PreemptionWatch
-from lsgd.trainer import Trainer
+from lsgd.training.optim import build_scheduler
+from lsgd.training.preemption import AGREEMENTS_IN_FLIGHT, PreemptionWatch
+from lsgd.training.trainer import Trainer
 
 
 class _Handle:

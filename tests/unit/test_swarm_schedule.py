@@ -4,8 +4,8 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from lsgd.algorithms.swarm_sgd import round_length, round_partners
-from lsgd.topology import Topology
+from lsgd.algorithms.gossip.swarm_sgd import round_length, round_partners
+from lsgd.comm.topology import Topology
 
 
 @pytest.mark.parametrize("name,n", [("ring", 8), ("torus", 9), ("hypercube", 8), ("complete", 5), ("exponential", 8)])

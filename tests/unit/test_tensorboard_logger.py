@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from lsgd.errors import ConfigError
-from lsgd.loggers import Loggers, TensorBoardLogger, build_logger, logger_names
+from lsgd.core.errors import ConfigError
+from lsgd.training.loggers import Loggers, TensorBoardLogger, build_logger, logger_names
 
 CFG = {"seed": 0, "algo": {"name": "ddp"}, "experiment_name": "x", "logger": {"name": "tensorboard", "tensorboard": True}}
 

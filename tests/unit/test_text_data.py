@@ -19,7 +19,7 @@ from lsgd.data import (
     plaintext,
     prepare,
 )
-from lsgd.errors import ConfigError
+from lsgd.core.errors import ConfigError
 
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "her", "sister", "reads",
          "letters", "by", "the", "window", "and", "everyone", "agrees", "that", "it", "was", "a", "truth",

@@ -1,4 +1,4 @@
-"""Topologies and mixing matrices against closed forms (lsgd/topology.py)."""
+"""Topologies and mixing matrices against closed forms (lsgd/comm/topology.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from lsgd.topology import TOPOLOGIES, Topology, check, spectral_gap, torus_shape
+from lsgd.comm.topology import TOPOLOGIES, Topology, check, spectral_gap, torus_shape
 
 CASES = [(name, n, weights) for name in TOPOLOGIES for n in (4, 8, 9, 12, 16) for weights in ("uniform", "metropolis")]
 

@@ -4,7 +4,7 @@ no answer it reads its own shard at its step count, as before."""
 
 from __future__ import annotations
 
-from lsgd.trainer import Trainer
+from lsgd.training.trainer import Trainer
 
 
 class _Loader:
@@ -46,7 +46,7 @@ def _loop(script, total, worker=1, spe=3):
 
     t.train_step = train_step
     t._check_injected_failure = lambda: None
-    t._mark_gap = lambda: None  # measured mode's compute marks (lsgd.cluster): not what this test is about
+    t._mark_gap = lambda: None  # measured mode's compute marks (lsgd.compute.model): not what this test is about
     t.work()
     return read, opened
 

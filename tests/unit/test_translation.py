@@ -27,8 +27,8 @@ from lsgd.data import (
     eval_batches,
 )
 from lsgd.data.translation import SpecialIds, pack_pairs
-from lsgd.errors import ConfigError
-from lsgd.services import Evaluator, bleu_from_stats, bleu_stats, loss_fn
+from lsgd.core.errors import ConfigError
+from lsgd.training.services import Evaluator, bleu_from_stats, bleu_stats, loss_fn
 
 EOS, BOS, PAD = 256, 257, 258  # ByteTokenizer: bytes 0..255, EOS 256; BOS and PAD appended
 
@@ -299,7 +299,7 @@ def test_label_smoothing_matches_the_closed_form_and_ignores_padding():
 def test_trainer_smooths_the_training_loss_and_not_the_test_loss(tmp_path):
     """A real Trainer (one process) on the WMT17 files: ``label_smoothing`` reaches its training
     loss (``Trainer.loss_fn``), while the evaluator's ``test_loss`` stays plain cross-entropy."""
-    from lsgd.trainer import Trainer
+    from lsgd.training.trainer import Trainer
 
     write_wmt17(tmp_path / "wmt")
     cfg = _mt_run_cfg(tmp_path, ["label_smoothing=0.1"])
@@ -323,7 +323,7 @@ def _mt_run_cfg(tmp_path: Path, overrides: list[str]) -> dict:
     from omegaconf import OmegaConf
 
     from lsgd.cli import _register_resolvers
-    from lsgd.config import validate
+    from lsgd.config.validation import validate
 
     _register_resolvers()
     with initialize_config_module(config_module="lsgd.conf", version_base="1.3"):

@@ -1,4 +1,4 @@
-"""Asynchronous SwarmSGD's virtual-time schedule (lsgd.algorithms.virtual_pairing): hand-computed
+"""Asynchronous SwarmSGD's virtual-time schedule (lsgd.algorithms.gossip.virtual_pairing): hand-computed
 cases and the invariants any schedule must keep."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import itertools
 import networkx as nx
 import pytest
 
-from lsgd.algorithms.swarm_sgd import round_length
-from lsgd.algorithms.virtual_pairing import LEFT_OUT, plan
-from lsgd.topology import Topology
+from lsgd.algorithms.gossip.swarm_sgd import round_length
+from lsgd.algorithms.gossip.virtual_pairing import LEFT_OUT, plan
+from lsgd.comm.topology import Topology
 
 
 def fixed(h):

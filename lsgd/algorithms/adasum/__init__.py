@@ -1,0 +1,1 @@
+"""Adasum: the adaptive summation operator and its compiled kernels."""

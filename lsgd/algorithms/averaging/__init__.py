@@ -1,0 +1,1 @@
+"""Synchronous averaging: DDP (all-reduce SGD), local SGD, post-local SGD, SlowMo, DiLoCo."""

@@ -1,0 +1,1 @@
+"""Gradient compression on the all-reduce path: static compressors, Accordion, GraVAC."""

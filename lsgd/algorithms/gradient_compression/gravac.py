@@ -1,0 +1,282 @@
+"""``gravac``: GraVAC's adaptive compression factor (Tyagi and Swany, IEEE CLOUD 2023, Algorithm 1,
+the paper's version; papers.md section 2).
+
+Every step, after backward, on the whole model (the decision needs the gain of all layers, so
+this runs after backward rather than per DDP bucket):
+
+1. ``(theta_min, theta_c) = controller.plan()``; per tensor ``g_ef = g + r`` (error feedback),
+   ``c_min = C(g_ef, theta_min)`` and the candidate ``c_c = C(c_min, theta_c / theta_min)``
+   ("multi-level" compression: the theta_min output is compressed again, cheaper than compressing
+   g_ef from scratch at theta_c).
+2. Compression gains with error feedback in numerator and denominator,
+   ``gain = sum ||c||^2 / sum ||g_ef||^2`` over all tensors and all workers (the sums are all-reduced
+   with the payload sizes and the time term below, 48 counted bytes, so every worker takes the
+   same decision).
+3. :class:`lsgd.compression.adaptive.GraVACController` smooths the gains (EWMA), applies the
+   epsilon rule (candidate, else theta_min, else dense with the residuals reset), records the
+   compression throughput ``T = T_system * gain`` per CF and every ``window`` steps scales theta_s,
+   raises theta_min when the gains agree within omega, and settles on theta_ideal.
+4. The chosen payloads are exchanged (all-gather of values and int32 indices for top-k style
+   sparsifiers; all-reduce for random-k with shared indices; dense all-reduce for the fallback),
+   the residual becomes ``g_ef - D(sent)``, and the averaged gradient replaces ``p.grad``.
+
+``t_iter`` of ``T_system = N b / t_iter`` (``algo.throughput_time``):
+
+* ``modeled`` (default; our reading): every iteration both CFs get a throughput sample, each with
+  its own time: this step's modeled compute (forward and backward from the clock's compute
+  profile, ``cluster.compute=profile``: counted operators, so the same seed takes the same decisions
+  on any machine) plus the modeled time to exchange that CF's payload on the configured network
+  (``network.*``). A laptop run then sees the communication savings a cluster would, and the
+  throughputs of theta_min and the candidate differ by more than their gains, so the settling
+  rule compares real trade-offs. With ``cluster.compute=measured`` the compute term is measured
+  and decisions are no longer reproducible.
+* ``measured`` (the paper): each iteration's wall time (its measured forward and backward,
+  compression and exchange; not the evaluation or checkpoint that may follow) is a throughput
+  sample for the CF it actually sent, so a higher CF's shorter iterations count for it (dense
+  iterations record nothing). Decisions follow timing noise: not reproducible by design.
+
+Every value a decision depends on is the same on every worker: the three squared norms, the
+payload sizes of both CFs and the time term are summed in one all-reduce (6 float64, 48 counted
+bytes) and averaged over workers (compute and payloads can differ across workers: heterogeneous
+speeds, DGC's variable selection). A measured time is known only after the exchange, so it rides
+on the next iteration's all-reduce; the last iteration of each window therefore counts in no
+window. The controller's state, the residuals and the pending measured sample are checkpointed,
+so a resumed run takes the decisions of an uninterrupted one (modeled mode).
+
+With ``algo.compressor=dgc`` GraVAC uses DGC's sampled-threshold selection with plain error
+feedback (the gain is defined on ``g_ef = g + r``); DGC's momentum correction and density warm-up
+belong to the static ``compressed`` algorithm, and the optimizer keeps its own momentum here.
+
+Every step writes a compression row (``cf``, ``cf_min``, ``cf_candidate``, ``gain_min``,
+``gain_candidate``, ``gain``, ``sent``) to metrics.jsonl (docs/run_format.md).
+
+Compression compute: compensating and compressing each tensor at both CFs (with their norms) goes
+on the clock, priced on the device roofline (:meth:`lsgd.compute.model.ComputeModel.counted_seconds`,
+counted at the second encounter of each (tensor, cf_min, candidate cf) and cached), before the
+decision's all-reduce; the final residual update and decompression are not counted.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from torch import nn
+
+from lsgd.algorithms.base import Algorithm
+from lsgd.algorithms.gradient_compression.compressed import build_compressor, validate_compressor_keys
+from lsgd.compression import compressors as C
+from lsgd.compression.adaptive import POLICIES, GraVACController
+from lsgd.compression.exchange import exchange
+from lsgd.compression.memory import ErrorFeedback, NoMemory
+from lsgd.core.checks import choice, in_interval, int_at_least, number_at_least
+from lsgd.core.errors import ConfigError
+
+THROUGHPUT_TIMES = ("modeled", "measured")
+
+
+class GraVAC(Algorithm):
+    """Adaptive compression factor with error feedback (GraVAC, Algorithm 1).
+
+    Config keys: ``compressor`` (topk, dgc, redsync, randomk), ``epsilon``, ``cf_min``,
+    ``cf_max``, ``window``, ``omega``, ``policy``, ``ratio``, ``scale_start``, ``ewma``,
+    ``error_feedback``, ``throughput_time``, plus the compressor's own keys (``seed``,
+    ``sample_ratio``).
+    """
+
+    name = "gravac"
+
+    @classmethod
+    def validate_config(cls, algo: dict, world_size: int) -> None:
+        w = "algo."
+        choice(algo, "compressor", C.SPARSIFIERS, w)
+        in_interval(algo, "epsilon", 0, 1, w)
+        number_at_least(algo, "cf_min", 1, w)
+        number_at_least(algo, "cf_max", float(algo["cf_min"]), w)
+        int_at_least(algo, "window", 1, w)
+        number_at_least(algo, "omega", 0, w)
+        choice(algo, "policy", POLICIES, w)
+        choice(algo, "throughput_time", THROUGHPUT_TIMES, w)
+        in_interval(algo, "ewma", 0, 1, w, lo_open=False)
+        if not float(algo.get("ratio", 2)) > 1 or not float(algo.get("scale_start", 2)) > 1:
+            raise ConfigError(f"algo.ratio and algo.scale_start must be > 1, got {algo.get('ratio')!r}, {algo.get('scale_start')!r}")
+        validate_compressor_keys(algo)
+
+    def __init__(self, cfg, comm):
+        super().__init__(cfg, comm)
+        self.controller = GraVACController(
+            cf_min=float(cfg.get("cf_min", 10.0)),
+            cf_max=float(cfg.get("cf_max", 1000.0)),
+            epsilon=float(cfg.get("epsilon", 0.9)),
+            window=int(cfg.get("window", 500)),
+            omega=float(cfg.get("omega", 0.01)),
+            policy=cfg.get("policy", "exponential"),
+            ratio=float(cfg.get("ratio", 2.0)),
+            scale_start=float(cfg.get("scale_start", 2.0)),
+            ewma=float(cfg.get("ewma", 0.9)),
+        )
+        self.compressor = build_compressor({**cfg, "warmup_epochs": 0}, cf=float(cfg.get("cf_min", 10.0)))
+        self.dense = C.build("none")
+        self.memory = ErrorFeedback() if cfg.get("error_feedback", True) else NoMemory()
+        self.modeled = cfg.get("throughput_time", "modeled") == "modeled"
+        # measured mode: (cf sent, its smoothed gain, observation count, local seconds) of the
+        # previous iteration, whose time joins this iteration's all-reduce
+        self.pending: tuple[float, float, int, float] | None = None
+        self.last: dict = {}
+        self.byte_counts = (0, 0)    # (dense gradient bytes, gradient bytes sent) since the start
+        self.recorded_counts = (0, 0)  # the same at the previous record
+        self.compress_s: dict = {}     # modeled seconds of compressing one tensor at (key, cf_min, cf_cand)
+        self.compress_counts: dict = {}
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, ctx=None) -> nn.Module:
+        super().setup(model, optimizer, ctx)
+        self.params = list(model.parameters())
+        return model
+
+    def _counted(self, work, cost):
+        """``work()``, its modeled compute counted on the device roofline
+        (:attr:`RunContext.counted_seconds`) the first two times ``cost`` (tensor, cf_min,
+        candidate cf) is seen and cached at the second count (steady state, residual in memory)."""
+        counted = self.ctx.counted_seconds
+        if counted is None or self.compress_counts.get(cost, 0) >= 2:
+            return work()
+        out, self.compress_s[cost] = counted(work)
+        self.compress_counts[cost] = self.compress_counts.get(cost, 0) + 1
+        return out
+
+    def _transfer_s(self, nbytes: int) -> float:
+        """Modeled seconds to exchange a gradient payload of ``nbytes`` per worker."""
+        kind = self.compressor.exchange
+        return getattr(self.comm.network, kind)(nbytes, self.comm.world_size)
+
+    def _step_compute_s(self) -> tuple[float, float]:
+        """(modeled, measured) seconds of this step's forward and backward (NaN: unknown)."""
+        if self.ctx.step_compute_s is None:
+            return math.nan, math.nan
+        return self.ctx.step_compute_s()
+
+    @torch.no_grad()
+    def after_backward(self, step: int) -> None:
+        t_start = time.perf_counter()
+        modeled_s, measured_s = self._step_compute_s()
+        cf_min, cf_cand = self.controller.plan()
+        keys, g_efs, mins, cands = [], [], [], []
+        device = self.params[0].device
+        norms = torch.zeros(3, dtype=torch.float64, device=device)
+        compress_s = 0.0
+        for key, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+
+            def work(key=key, grad=p.grad):
+                g_ef = self.memory.compensate(key, grad)
+                c_min = self.compressor.compress(g_ef, step=step, key=key, cf=cf_min)
+                c_cand = (
+                    self.compressor.compress_further(c_min, cf_cand / cf_min, step=step, key=key)
+                    if cf_cand > cf_min
+                    else c_min
+                )
+                sq = (g_ef.double().pow(2).sum(), self.compressor.decompress(c_min).double().pow(2).sum(),
+                      self.compressor.decompress(c_cand).double().pow(2).sum())
+                return g_ef, c_min, c_cand, sq
+
+            g_ef, c_min, c_cand, sq = self._counted(work, (key, cf_min, cf_cand))
+            compress_s += self.compress_s.get((key, cf_min, cf_cand), 0.0)
+            norms[0] += sq[0]
+            norms[1] += sq[1]
+            norms[2] += sq[2]
+            keys.append(key)
+            g_efs.append(g_ef)
+            mins.append(c_min)
+            cands.append(c_cand)
+        if compress_s and self.comm.clock is not None:
+            self.comm.clock.compute(compress_s)  # compressing at both CFs (lsgd.compute.model's roofline)
+        # one all-reduce of everything the decision reads: squared norms, payload bytes of both
+        # CFs, and the time term (modeled: this step's compute; measured: the previous iteration)
+        pending = self.pending
+        t_local = (modeled_s if self.modeled else (pending[3] if pending is not None else 0.0))
+        shared = torch.cat([norms, torch.tensor(
+            [sum(c.nbytes for c in mins), sum(c.nbytes for c in cands), t_local],  # NaN: unknown
+            dtype=torch.float64, device=device)])
+        self.comm.all_reduce(shared)
+        n = self.comm.world_size
+        ef2, min2, cand2 = shared[:3].tolist()
+        bytes_min, bytes_cand, t_mean = (v / n for v in shared[3:].tolist())
+        gain_min = min2 / ef2 if ef2 > 0 else 1.0
+        gain_cand = cand2 / ef2 if ef2 > 0 else 1.0
+        samples = n * (self.batch_size or 1)
+        t_min = t_cand = math.nan
+        if self.modeled and not math.isnan(modeled_s):  # each CF's iteration time on the configured network
+            t_min = t_mean + self._transfer_s(bytes_min)
+            t_cand = t_mean + self._transfer_s(bytes_cand)
+        elif not self.modeled and pending is not None:  # the paper: the sent CF's measured iteration
+            self.controller.record_throughput(pending[0], t_mean, pending[1], samples, pending[2])
+        decision = self.controller.observe(gain_min, gain_cand, t_min, samples, t_iter_candidate_s=t_cand)
+
+        before = self.comm.stats.comm_bytes
+        if decision.sent == "dense":
+            items = [self.dense.compress(g) for g in g_efs]
+            outs = exchange(self.comm, self.dense, items)
+            self.memory.reset()
+        else:
+            items = cands if decision.sent == "candidate" else mins
+            for key, g_ef, c in zip(keys, g_efs, items):
+                self.memory.update(key, g_ef, self.compressor.decompress(c))
+            outs = exchange(self.comm, self.compressor, items)
+        dense_bytes = sum(g.numel() * g.element_size() for g in g_efs)
+        # what the exchange handed to collectives; one worker sends nothing
+        sent_bytes = (self.comm.stats.comm_bytes - before) if n > 1 else sum(c.nbytes for c in items)
+        for key, out in zip(keys, outs):
+            self.params[key].grad.copy_(out)
+        self.comm.round()
+        self.byte_counts = (self.byte_counts[0] + dense_bytes, self.byte_counts[1] + sent_bytes)
+        if not self.modeled:
+            self.pending = (decision.cf, decision.gain, self.controller.observations,
+                            measured_s + time.perf_counter() - t_start)
+        self.last = {
+            "kind": "compression",
+            "step": step + 1,
+            "cf": dense_bytes / sent_bytes if sent_bytes else 1.0,
+            "sent": decision.sent,
+            "cf_min": decision.cf_min,
+            "cf_candidate": decision.cf_candidate,
+            "gain_min": decision.gain_min,
+            "gain_candidate": decision.gain_candidate,
+            "gain": decision.gain,
+        }
+        if not math.isnan(t_min):
+            self.last.update(t_iter_min_s=t_min, t_iter_candidate_s=t_cand)
+        self.step_rows.append(self.last)
+
+    def after_step(self, step: int) -> None:
+        self.broadcast_buffers()
+
+    @property
+    def models_in_sync(self) -> bool:
+        return True
+
+    def metrics(self) -> dict:
+        """``cf`` since the previous record (docs/run_format.md), and the last step's ``cf_min``,
+        ``cf_candidate`` and ``gain``."""
+        (dense, sent), (d0, s0) = self.byte_counts, self.recorded_counts
+        self.recorded_counts = self.byte_counts
+        out = {k: self.last[k] for k in ("cf_min", "cf_candidate", "gain") if k in self.last}
+        out["cf"] = (dense - d0) / (sent - s0) if sent > s0 else 1.0
+        return out
+
+    def state_dict(self) -> dict:
+        return {"controller": self.controller.state_dict(), "memory": self.memory.state_dict(),
+                "pending": self.pending, "last": dict(self.last),
+                "byte_counts": list(self.byte_counts), "recorded_counts": list(self.recorded_counts),
+                "compress_price": (dict(self.compress_s), dict(self.compress_counts))}  # as the uninterrupted run charges
+
+    def load_state_dict(self, state: dict) -> None:
+        self.controller.load_state_dict(state["controller"])
+        self.memory.load_state_dict(state["memory"])
+        self.pending = None if state.get("pending") is None else tuple(state["pending"])
+        self.last = dict(state.get("last", {}))
+        self.byte_counts = tuple(state.get("byte_counts", (0, 0)))
+        self.recorded_counts = tuple(state.get("recorded_counts", (0, 0)))
+        if "compress_price" in state:
+            self.compress_s, self.compress_counts = (dict(d) for d in state["compress_price"])

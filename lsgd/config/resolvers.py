@@ -1,0 +1,100 @@
+"""OmegaConf resolvers of lsgd's configs: ``${lsgd_run_id:}`` (``hydra.run.dir`` and
+``hydra.sweep.subdir``), ``${lsgd_mul:a,b,...}``, the product of integers (a study's arms derive
+their batch size and step counts from shared study keys, conf/experiment/local_vs_minibatch.yaml),
+``${lsgd_add:a,b,...}``, their sum, and ``${lsgd_speeds:level,workers,servers}``, a heterogeneity
+level's speeds for the workers behind ``servers`` server ranks (conf/experiment/async_text.yaml:
+the synchronous arm's 4 ranks and the asynchronous arms' 4 workers behind one server get the same
+speeds).
+
+They are registered when the config package ``lsgd.conf`` is imported (and by the CLI), so any
+process that composes or resolves an lsgd config has them: the CLI, tests, and the jobs Hydra's
+submitit launcher starts on SLURM nodes, which recompose the config from ``pkg://lsgd.conf``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from datetime import datetime
+
+
+def run_id() -> str:
+    """A run folder name that cannot collide: time to the microsecond plus 16 random bits
+    (``20261122-101502-123456-a3f9``). Under SLURM the job id (shared by all tasks of the job)
+    is used, so every task of a multi-node job agrees on one folder."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if job and "SLURM_PROCID" in os.environ:
+        array = os.environ.get("SLURM_ARRAY_JOB_ID")
+        return f"slurm-{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else f"slurm-{job}"
+    return f"{datetime.now():%Y%m%d-%H%M%S-%f}-{secrets.token_hex(2)}"
+
+
+def mul(*factors: int) -> int:
+    """``${lsgd_mul:8,16}`` -> 128: the product of integer arguments (ints or their decimal strings).
+
+    Raises:
+        ValueError: no argument, or an argument that is not an integer (bools and floats included).
+    """
+    if not factors:
+        raise ValueError("lsgd_mul needs at least one integer argument")
+    out = 1
+    for f in factors:
+        if isinstance(f, bool) or not (isinstance(f, int) or (isinstance(f, str) and f.strip().lstrip("-").isdigit())):
+            raise ValueError(f"lsgd_mul multiplies integers; got {f!r}")
+        out *= int(f)
+    return out
+
+
+def _integer(value, what: str) -> int:
+    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.strip().lstrip("-").isdigit())):
+        raise ValueError(f"{what} takes integers; got {value!r}")
+    return int(value)
+
+
+def add(*terms: int) -> int:
+    """``${lsgd_add:4,1}`` -> 5: the sum of integer arguments (ints or their decimal strings).
+
+    Raises:
+        ValueError: no argument, or an argument that is not an integer (bools and floats included).
+    """
+    if not terms:
+        raise ValueError("lsgd_add needs at least one integer argument")
+    return sum(_integer(t, "lsgd_add") for t in terms)
+
+
+def speeds(level: str, workers: int, servers: int = 0) -> list[float]:
+    """``${lsgd_speeds:very,4,1}`` -> ``[1.0, w_1, .., w_4]``: the speeds of heterogeneity ``level``
+    (``lsgd.compute.model.HETEROGENEITY``) for ``workers`` workers, as the preset gives them to a run of
+    exactly ``workers`` ranks with seed 0 (:func:`lsgd.compute.model.resolve_speeds`), behind ``servers``
+    ranks of speed 1.0 (a server does no local steps; its speed is unused).
+
+    Why: the preset ``cluster.speeds=very`` spreads over *all* ranks, a server included, so a
+    4-rank synchronous run and a 1 + 4-rank asynchronous run would give their 4 workers different
+    speeds; with this resolver both get the same list. The permutation is seed 0's whatever the
+    run's seed, so the runs of an arm over several seeds share their speeds (and stay one arm).
+
+    Raises:
+        ValueError: an unknown level, workers < 1 or servers < 0.
+    """
+    from lsgd.compute.model import HETEROGENEITY, resolve_speeds
+
+    if level not in HETEROGENEITY:
+        raise ValueError(f"lsgd_speeds: level must be one of {', '.join(HETEROGENEITY)}; got {level!r}")
+    w, s = _integer(workers, "lsgd_speeds"), _integer(servers, "lsgd_speeds")
+    if w < 1 or s < 0:
+        raise ValueError(f"lsgd_speeds: workers >= 1 and servers >= 0; got {w}, {s}")
+    return [1.0] * s + resolve_speeds(level, w, 0)
+
+
+def register_resolvers() -> None:
+    """Register ``lsgd_run_id``, ``lsgd_mul``, ``lsgd_add`` and ``lsgd_speeds`` with OmegaConf (idempotent)."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("lsgd_run_id"):
+        OmegaConf.register_new_resolver("lsgd_run_id", run_id)
+    if not OmegaConf.has_resolver("lsgd_mul"):
+        OmegaConf.register_new_resolver("lsgd_mul", mul)
+    if not OmegaConf.has_resolver("lsgd_add"):
+        OmegaConf.register_new_resolver("lsgd_add", add)
+    if not OmegaConf.has_resolver("lsgd_speeds"):
+        OmegaConf.register_new_resolver("lsgd_speeds", speeds)

@@ -1,0 +1,297 @@
+"""Validation of a resolved run config, in the main process, before any worker starts.
+
+Every check raises :class:`lsgd.core.errors.ConfigError` with the key and the allowed values.
+(Unknown group options, e.g. ``algo=foo``, are rejected earlier by Hydra, whose message lists the
+available options of the group.)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lsgd.core.checks import choice, in_half_open, in_interval, int_at_least, number_at_least, positive
+from lsgd.core.devices import DTYPES, cuda_available, cuda_device_index, resolve_backend, resolve_device, resolve_nproc
+from lsgd.core.errors import ConfigError
+
+
+def resolve_wire_overhead(cfg: dict) -> float:
+    """Check ``network.wire_overhead`` (wire bytes per payload byte of the inter-node link, >= 1, or
+    null) and resolve null in place: 1.0, or under ``launcher.emulate=true`` the emulated link's
+    frame factor :data:`lsgd.clock.network.WIRE_FACTOR` = 1514/1448 (its ``tbf`` meters Ethernet frames of
+    1448 TCP payload bytes at MTU 1500), so the clock prices the link the run runs on. Returns it.
+
+    Raises:
+        ConfigError: not a number >= 1 (nor null).
+    """
+    net = cfg["network"]
+    if net.get("wire_overhead") is None:
+        from lsgd.clock.network import WIRE_FACTOR
+
+        net["wire_overhead"] = WIRE_FACTOR if (cfg.get("launcher") or {}).get("emulate") is True else 1.0
+    number_at_least(net, "wire_overhead", 1, "network.")
+    intra = net.get("intra_node") or {}
+    if intra.get("wire_overhead") is not None:
+        number_at_least(intra, "wire_overhead", 1, "network.intra_node.")
+    return float(net["wire_overhead"])
+
+
+def validate(cfg: dict, world_size: int | None = None, local_world_size: int | None = None) -> None:
+    """Check a resolved config (plain dict) and resolve ``launcher.nproc_per_node: auto`` in place.
+
+    ``world_size``: the number of workers when joining an external launch (torchrun, srun), with
+    ``local_world_size`` of them on this node (then ``launcher.nproc_per_node`` is set to it and the
+    GPU check is :func:`cuda_device_index`'s); None: ``launcher.nproc_per_node`` local workers.
+
+    Raises:
+        ConfigError: the first invalid key, with the allowed values.
+    """
+    from lsgd.algorithms import ALGORITHMS
+    from lsgd.data import check_available, dataset_info
+    from lsgd.models import check_compatible
+    from lsgd.training.optim import LR_SCALINGS, OPTIMIZERS, SCHEDULES
+
+    from lsgd.training.loggers import logger_names
+
+    logger_names(cfg.get("logger") or {})  # ConfigError for an unknown logger.name
+    int_at_least(cfg, "batch_size", 1)
+    int_at_least(cfg, "epochs", 1)
+    if cfg.get("max_steps") is not None:
+        int_at_least(cfg, "max_steps", 1)
+    int_at_least(cfg, "log_every", 1)
+    int_at_least(cfg, "eval_every", 1)
+    int_at_least(cfg, "checkpoint_every", 0)
+    choice(cfg, "eval_unit", ("epoch", "step"), "")
+    choice(cfg, "eval_workers", (False, True), "")
+    choice(cfg, "consensus_every_record", (False, True), "")
+    if "interrupts" in (cfg.get("launcher") or {}):
+        choice(cfg["launcher"], "interrupts", (False, True), "launcher.")
+    if cfg.get("eval_workers_samples") is not None:
+        int_at_least(cfg, "eval_workers_samples", 1)
+    if cfg.get("eval_bleu_samples") is not None:
+        int_at_least(cfg, "eval_bleu_samples", 0)
+    choice(cfg, "device", ("auto", "cpu", "cuda"), "")
+    choice(cfg, "dtype", DTYPES, "")
+    if cfg.get("target_acc") is not None and not 0 < float(cfg["target_acc"]) <= 1:
+        raise ConfigError(f"target_acc must be in (0, 1], got {cfg['target_acc']!r}")
+    if cfg.get("label_smoothing") is not None:
+        in_half_open(cfg, "label_smoothing", 0.0, 1.0, "")
+
+    choice(cfg["optim"], "name", OPTIMIZERS, "optim.")
+    positive(cfg["optim"], "lr", "optim.")
+    if cfg["optim"].get("lr_scaling") is not None:
+        choice(cfg["optim"], "lr_scaling", LR_SCALINGS, "optim.")
+    if cfg["optim"].get("base_batch_size") is not None:
+        int_at_least(cfg["optim"], "base_batch_size", 1, "optim.")
+    if cfg["optim"].get("clip_grad_norm") is not None:  # lsgd.training.optim.clip_grad_norm (null: off)
+        positive(cfg["optim"], "clip_grad_norm", "optim.")
+    choice(cfg["schedule"], "name", SCHEDULES, "schedule.")
+    if cfg["schedule"]["name"] == "inverse_sqrt":
+        int_at_least(cfg["schedule"], "warmup_steps", 1, "schedule.")
+    if cfg["schedule"]["name"] in ("step", "cosine"):
+        if cfg["schedule"].get("warmup_epochs") is not None:
+            number_at_least(cfg["schedule"], "warmup_epochs", 0, "schedule.")
+        if cfg["schedule"].get("warmup_start_factor") is not None:
+            in_interval(cfg["schedule"], "warmup_start_factor", 0, 1, "schedule.", lo_open=False)
+    positive(cfg["network"], "bandwidth_gbps", "network.")
+    number_at_least(cfg["network"], "latency_us", 0, "network.")
+    intra = cfg["network"].get("intra_node")
+    if intra is not None:
+        positive(intra, "bandwidth_gbps", "network.intra_node.")
+        number_at_least(intra, "latency_us", 0, "network.intra_node.")
+    resolve_wire_overhead(cfg)
+    if cfg["network"].get("ports") is not None:  # lanes per port (lsgd.clock.network.Ports)
+        int_at_least(cfg["network"], "ports", 1, "network.")
+    report = cfg["network"].get("report_gbps") or []
+    if not isinstance(report, (list, tuple)) or any(isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0 for b in report):
+        raise ConfigError(f"network.report_gbps must be a list of bandwidths > 0 (Gbps), got {report!r}")
+
+    launcher = cfg["launcher"]
+    if local_world_size is not None:  # joining: the external launch decides the workers per node
+        launcher["nproc_per_node"] = int(local_world_size)
+    if launcher.get("nproc_per_node") == "auto":
+        launcher["nproc_per_node"] = resolve_nproc(cfg)
+    int_at_least(launcher, "nproc_per_node", 1, "launcher.")
+    world = int(world_size or launcher["nproc_per_node"])
+
+    # the algorithm checks its own keys (lsgd.algorithms.base.Algorithm.validate_config)
+    algo = cfg["algo"]
+    choice(algo, "name", sorted(ALGORITHMS), "algo.")
+    cls = ALGORITHMS[algo["name"]]
+    cls.validate_config(algo, world)
+    cls.validate_run(cfg, world)
+    num_workers = cls.roles(world).count("worker")
+    choice(launcher, "backend", ("auto", "gloo", "nccl"), "launcher.")
+    device = resolve_device(cfg)
+    if device == "cuda":
+        if not cuda_available():
+            raise ConfigError("device=cuda but no CUDA device is visible; use device=cpu or device=auto")
+        n_gpu = torch.cuda.device_count()
+        if local_world_size is not None:
+            cuda_device_index(0, int(local_world_size), n_gpu)
+        elif launcher["nproc_per_node"] > n_gpu:
+            raise ConfigError(
+                f"launcher.nproc_per_node={launcher['nproc_per_node']} exceeds the {n_gpu} visible GPU(s) "
+                f"on this machine; allowed: 1..{n_gpu}"
+            )
+    elif resolve_backend(cfg) == "nccl":
+        raise ConfigError("launcher.backend=nccl needs device=cuda; allowed on CPU: gloo, auto")
+    from lsgd.data import resolve as resolve_dataset
+    from lsgd.data.pipeline import resolve_pin_memory
+
+    resolve_pin_memory(resolve_dataset(cfg["dataset"])["pin_memory"], device)  # true needs cuda
+
+    from lsgd.training.accel import validate_precision
+
+    validate_precision(cfg, device, cls)
+
+    from lsgd.compute.model import validate_cluster
+
+    validate_cluster(cfg.setdefault("cluster", {}), world)
+
+    info = dataset_info(cfg["dataset"])
+    check_compatible(cfg["model"], info)
+    global_batch = int(cfg["batch_size"]) * num_workers
+    if info.num_train is not None and info.num_train < global_batch:
+        raise ConfigError(
+            f"batch_size={cfg['batch_size']} x {num_workers} workers = {global_batch} "
+            f"exceeds the {info.num_train} training samples of dataset.name={info.name}; lower batch_size"
+        )
+    check_available(cfg["dataset"])
+
+
+def compose_config(overrides: list[str], *, check: bool = True, throw_on_missing: bool = False) -> dict:
+    """The resolved run config (a plain dict) of ``overrides``, Hydra overrides as on the ``lsgd
+    train`` command line (``["algo=local_sgd", "algo.local_steps=8"]``), composed from lsgd's config
+    groups without launching anything: for tests, benchmarks and scripts that build a Trainer
+    themselves. Hydra's compose API, initialised for the call (it must not be initialised already).
+
+    Raises:
+        ConfigError: ``check`` and a key or value :func:`validate` rejects.
+        omegaconf.errors.MissingMandatoryValue: ``throw_on_missing`` and a ``???`` value left.
+    """
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from lsgd.config.resolvers import register_resolvers
+
+    register_resolvers()
+    with initialize_config_module(config_module="lsgd.conf", version_base="1.3"):
+        node = compose("config", overrides=list(overrides))
+    cfg = OmegaConf.to_container(node, resolve=True, throw_on_missing=throw_on_missing)
+    if check:
+        validate(cfg)
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------
+# override keys
+# --------------------------------------------------------------------------------------------
+def _conf_root():
+    import importlib.resources
+
+    return importlib.resources.files("lsgd.conf")
+
+
+def _is_group(key: str) -> bool:
+    """Whether ``key`` (``algo``, ``hydra/launcher``) names a config group: a folder under conf/."""
+    path = _conf_root()
+    for part in key.replace("/", ".").split("."):
+        path = path / part
+    return path.is_dir()
+
+
+def _key_exists(cfg, key: str) -> bool:
+    """Whether ``key`` (dotted) is in ``cfg``; keys below a null or empty mapping (free-form
+    values such as ``dataset.data_files``) count as present."""
+    from omegaconf import OmegaConf
+
+    if cfg is None or cfg._is_none() or (OmegaConf.is_dict(cfg) and len(cfg) == 0):
+        return True
+    node, *rest = key.split(".", 1)
+    if not OmegaConf.is_dict(cfg) or node not in cfg:
+        return False
+    return not rest or _key_exists(cfg._get_node(node), rest[0])
+
+
+def unknown_key_message(cfg, key: str) -> str:
+    """``unknown config key KEY`` with the closest existing key under the same parent (difflib) and
+    the parent's keys."""
+    import difflib
+
+    from omegaconf import OmegaConf
+
+    parts = key.split(".")
+    parent, depth = cfg, 0
+    while depth < len(parts) - 1 and OmegaConf.is_dict(parent) and parts[depth] in parent:
+        parent = parent._get_node(parts[depth])
+        depth += 1
+    prefix = ".".join(parts[:depth])
+    siblings = sorted(str(k) for k in parent.keys()) if OmegaConf.is_dict(parent) else []
+    close = difflib.get_close_matches(parts[depth], siblings, n=1, cutoff=0.6)
+    where = f" under {prefix}" if prefix else ""
+    hint = f"; did you mean {(prefix + '.' if prefix else '') + close[0]}?" if close else ""
+    shown = ", ".join(siblings[:40]) + (", ..." if len(siblings) > 40 else "")
+    return f"unknown config key {key!r}{hint} (keys{where}: {shown})"
+
+
+def check_override_keys(overrides: list[str]) -> None:
+    """Reject command-line overrides of keys no config defines, with or without Hydra's ``+`` /
+    ``++`` (a typo such as ``+algo.local_step=4`` would otherwise run with the default H).
+
+    The config is composed from the overrides that select groups (``algo=local_sgd``,
+    ``experiment=...``; a group sweep's values one at a time); a key set by an override is unknown
+    when no such composition has it. ``hydra.*`` keys, group selections (``algo=``,
+    ``+experiment=``) and deletions (``~key``) are not checked.
+
+    Raises:
+        ConfigError: the first unknown key, with the closest existing key and its siblings.
+    """
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+
+    args = [a for a in overrides if "=" in a and not a.startswith("-")]
+    if not args:
+        return
+    parsed = OverridesParser.create().parse_overrides(args)
+    keys = [(o, a) for o, a in zip(parsed, args)
+            if o.type != OverrideType.DEL and not o.key_or_group.startswith("hydra") and not _is_group(o.key_or_group)]
+    if not keys:
+        return
+
+    def plain(o, a: str, value: str | None = None) -> str:
+        if value is None:
+            return a
+        prefix = {OverrideType.ADD: "+", OverrideType.FORCE_ADD: "++"}.get(o.type, "")
+        return f"{prefix}{o.key_or_group}{'@' + o.package if o.package else ''}={value}"
+
+    def first(o, a: str) -> str:
+        return plain(o, a, next(iter(o.sweep_string_iterator()))) if o.is_sweep_override() else a
+
+    base = [first(o, a) for o, a in zip(parsed, args)
+            if _is_group(o.key_or_group) and o.type != OverrideType.DEL]
+    variants = [base]
+    for i, (o, a) in enumerate(zip(parsed, args)):
+        if o.is_sweep_override() and _is_group(o.key_or_group):
+            pos = base.index(first(o, a))
+            variants += [base[:pos] + [plain(o, a, v)] + base[pos + 1:] for v in list(o.sweep_string_iterator())[1:]]
+    composed = []
+    fresh = not GlobalHydra.instance().is_initialized()
+    ctx = initialize_config_module(config_module="lsgd.conf", version_base="1.3") if fresh else None
+    try:
+        if ctx is not None:
+            ctx.__enter__()
+        for ov in variants:
+            try:
+                composed.append(compose("config", overrides=ov))
+            except Exception:  # a group option Hydra itself rejects: its own message follows
+                continue
+    finally:
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+    if not composed:
+        return
+    for o, _ in keys:
+        if not any(_key_exists(c, o.key_or_group) for c in composed):
+            raise ConfigError(unknown_key_message(composed[0], o.key_or_group))

@@ -1,0 +1,804 @@
+"""The training loop of one process: read it top to bottom.
+
+``worker_main(cfg, run_dir)`` is the entry point of every process (spawned by lsgd.launch.launcher or
+started by torchrun / srun): it joins the process group, then :class:`Trainer` builds data, model,
+optimizer, the cluster clock and the algorithm from the config, asks the algorithm for this rank's
+role and runs one linear loop:
+
+    worker: batch -> forward/backward (clock: compute) -> algorithm.after_backward
+            -> gradient clipping (optim.clip_grad_norm) -> algorithm.optimizer_step -> schedule step
+            -> algorithm.after_step -> bookkeeping
+    server: algorithm.serve_step -> schedule step -> bookkeeping
+
+Bookkeeping (log / evaluate / checkpoint, :mod:`lsgd.training.services`) happens at the same progress
+count on every rank (or, where the algorithm's ``bookkeeping`` is ``server``, on the server alone
+with no collective). Only rank 0 writes results (metrics.jsonl, summary.json); every rank appends
+rank-prefixed lines to train.log and writes its own checkpoint shard.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import random
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from lsgd.training.accel import CudaStepTimes, Precision, batch_to_channels_last, compile_module, to_channels_last
+from lsgd.algorithms import ALGORITHMS, build_algorithm
+from lsgd.algorithms.base import RunContext
+from lsgd.compute.model import ComputeModel, resolve_speeds, stretch_step, stretch_target_s
+from lsgd.clock.network import Clock, Network
+from lsgd.comm.communicator import Communicator
+from lsgd.core.devices import default_dtype, resolve_backend, resolve_device, threads_per_worker
+from lsgd.data import ShardedLoader, build_datasets, dataset_info, resolve
+from lsgd.data.pipeline import BatchPipeline
+from lsgd.models import build_model
+from lsgd.training.optim import build_optimizer, build_scheduler, clip_grad_norm, lr_decay_steps, scaled_lr
+from lsgd.training.preemption import PreemptionWatch, StopFlag, Stopped
+from lsgd.training.provenance import record_workers
+from lsgd.training.services import Checkpointer, Evaluator, Recorder, loss_fn
+
+log = logging.getLogger("lsgd")
+file_log = logging.getLogger("lsgd.file")  # train.log only (setup_logging)
+_PROCESS_RUNS = itertools.count()  # runs this process has joined (a -m sweep joins one per arm)
+
+
+# --------------------------------------------------------------------------------------------
+# process setup
+# --------------------------------------------------------------------------------------------
+def setup_logging(run_dir: Path | None, rank: int) -> None:
+    """Rank-prefixed log lines to stderr (rank 0, or every rank at WARNING) and to run_dir/train.log."""
+    fmt = logging.Formatter(f"[rank {rank}] %(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
+    log.handlers.clear()
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(fmt)
+    console.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    log.addHandler(console)
+    file_log = logging.getLogger("lsgd.file")  # train.log only (the step lines under a progress bar)
+    file_log.handlers.clear()
+    file_log.setLevel(logging.INFO)
+    file_log.propagate = False
+    if run_dir is not None:
+        # O_APPEND: whole lines from all ranks interleave without clobbering each other.
+        handler = logging.FileHandler(Path(run_dir) / "train.log", mode="a")
+        handler.setFormatter(fmt)
+        log.addHandler(handler)
+        file_log.addHandler(handler)
+
+
+@record
+def worker_main(cfg: dict, run_dir: str | None, stop: StopFlag | None = None) -> dict | None:
+    """Entry point of one worker. ``run_dir`` is None on ranks that learn it from rank 0, as they
+    learn rank 0's ``resume`` decision (a requeued SLURM job resumes its own folder). ``stop``: the
+    main process's signal in a local launch (:mod:`lsgd.training.preemption`: SIGINT / SIGTERM stop the run
+    at the next step with a checkpoint).
+
+    The process group gets ``launcher.timeout_s`` as collective timeout, so a collective whose peer
+    died raises instead of hanging forever. A rank that raises records its error in
+    ``failures/rank<r>.json`` and ``summary.json`` names the first failing rank
+    (:func:`lsgd.training.failures.record_failure`).
+
+    Returns this rank's summary dict (status ``completed``, ``diverged``, ``preempted`` or
+    ``interrupted``).
+
+    Raises:
+        RuntimeError: this rank cannot see the run folder rank 0 created (no shared filesystem).
+    """
+    from lsgd.core.devices import cuda_device_index
+    from lsgd.training.failures import check_shared_run_dir, record_failure
+
+    device = resolve_device(cfg)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    device_index = cuda_device_index(local_rank, local_world, torch.cuda.device_count()) if device == "cuda" else None
+    if device_index is not None:
+        torch.cuda.set_device(device_index)
+    # torch threads: launcher.threads_per_worker, else OMP_NUM_THREADS (set by lsgd's own launch),
+    # else, joining torchrun/srun, the cores shared by this node's tasks (as a local launch does)
+    threads = cfg["launcher"].get("threads_per_worker") or int(os.environ.get("OMP_NUM_THREADS") or 0)
+    if not threads and "LOCAL_WORLD_SIZE" in os.environ:
+        threads = threads_per_worker(local_world)
+    if threads:
+        torch.set_num_threads(threads)
+    watch = PreemptionWatch(cfg["launcher"].get("preemption", "off"), stop=stop,
+                            interrupts=bool(cfg["launcher"].get("interrupts", True)))
+    with watch:  # a signal from here on becomes a checkpoint and a stop, not an abrupt death
+        # the rendezvous store under a prefix of its own for every run this process joins: the runs
+        # of a `-m` sweep under torchrun share torchrun's agent store, where the previous run's keys
+        # (same default group name) would otherwise be read as this run's
+        timeout = timedelta(seconds=float(cfg["launcher"].get("timeout_s", 300)))
+        store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+        store.set_timeout(timeout)
+        dist.init_process_group(
+            backend=resolve_backend(cfg), store=dist.PrefixStore(f"lsgd_run{next(_PROCESS_RUNS)}", store),
+            rank=rank, world_size=world, timeout=timeout,
+            device_id=torch.device("cuda", device_index) if device_index is not None else None,
+        )
+        rank = dist.get_rank()
+        try:
+            box = [run_dir, cfg.get("resume")]
+            dist.broadcast_object_list(box, src=0)
+            run_dir, cfg["resume"] = box
+            check_shared_run_dir(Path(run_dir), rank, device)
+            setup_logging(Path(run_dir), rank)
+            record_workers(Path(run_dir), rank, dist.get_world_size(), local_world)  # environment.json: threads, nodes
+            summary = Trainer(cfg, Path(run_dir), device, watch).fit()
+            dist.barrier()  # nobody tears the group down while a peer's last messages are in flight
+            return summary
+        except BaseException as exc:
+            record_failure(Path(run_dir) if run_dir else None, rank, exc)
+            raise
+        finally:
+            dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------------------
+# the trainer
+# --------------------------------------------------------------------------------------------
+class Trainer:
+    """One process's training run (a worker's or a server's). ``fit()`` returns the summary dict."""
+
+    def __init__(self, cfg: dict, run_dir: Path, device: str = "cpu", watch: PreemptionWatch | None = None):
+        self.cfg = cfg
+        self.watch = watch or PreemptionWatch("off")
+        self.run_dir = Path(run_dir)
+        self.device = torch.device(device if device != "cuda" else f"cuda:{torch.cuda.current_device()}")
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.is_main = self.rank == 0
+        seed = int(cfg["seed"])
+        # parameters, inputs and every buffer an algorithm allocates follow torch's default dtype:
+        # set for every run (a process that runs several, e.g. the golden cases, gets each one's)
+        torch.set_default_dtype(default_dtype(cfg))
+        self.label_smoothing = float(cfg.get("label_smoothing") or 0.0)  # training loss only
+
+        # roles: the algorithm says what every rank is; data shards go to workers only
+        roles = ALGORITHMS[cfg["algo"]["name"]].roles(self.world_size)
+        workers = [r for r, role in enumerate(roles) if role == "worker"]
+        self.role = roles[self.rank]
+        worker_index = workers.index(self.rank) if self.role == "worker" else None
+        self.num_workers = len(workers)
+
+        # data: every rank builds the same datasets; a worker reads its own shard (a server keeps
+        # worker 0's loader for the epoch length only)
+        self.info = dataset_info(cfg["dataset"])
+        self.train_set, self.test_set = build_datasets(cfg["dataset"], seed)
+        shard = worker_index if worker_index is not None else 0
+        self.worker_index = worker_index
+        # the input pipeline (lsgd.data.pipeline): DataLoader processes, pinned batches on cuda; one
+        # for every shard this worker reads; the same batches as built here
+        self.pipeline = BatchPipeline.from_config(self.train_set, resolve(cfg["dataset"]), self.device.type)
+        self.loader = ShardedLoader(self.train_set, cfg["dataset"], shard, self.num_workers, int(cfg["batch_size"]), seed,
+                                    pipeline=self.pipeline)
+        self.loaders = {shard: self.loader}  # other shards' loaders, made when an algorithm moves this worker
+        self.steps_per_epoch = self.loader.steps_per_epoch
+        total = int(cfg["epochs"]) * self.steps_per_epoch
+        self.total_steps = min(total, int(cfg["max_steps"])) if cfg.get("max_steps") else total
+
+        # model: identical initialization on every rank (same seed), then per-rank RNG streams
+        # (a worker's stream follows its worker index; servers come after all workers)
+        stream = worker_index if worker_index is not None else self.num_workers + self.rank
+        torch.manual_seed(seed)
+        self.model = build_model(cfg["model"], self.info).to(self.device)
+        self.channels_last = bool(cfg["model"].get("channels_last", False))  # lsgd.training.accel: NHWC convnets
+        if self.channels_last:
+            to_channels_last(self.model)
+        torch.manual_seed(seed + 1000 * (stream + 1))
+        random.seed(seed + stream)
+        np.random.seed(seed + stream)
+        self.optimizer = build_optimizer(self.model.parameters(), {**cfg["optim"], "lr": scaled_lr(cfg, self.num_workers)},
+                                         self.device)
+        self.scheduler = build_scheduler(self.optimizer, cfg["schedule"], self.steps_per_epoch, self.total_steps)
+        clip = cfg["optim"].get("clip_grad_norm")
+        self.clip_grad_norm = float(clip) if clip is not None else None  # global-norm clipping before each step
+
+        # the cluster clock: compute from the profile (or measured), communication priced on the links
+        cluster = cfg.get("cluster") or {}
+        self.speed = resolve_speeds(cluster.get("speeds"), self.world_size, seed)[self.rank]
+        self.compute_model = ComputeModel(cluster, speed=self.speed)
+        self._calibrate()
+        network = Network.from_config(cfg["network"], cluster.get("gpus_per_node") or 1)
+        self.clock = Clock(network.k)
+        self.comm = Communicator(network, clock=self.clock, device=self.device)
+        if self.compute_model.source == "roofline":
+            # the optimizer step's modeled compute, whenever this rank steps its optimizer (a parameter
+            # server's workers never do; its server does), after the communication it waited for;
+            # the profile is fixed from here on (calibrated above)
+            optimizer_s = self.compute_model.step().optimizer_s
+            self.optimizer.register_step_post_hook(lambda *_: self.clock.compute(optimizer_s))
+        self._measured_opt_s = 0.0  # measured mode: the optimizer steps' seconds charged so far (below)
+        self._gap = None            # measured mode: (perf_counter, blocked_s, optimizer s) after the last bookkeeping
+        if self.compute_model.mode == "measured":
+            # the optimizer step's measured seconds (/ speed), charged where it happens (a server's
+            # step between its incast and its broadcast); lsgd.compute.model.ComputeModel measured mode
+            self.optimizer.register_step_pre_hook(lambda *_: setattr(self, "_opt_t0", time.perf_counter()))
+            self.optimizer.register_step_post_hook(lambda *_: self._charge_optimizer(time.perf_counter() - self._opt_t0))
+
+        self.ctx = RunContext(
+            rank=self.rank, world_size=self.world_size, role=self.role, worker_index=worker_index,
+            num_workers=self.num_workers, steps_per_epoch=self.steps_per_epoch, total_steps=self.total_steps,
+            batch_size=int(cfg["batch_size"]), clock=self.clock, device=self.device,
+            data=self.loader if self.role == "worker" else None, train_set=self.train_set,
+            lr=lambda: self.optimizer.param_groups[0]["lr"], seed=seed,
+            lr_decay_steps=lr_decay_steps(cfg["schedule"], self.steps_per_epoch),
+            step_compute_s=lambda: self.step_compute_s, compute_seconds=self.compute_model.seconds,
+            counted_seconds=self.compute_model.counted_seconds,
+            grad_ready_fraction=self.compute_model.grad_ready_fraction,
+            worker_step_s=self._worker_step_s(cluster, workers, seed),
+            take_losses=lambda: self.recorder.take_losses(),
+            add_losses=lambda *losses: self.recorder.add_losses(*losses),
+        )
+        # cluster.stretch: this worker's local steps last at least its modeled step time x
+        # cluster.time_scale of wall time (lsgd.compute.model, "Wall-clock stretch"); None: off, or a server
+        self.stretch_s = (stretch_target_s(self.ctx.worker_step_s, worker_index, float(cluster.get("time_scale", 1.0)))
+                          if cluster.get("stretch") else None)
+        self.stretched_s = 0.0  # seconds slept by the stretch (in compute_time_s: emulated compute)
+        self.algorithm = build_algorithm(cfg["algo"], self.comm)
+        self.net = self.algorithm.setup(self.model, self.optimizer, self.ctx)
+        # lsgd.training.accel: autocast (and fp16's GradScaler, its skips agreed by all workers); compile
+        self.precision = Precision.from_config(cfg, self.device, self.comm, type(self.algorithm))
+        if cfg.get("compile"):
+            self.net = compile_module(self.net, self.device)
+        if self.algorithm.bookkeeping == "server":  # no collective to agree on a step to stop at
+            self.watch.without_interrupts()
+        # lock-step ranks read the stop agreement agreement_lag steps after issuing it (16 where workers
+        # drift apart between synchronizations: no added coupling); ranks that are not in lock step
+        # agree only at records: read at the next one
+        self.watch.lag = int(self.algorithm.agreement_lag) if self.algorithm.lockstep else 1
+        # an algorithm whose step makes a suitable exchange anyway carries the agreement in it
+        # (DDP's clock settlement: lsgd.comm.communicator.Communicator.carry); the others send their own
+        self.comm.carry = self.watch if self.watch.active and self.algorithm.lockstep else None
+        self._plan_step(cfg)
+        local_steps = cfg["algo"].get("local_steps")
+        if (self.is_main and isinstance(local_steps, int) and local_steps > self.total_steps
+                and not cfg["algo"].get("warmup_steps")):
+            log.warning("algo.local_steps=%d is more than the run's %d steps: the workers never synchronize "
+                        "(nothing is communicated)", local_steps, self.total_steps)
+
+        # services
+        self.recorder = Recorder(cfg, self.run_dir, self.rank, self.total_steps)
+        self.evaluator = Evaluator(self.test_set, self.info.task, int(cfg.get("eval_batch_size", 512)), self.device,
+                                   workers=bool(cfg.get("eval_workers", False)),
+                                   workers_samples=cfg.get("eval_workers_samples"),
+                                   bleu_samples=int(cfg.get("eval_bleu_samples") or 0))
+        self.checkpointer = Checkpointer(self.run_dir, self.rank, self.world_size, self.device)
+
+        # progress counters (checkpointed)
+        self.step = 0
+        self.bookkept = 0  # the algorithm's progress at the last bookkeeping
+        # on cuda a step's measured compute comes from CUDA events, read at the records (no host
+        # sync per step); on cpu from perf_counter (train_step)
+        self._gpu_steps = CudaStepTimes() if self.device.type == "cuda" else None
+        self.compute_time_s = 0.0
+        self.wall_offset_s = 0.0
+        self.diverged = False
+        self.stop_signal: int | None = None  # the signal that stopped the run (preempted / interrupted)
+        self.start_time = time.perf_counter()
+        self.step_compute_s = (0.0, 0.0)  # (modeled, measured) forward + backward of the current step
+
+    def _plan_step(self, cfg: dict) -> None:
+        """Decide once what every step does (:meth:`train_step`, :meth:`_schedule_step`,
+        :meth:`bookkeeping`): the hooks the algorithm overrides, precision and measured-mode work,
+        the profile's constant step. Each Python call, attribute chain and small object a step makes
+        costs microseconds once the step's compute has evicted the interpreter's caches (the demo
+        CNN's lsgd step spent ~0.16 ms more than a plain loop's 6 ms on one core, most of it there).
+        """
+        algorithm = self.algorithm
+        self._measured = self.compute_model.mode == "measured"
+        # profile mode: the clock's forward / backward seconds are the same every step
+        self._profile_step = None if self._measured else self.compute_model.step()
+        self._profile_fb_s = (None if self._profile_step is None
+                              else self._profile_step.forward_s + self._profile_step.backward_s)
+        self._amp = self.precision.dtype is not None        # autocast (bf16 / fp16)
+        self._scaler = self.precision.scaler is not None    # fp16's GradScaler
+        self._move_inputs = self.device.type != "cpu"      # batches come from host memory
+        self._before_step = algorithm.overrides("before_step")
+        self._after_backward = algorithm.overrides("after_backward")
+        self._own_optimizer_step = algorithm.overrides("optimizer_step")
+        # a constant schedule (factor 1 at every step) under the local step count: stepping it only
+        # moves LambdaLR's counters (each group's rate stays its base rate)
+        self._constant_lr = (cfg["schedule"].get("name") == "constant" and not algorithm.overrides("schedule_position")
+                             and type(self.scheduler) is torch.optim.lr_scheduler.LambdaLR)
+        inject = cfg.get("inject_failure") or {}
+        self._inject_at = (None if inject.get("step") is None
+                           else (int(inject["step"]), int(inject.get("rank", 0))))
+        self._quiet = (0, 0)  # [from, to): bookkept counts whose next record point is ``to`` (_next_point)
+
+    # -- the loop ---------------------------------------------------------------------------
+    def fit(self) -> dict:
+        """Train to the end; returns the summary dict (status ``completed``, ``diverged`` or
+        ``preempted``). A raising rank (a failed checkpoint load included) writes a ``failed``
+        summary (rank 0), finishes the W&B run and re-raises."""
+        cfg = self.cfg
+        status = "completed"
+        resuming = bool(cfg.get("resume")) and self.checkpointer.exists()
+        try:
+            if resuming:
+                self.load_checkpoint()
+                resuming = False  # from here on the summary is this session's to write
+            elif self.is_main and self.recorder.metrics_path.exists():
+                self.recorder.metrics_path.unlink()
+            log.info(
+                "training %s on %s with %s: %d workers x batch %d, %d steps (%d per epoch), device %s%s",
+                cfg["algo"]["name"], cfg["dataset"]["name"], cfg["model"]["name"], self.num_workers,
+                cfg["batch_size"], self.total_steps, self.steps_per_epoch, self.device,
+                f", {self.world_size - self.num_workers} server(s)" if self.world_size > self.num_workers else "",
+            )
+            self.start_time = time.perf_counter() - self.wall_offset_s
+            self.recorder.start(self.samples)
+            self.net.train()
+            if self.role == "server":
+                self.serve()
+            else:
+                self.work()
+            self.watch.drain()  # the last steps' stop agreements, still in flight (lsgd.training.preemption)
+            self.algorithm.finish()
+            if self.algorithm.bookkeeping == "server":
+                # every rank is out of its loop (the server released the workers): one gather of
+                # every rank's figures for summary.json (the records had the server's own)
+                self.recorder.figures = self.recorder.worker_figures(self)
+            if self.diverged:
+                status = "diverged"
+            self.comm.quiesce()
+        except Stopped as exc:  # preempted or interrupted: every rank at the same step, checkpoint written
+            status, self.stop_signal = exc.status, exc.signum
+            (log.warning if status == "preempted" else file_log.info)("%s", exc)
+        except BaseException as exc:
+            # record the failure (rank 0) and always finish the W&B run, then let the launcher see
+            # it; a resume that fails before its checkpoint is loaded leaves the run's summary as it was
+            if not resuming:
+                summary = self.recorder.write_summary(self, "failed", error=f"rank {self.rank}: {exc!r}")
+                self.recorder.finish(summary)
+            raise
+        finally:
+            self.recorder.close()
+            self.pipeline.close()
+        summary = self.recorder.write_summary(self, status)
+        self.recorder.finish(summary)
+        # an interrupt's console line is the main process's (the resume command); train.log has this one
+        (file_log if status == "interrupted" else log).info("finished: status %s, final test metrics %s", status,
+                                                           self.recorder.last_eval)
+        return summary
+
+    @property
+    def compute_time_s(self) -> float:
+        """Measured compute seconds of this rank so far (the ``compute_time_s`` metric): on cuda
+        the steps' CUDA-event times, read here (a host sync, at records and checkpoints)."""
+        timer = getattr(self, "_gpu_steps", None)
+        if timer is not None:
+            self._compute_time_s += timer.settle()
+        return self._compute_time_s
+
+    @compute_time_s.setter
+    def compute_time_s(self, value: float) -> None:
+        self._compute_time_s = float(value)
+
+    def _worker_step_s(self, cluster: dict, workers: list[int], seed: int) -> tuple[float, ...] | None:
+        """Every worker's modeled seconds per local step (profile mode; see RunContext)."""
+        base = self.compute_model.profile["step_time_s"]
+        if self.compute_model.mode != "profile" or base is None:
+            return None
+        speeds = resolve_speeds(cluster.get("speeds"), self.world_size, seed)
+        return tuple(base / speeds[r] for r in workers)
+
+    def _mark_gap(self) -> None:
+        """Measured mode: the time from here to the next step's start (the batch's loading, the
+        loop) is compute (:meth:`train_step` charges it); bookkeeping (records, evaluation,
+        checkpoints) is measurement and falls before the mark. Nothing in profile mode."""
+        if self._measured:
+            self._gap = (time.perf_counter(), self.comm.blocked_s(), self._measured_opt_s)
+
+    def _charge_optimizer(self, seconds: float) -> None:
+        """Measured mode: an optimizer step of ``seconds`` wall time on the clock (/ speed)."""
+        seconds = max(0.0, seconds) / self.speed
+        self._measured_opt_s += seconds
+        self.clock.compute(seconds)
+
+    def _charge_measured(self, t0: float, b0: float, opt0: float) -> None:
+        """Measured mode: the compute of a hook window that began at ``t0`` (``perf_counter``), with
+        :meth:`lsgd.comm.communicator.Communicator.blocked_s` ``b0`` and optimizer seconds charged ``opt0`` then:
+        its wall time less the time blocked in communication and less the optimizer steps already
+        charged by their hook, / speed, on the clock now (the algorithms' own arithmetic: averaging,
+        mixing, outer steps, compression outside a comm hook). Nothing in profile mode."""
+        if self.compute_model.mode != "measured":
+            return
+        own = (time.perf_counter() - t0) - (self.comm.blocked_s() - b0) - (self._measured_opt_s - opt0) * self.speed
+        if own > 0:
+            self.clock.compute(own / self.speed)
+
+    def _check_injected_failure(self) -> None:
+        if self._inject_at is not None and (self.step, self.rank) == self._inject_at:
+            raise RuntimeError(f"inject_failure: rank {self.rank} fails at step {self.step}")
+
+    def work(self) -> None:
+        """A worker's loop over its shard until the algorithm's progress reaches the total (the
+        batches of the shard and position :meth:`Algorithm.data_position` says, by default its own
+        shard at its step count)."""
+        if self.bookkeeping():  # records a resumed rank had crossed but not yet made (not lockstep)
+            return
+        self._mark_gap()
+        while self.algorithm.progress(self.step) < self.total_steps:
+            shard, batch = self._data_position(self.step)
+            epoch, start = divmod(batch, self.steps_per_epoch)
+            for x, y in self._shard_loader(shard).batches(epoch, start):
+                self._check_injected_failure()
+                self.train_step(x, y)
+                stop = self.bookkeeping()
+                self._mark_gap()
+                if stop or self.algorithm.progress(self.step) >= self.total_steps:
+                    break
+                batch += 1
+                if self._data_position(self.step) != (shard, batch):  # moved to another shard or position
+                    break
+            if self.diverged:
+                return
+
+    def _data_position(self, step: int) -> tuple[int, int]:
+        """(shard, batch) local step ``step`` reads (:meth:`Algorithm.data_position`)."""
+        where = self.algorithm.data_position(step)
+        return (self.worker_index, step) if where is None else (int(where[0]), int(where[1]))
+
+    def _shard_loader(self, shard: int) -> ShardedLoader:
+        """The loader of worker shard ``shard`` (the same batches whichever worker reads them)."""
+        if shard not in self.loaders:
+            self.loaders[shard] = ShardedLoader(self.train_set, self.cfg["dataset"], shard, self.num_workers,
+                                                int(self.cfg["batch_size"]), int(self.cfg["seed"]),
+                                                pipeline=getattr(self, "pipeline", None))
+        return self.loaders[shard]
+
+    def serve(self) -> None:
+        """A server's loop: the algorithm's serve step, the schedule, the same bookkeeping."""
+        if self.bookkeeping():  # records a resumed rank had crossed but not yet made (not lockstep)
+            return
+        while self.algorithm.progress(self.step) < self.total_steps:
+            self._check_injected_failure()
+            b0, t0, opt0 = self.comm.blocked_s(), time.perf_counter(), self._measured_opt_s
+            self.algorithm.serve_step(self.step)
+            self._charge_measured(t0, b0, opt0)
+            self._schedule_step()
+            self.step += 1
+            self.compute_time_s += max(0.0, time.perf_counter() - t0 - (self.comm.blocked_s() - b0))
+            if self.bookkeeping():
+                return
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """One local step: forward, backward, algorithm hooks, optimizer and schedule step.
+
+        Measured compute (``cluster.compute=measured``'s clock, the ``compute_time_s`` metric) is
+        wall time minus the time this worker's training threads were blocked in communication
+        (:meth:`lsgd.comm.communicator.Communicator.blocked_s`, read around each window): the forward window
+        (``before_step``'s push/pull waits included) and the backward window (a comm hook's
+        synchronous exchange, DDP's end of backward waiting for its last buckets) keep only what
+        was computed; communication is priced by the clock alone. Limits: a DDP all-reduce in
+        flight on gloo's threads while backward continues is overlap, not blocking, so the CPU it
+        takes from backward on a loaded machine stays in the measured compute; torch's PowerSGD
+        chain, completed inside the hook on gloo, counts whole as communication (its compression
+        matmuls run in the chain's callbacks); a wait torch makes outside lsgd's communicator and
+        hooks (DDP's one-off bucket rebuild broadcast in the second forward) stays compute; on
+        CUDA a wait hidden in ``torch.cuda.synchronize`` (an NCCL kernel still running) is compute.
+
+        ``cluster.stretch``: before ``after_step`` the worker sleeps until the step (less its time
+        blocked in communication) lasts ``stretch_s`` (:func:`lsgd.compute.model.stretch_step`); the
+        sleep is in ``compute_time_s`` (emulated compute), not on the clock.
+        On cuda nothing here reads the GPU back per step except where the run needs the value now
+        (:meth:`_sync_time` in measured mode; fp16's skip verdict, :meth:`Precision.unscale_`):
+        the loss is accumulated on the device (:meth:`Recorder.add_loss`) and the ``compute_time_s``
+        metric comes from CUDA events read at the records (:class:`lsgd.training.accel.CudaStepTimes`).
+
+        The step does only what this run needs (:meth:`_plan_step`): the algorithm's hooks that
+        are its own, autocast and the GradScaler where precision asks for them, the measured
+        windows in measured mode (profile mode charges its constant step and reads two times).
+        """
+        measured, algorithm, comm = self._measured, self.algorithm, self.comm
+        if measured and self._gap is not None:  # measured mode: loading the batch since the last step
+            self._charge_measured(*self._gap)
+            self._gap = None
+        gpu_start = self._gpu_steps.start() if self._gpu_steps is not None else None
+        b0, t0 = comm.blocked_s(), time.perf_counter()
+        if self._before_step:
+            algorithm.before_step(self.step)
+        if self._move_inputs:
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        if self.channels_last:
+            x = batch_to_channels_last(x)
+        if self._amp:
+            with self.precision.autocast():
+                out = self.net(x)
+                loss = self.loss_fn(out, y)
+        else:  # fp32: no autocast
+            out = self.net(x)
+            loss = self.loss_fn(out, y)
+        if measured:
+            t1 = self._sync_time()
+            b1 = comm.blocked_s()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self._scaler:
+            self.precision.backward(loss)  # fp16: of the scaled loss
+        else:
+            loss.backward()
+        if measured:
+            t2 = self._sync_time()
+            b2 = comm.blocked_s()
+            forward_s, backward_s = max(0.0, t1 - t0 - (b1 - b0)), max(0.0, t2 - t1 - (b2 - b1))
+            st = self.compute_model.step(forward_s, backward_s)
+            self.step_compute_s = (st.forward_s + st.backward_s, t2 - t0)  # (clock's, wall time)
+        else:  # profile mode: the same modeled step every time; no read from the GPU
+            st = self._profile_step
+            self.step_compute_s = (self._profile_fb_s, time.perf_counter() - t0)
+        clock = self.clock
+        clock.compute(st.forward_s)
+        clock.backward(st.backward_s)
+        # fp16: unscale, and skip the step on every worker if any worker's gradients overflowed
+        skip = self.precision.unscale_(self.optimizer) if self._scaler else False
+        # measured mode: the rest of the step is on the clock too (optimizer step by its hook, the
+        # hooks' own arithmetic by _charge_measured), each where it happens
+        if measured:
+            t3, b3, o3 = time.perf_counter(), comm.blocked_s(), self._measured_opt_s
+        if self._after_backward:
+            algorithm.after_backward(self.step)
+        if not skip:
+            if self.clip_grad_norm is not None:
+                # optim.clip_grad_norm: the (synchronized) gradient the step applies (lsgd.training.optim)
+                clip_grad_norm(self.model.parameters(), self.clip_grad_norm)
+            if self._own_optimizer_step:
+                algorithm.optimizer_step()
+            else:
+                self.optimizer.step()
+        if self._scaler:
+            self.precision.update()
+        self._schedule_step()
+        self.step += 1
+        self.recorder.add_loss(loss.detach())  # before after_step: an algorithm may ship the losses there
+        if measured:
+            self._charge_measured(t3, b3, o3)
+        if self.stretch_s is not None:  # cluster.stretch: sleep the rest of the step before after_step
+            self.stretched_s += stretch_step(self.stretch_s, t0, comm.blocked_s() - b0)
+        if measured:
+            t4, b4, o4 = time.perf_counter(), comm.blocked_s(), self._measured_opt_s
+        algorithm.after_step(self.step)
+        if measured:
+            self._charge_measured(t4, b4, o4)
+        if gpu_start is not None:  # no host sync: the events are read at the next record
+            self._compute_time_s += self._gpu_steps.stop(gpu_start)
+        else:
+            self._compute_time_s += max(0.0, time.perf_counter() - t0 - (comm.blocked_s() - b0))
+
+    def _schedule_step(self) -> None:
+        """Step the learning-rate schedule once; it follows the algorithm's count where
+        :meth:`Algorithm.schedule_position` gives one, else the local (or serve) steps.
+
+        A constant schedule under the local count (:meth:`_plan_step`) moves LambdaLR's two
+        counters as its ``step()`` would (``last_epoch``, ``_step_count``: its checkpointed state)
+        and leaves each group's rate, which that ``step()`` would set to base rate x 1.0 again."""
+        if self._constant_lr:
+            scheduler = self.scheduler
+            scheduler.last_epoch += 1
+            scheduler._step_count += 1
+            return
+        position = self.algorithm.schedule_position(self.step + 1)
+        if position is not None:
+            self.scheduler.last_epoch = position - 1
+        self.scheduler.step()
+
+    def _sync_time(self) -> float:
+        """``perf_counter`` after the GPU's queued work finished, where the clock needs the
+        forward / backward seconds now (``cluster.compute=measured`` on cuda: a host sync, which
+        the measured clock needs); profile mode prices the step from its profile and reads no time
+        from the GPU (no sync)."""
+        if self.device.type == "cuda" and self.compute_model.mode == "measured":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _calibrate(self) -> None:
+        """Count one step's operators on the first batch, the optimizer's step included (RNG states
+        and the optimizer untouched): the profile (profile mode, roofline) and, in every mode, when each parameter's gradient is final in backward
+        (:attr:`ComputeModel.grad_ready_fraction`, DDP's bucket timing)."""
+        if self.compute_model.calibrated and self.compute_model.grad_ready_fraction is not None:
+            return
+        states = (torch.get_rng_state(), random.getstate(), np.random.get_state())
+        x, y = next(iter(self.loader.batches(0, 0)))
+        args = (self.model, x.to(self.device), y.to(self.device), self.loss_fn)
+        if not self.compute_model.calibrated:
+            self.compute_model.calibrate(*args, optimizer=self.optimizer)
+        if self.compute_model.grad_ready_fraction is None:
+            self.compute_model.count_grad_ready(*args)
+        torch.set_rng_state(states[0])
+        random.setstate(states[1])
+        np.random.set_state(states[2])
+
+    def loss_fn(self, out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        """The training loss: cross-entropy (:func:`lsgd.training.services.loss_fn`) with the run's
+        ``label_smoothing``; padding targets (-100) carry no loss. Evaluation does not use it
+        (``test_loss`` is plain cross-entropy)."""
+        return loss_fn(out, y, reduction, label_smoothing=self.label_smoothing)
+
+    @property
+    def progress(self) -> int:
+        """The run's progress in local steps per worker (the algorithm's count: the local step
+        count, or, where workers take different numbers of steps, its expected value)."""
+        return self.algorithm.progress(self.step)
+
+    @property
+    def samples(self) -> int:
+        """Training samples consumed by all workers so far (from :attr:`progress`)."""
+        return self.progress * int(self.cfg["batch_size"]) * self.num_workers
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+    def bookkeeping(self) -> bool:
+        """Log / evaluate / checkpoint at the algorithm's progress count (every rank reaches the
+        same counts); returns True when training must stop (diverged).
+
+        Raises:
+            Stopped: some rank got a preemption signal or an interrupt (lsgd.training.preemption:
+            ``Preempted`` / ``Interrupted``); this step's record and a checkpoint at this step are
+            written first, so a resumed run continues right after it.
+        """
+        algorithm = self.algorithm
+        step = algorithm.progress(self.step)
+        if step == self.bookkept:  # progress did not move (a round of local steps under way)
+            return False
+        local = algorithm.bookkeeping == "server"
+        if local and self.role != "server":  # server bookkeeping: workers make no records
+            self.bookkept = step
+            return False
+        lo, hi = self._quiet  # (_next_point's answer, kept)
+        if step < (hi if lo <= self.bookkept < hi else self._next_point(self.bookkept)):
+            # no record, evaluation or checkpoint in (bookkept, step] (most steps): the progress
+            # display and, in lock step, the stop agreement
+            if self.recorder.progress is not None:
+                self.recorder.tick(step)
+            self.bookkept = step
+            if algorithm.lockstep and not local:
+                stop = self.watch.agreed(self.comm, self.device)
+                if stop is not None:
+                    self._stop_at(step, stop, saved=False)
+            return False
+        points = [step] if algorithm.lockstep and not local else self._record_points(self.bookkept, step)
+        for at in points:
+            stop, saved = self._record_and_checkpoint(at, self.bookkept)
+            self.bookkept = at
+            if stop:
+                return True
+            stop = self.watch.agreed(self.comm, self.device) if at < self.total_steps and not local else None
+            if stop is not None:
+                self._stop_at(at, stop, saved)
+        self.bookkept = step
+        return False
+
+    def _stop_at(self, at: int, stop: Stopped, saved: bool) -> None:
+        """Every rank agreed to stop (``stop``, from :meth:`lsgd.training.preemption.PreemptionWatch.agreed`)
+        at progress ``at``: write the checkpoint there (unless ``saved``: this record wrote it).
+
+        Raises:
+            Stopped: always (``stop``'s kind, at ``at``).
+        """
+        if not saved:
+            self.comm.quiesce()
+            self.save_checkpoint(at)
+        raise type(stop)(at, stop.signum)
+
+    def _next_point(self, before: int) -> int:
+        """The first progress count after ``before`` at which a record, evaluation or checkpoint
+        falls (:meth:`_record_points`; the total included; ``before + 1`` from the total on).
+        The answer holds for every count in ``[before, answer)``: it is kept for them."""
+        lo, hi = self._quiet
+        if lo <= before < hi:
+            return hi
+        if before >= self.total_steps:
+            return before + 1
+        cfg = self.cfg
+        unit = self.steps_per_epoch if cfg["eval_unit"] == "epoch" else 1
+        periods = [p for p in (int(cfg["log_every"]), unit * int(cfg["eval_every"]), unit * int(cfg["checkpoint_every"])) if p > 0]
+        hi = min([(before // p + 1) * p for p in periods] + [self.total_steps])
+        self._quiet = (before, hi)
+        return hi
+
+    def _record_points(self, before: int, step: int) -> list[int]:
+        """The progress counts in ``(before, step]`` at which some record, evaluation or checkpoint
+        falls (multiples of their periods, and the total), ascending. A rank whose progress jumps
+        over several makes each of them, so every rank makes the same records (and collectives) in
+        the same order, whatever its local step count."""
+        cfg = self.cfg
+        unit = self.steps_per_epoch if cfg["eval_unit"] == "epoch" else 1
+        periods = [p for p in (int(cfg["log_every"]), unit * int(cfg["eval_every"]), unit * int(cfg["checkpoint_every"])) if p > 0]
+        points = {m for p in periods for m in range((before // p + 1) * p, min(step, self.total_steps) + 1, p)}
+        if step >= self.total_steps:
+            points.add(self.total_steps)
+        return sorted(points)
+
+    def _record_and_checkpoint(self, step: int, before: int) -> tuple[bool, bool]:
+        """Record (and evaluate, checkpoint) at progress ``step``, the last record having been at
+        ``before``; returns (stop, checkpoint saved at this step)."""
+        cfg = self.cfg
+        last = step >= self.total_steps
+
+        def crossed(every: int) -> bool:  # a multiple of ``every`` in (before, step]
+            return every > 0 and step // every > before // every
+
+        unit = self.steps_per_epoch if cfg["eval_unit"] == "epoch" else 1
+        ce = int(cfg["checkpoint_every"])
+        local = self.algorithm.bookkeeping == "server"  # the server alone, no collective (no checkpoints)
+        is_eval = crossed(unit * int(cfg["eval_every"])) or last
+        is_ckpt = crossed(unit * ce) and not local and not last
+        if not (is_eval or crossed(int(cfg["log_every"]))):  # no record here; a checkpoint may fall here
+            self.recorder.tick(step)
+            if is_ckpt:
+                self.comm.quiesce()
+                self.save_checkpoint(step)
+            return False, is_ckpt
+        rec = self.recorder.make_record(self, step, local=local)
+        if rec is None:  # diverged: every rank saw the same reduced flag
+            self.diverged = True
+            log.warning("non-finite training loss at step %d: stopping with status diverged", step)
+            return True, False
+        if is_eval:
+            if not local:
+                self.comm.quiesce()
+            out = self.evaluator.evaluate(self.model, self.algorithm, self.comm, self.rank, self.world_size,
+                                          is_worker=self.role == "worker", local=local)
+            self.recorder.note_eval(out, step)
+            rec.update(out)
+        self.recorder.emit(rec, step, self.total_steps)
+        if is_ckpt:
+            self.comm.quiesce()
+            self.save_checkpoint(step)
+            return False, True
+        return False, False
+
+    def evaluate(self) -> dict:
+        """Test metrics now (see :class:`lsgd.training.services.Evaluator`)."""
+        out = self.evaluator.evaluate(self.model, self.algorithm, self.comm, self.rank, self.world_size,
+                                      is_worker=self.role == "worker")
+        self.recorder.note_eval(out, self.step)
+        return out
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def save_checkpoint(self, at: int | None = None) -> None:
+        """Every rank writes its shard (atomically) named by the progress count ``at`` (default:
+        the current one); see :class:`lsgd.training.services.Checkpointer`."""
+        # the algorithm's state first: it completes the transfer of an exchange in flight to save
+        # what was received (changing neither the model nor the clock, which moves where the
+        # algorithm waits), then the communicator's counters and clock
+        algorithm = self.algorithm.state_dict()
+        self.checkpointer.save(self.progress if at is None else at, {
+            "local_step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "algorithm": algorithm,
+            "comm": self.comm.state_dict(),
+            "compute_time_s": self.compute_time_s,
+            "wall_time_s": time.perf_counter() - self.start_time,
+            "recorder": self.recorder.state_dict(),
+            "precision": self.precision.state_dict(),
+            "step_rows": list(self.algorithm.step_rows),  # a checkpoint between two records holds some
+        }, self.comm)
+
+    def load_checkpoint(self) -> None:
+        """Restore this rank's shard named by checkpoints/last.json and truncate metrics.jsonl to it."""
+        state, name = self.checkpointer.load()
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.comm.load_state_dict(state["comm"])
+        self.recorder.load_state_dict(state["recorder"])
+        self.precision.load_state_dict(state.get("precision") or {})
+        self.algorithm.step_rows = list(state.get("step_rows", []))
+        self.step = state.get("local_step", state["step"])  # older checkpoints: progress = local steps
+        self.bookkept = state["step"]  # the checkpoint's record (a rank not in lockstep may be past it)
+        self.compute_time_s = state["compute_time_s"]
+        self.wall_offset_s = state["wall_time_s"]
+        self.recorder.truncate_to(self.bookkept)
+        log.info("resumed from %s at step %d", name, self.bookkept)
