@@ -23,8 +23,8 @@ work's time is when gloo signalled it, not when the algorithm looked; the algori
 waits for those threads. The threads sleep in gloo's wait (no polling), so the trace takes no CPU
 while the messages travel; it adds one thread start per work (tens of microseconds).
 
-Read a trace with :func:`load` (a pandas DataFrame, one row per exchange and rank); the
-clock-validation notes in the README use it on the emulated cluster. Written here, not taken from
+Read a trace with :func:`lsgd.analysis.p2p_trace.load_p2p_trace` (a pandas DataFrame, one row per
+exchange and rank); the clock-validation notes use it on the emulated cluster. Written here, not taken from
 a library: torch's profiler records gloo's send/recv as host ops on the calling thread, not when
 the data arrived.
 """
@@ -150,25 +150,3 @@ def tracer() -> P2PTrace | None:
         _checked = True
     return _tracer
 
-
-def load(folder: str | os.PathLike):
-    """The trace under ``folder`` as a pandas DataFrame: one row per exchange and rank, with the
-    columns of the module docstring and, per work kind, its end (``recv``, ``send``, ... seconds;
-    the latest over peers) relative to the run's first post."""
-    import pandas as pd
-
-    rows = []
-    for path in sorted(Path(folder).glob("p2p_rank*.jsonl")):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                for kind, _peer, t in row.pop("works"):
-                    row[kind] = max(row.get(kind) or t, t)
-                rows.append(row)
-    df = pd.DataFrame(rows)
-    if len(df):
-        t0 = df["post"].min()
-        for col in ("post", "posted", "wait", "waited", "recv", "send", "recv_stamp", "send_stamp"):
-            if col in df:
-                df[col] = df[col] - t0
-    return df

@@ -11,8 +11,11 @@ import pytest
 import torch
 from gloo import run_gloo
 
+from lsgd.analysis.p2p_trace import load_p2p_trace
 from lsgd.comm import p2p_trace
-from lsgd.comm.communicator import Clock, Communicator, Network, NetworkModel
+from lsgd.clock.network import Network, NetworkModel
+from lsgd.clock.worker_clock import Clock
+from lsgd.comm.communicator import Communicator
 
 LINK = NetworkModel(bandwidth_gbps=1, latency_us=5)
 N = 100_000          # float32 elements per message
@@ -43,7 +46,7 @@ def trace(tmp_path_factory):
 
 
 def test_one_row_per_counted_exchange_and_rank(trace):
-    df = p2p_trace.load(trace)
+    df = load_p2p_trace(trace)
     assert sorted(zip(df["rank"], df["seq"])) == [(0, 1), (0, 2), (1, 1), (1, 2)]
     for row in df.itertuples():
         assert row.peers == [1 - row.rank] and row.bytes == [4 * N]
@@ -73,9 +76,9 @@ def test_times_are_in_causal_order(trace):
 
 def test_the_clock_view_is_the_exchange_cost(trace):
     """Both ranks issue at clock 0 (no compute between), so each exchange ends one message cost
-    alpha + n beta after the other (a paired exchange costs one message, lsgd.clock.network)."""
+    alpha + n beta after the other (a paired exchange costs one message, lsgd.clock.ports)."""
     cost = 5e-6 + 4 * N * 8 / 1e9
-    df = p2p_trace.load(trace).sort_values(["rank", "seq"])
+    df = load_p2p_trace(trace).sort_values(["rank", "seq"])
     for row in df.itertuples():
         assert row.issue_model == pytest.approx((row.seq - 1) * cost, abs=1e-12)
         assert row.end_model == pytest.approx(row.seq * cost, rel=1e-12)
