@@ -43,7 +43,7 @@ import torch.multiprocessing as mp
 
 from lsgd.algorithms.adasum.adasum import adasum_reduce_
 from lsgd.comm.communicator import Communicator
-from lsgd.launch.launcher import free_port
+from lsgd.launch.spawn import free_port
 
 
 #: goal of the adasum / all-reduce wall ratio per list

@@ -29,7 +29,7 @@ or one flat float32 tensor of 20M elements (``--model flat20m``):
 
 Block and all-reduce repeats alternate; the table shows medians of ``--repeats``. All ranks share
 this machine's cores and loopback: the times are this machine's, not a cluster's (the cluster
-clock, ``modeled_time_s``, prices the messages: ``lsgd.comm.communicator``).
+clock, ``modeled_time_s``, prices the messages: ``lsgd.clock``).
 
 Measured once (25 Nov 2026; 2 CPU cores shared with other jobs, load average ~10; 1m45s)::
 
@@ -58,7 +58,7 @@ import torch.multiprocessing as mp
 from lsgd.algorithms.asynchronous.async_local_sgd import AsyncLocalSGD
 from lsgd.algorithms.base import RunContext
 from lsgd.comm.communicator import Communicator
-from lsgd.launch.launcher import free_port
+from lsgd.launch.spawn import free_port
 
 GPT20M = {"name": "gpt", "size": "20m", "dropout": 0.0, "bias": True, "n_layer": None, "n_head": None, "n_embd": None}
 FLAT = 20_000_000

@@ -12,7 +12,7 @@ Prints three tables (times are medians over ``--reps`` repetitions after one war
     main process's thread count);
 (b) DGC's sampled-threshold top-k vs exact top-k at CF 1000 on the largest size (encode only):
     the speedup (goal >= 8x; Lin et al., ICLR 2018, Sec. 3 motivates the sampling by this cost);
-(c) GraVAC's multi-level compression (papers.md section 2): ``compress_further(topk@10 output, 100)``
+(c) GraVAC's multi-level compression (docs/papers.md#gravac): ``compress_further(topk@10 output, 100)``
     vs top-k from scratch at 1000 on the raw tensor, and the same for dgc: time ratio
     scratch / multi-level for the candidate alone, and for one GraVAC iteration, which needs both
     CFs: (theta_min from scratch + candidate from scratch) / (theta_min + candidate from the
@@ -46,7 +46,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from lsgd.compression import build
-from lsgd.launch.launcher import free_port
+from lsgd.launch.spawn import free_port
 
 CONFIGS = [
     ("none", "none", {}),

@@ -5,7 +5,7 @@ byte-level text set, ResNet-20 on CIFAR-10 shapes; batch 32, the default, on ran
 the dataset's shapes) it prints, side by side from one run:
 
 * ``profile``: the modeled compute of one step with ``cluster.device=cpu`` (this machine's
-  calibration, :func:`lsgd.compute.model.calibrate_cpu`, measured at the start of this run with the same
+  calibration, :func:`lsgd.compute.calibration.calibrate_cpu`, measured at the start of this run with the same
   thread count): forward + backward + optimizer step, each a roofline sum over the step's operators
   plus the per-op overhead;
 * ``measured``: a real forward + backward + optimizer step (SGD with momentum 0.9 and weight decay
@@ -45,10 +45,12 @@ import time
 
 import torch
 
-from lsgd.compute.model import OpCounter, Roofline, _launches_nothing, calibrate_cpu, count_step, cpu_spec_from_record
+from lsgd.compute.calibration import calibrate_cpu, cpu_spec_from_record
+from lsgd.compute.opcount import OpCounter, _launches_nothing, count_step
+from lsgd.compute.roofline import Roofline
 from lsgd.data.catalog import dataset_info
 from lsgd.models import build_model
-from lsgd.training.services import loss_fn
+from lsgd.training.evaluator import loss_fn
 
 CASES = {
     "cnn": ({"name": "cnn", "channels": [16, 32], "hidden": 128}, {"name": "fashion_mnist"}),

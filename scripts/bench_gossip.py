@@ -52,7 +52,7 @@ import torch.multiprocessing as mp
 
 from lsgd.algorithms.gossip.swarm_sgd import round_partners
 from lsgd.comm.communicator import Communicator
-from lsgd.launch.launcher import free_port
+from lsgd.launch.spawn import free_port
 from lsgd.compression.lattice import LatticeQuantizer
 from lsgd.comm.topology import Topology
 

@@ -53,7 +53,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from lsgd.launch.launcher import free_port
+from lsgd.launch.spawn import free_port
 
 
 def compose(overrides: list[str]) -> dict:

@@ -17,8 +17,17 @@
     plot_runs("results/fmnist_demo", "results/fmnist_demo/plots")
     write_report("results/fmnist_demo", "results/fmnist_demo/report", baseline="ddp")
 
-The run-folder format these read is docs/run_format.md. Statistics over seeds:
+The run-folder format these read is docs/results.md. Statistics over seeds:
 :mod:`lsgd.analysis.stats` (mean and Student t interval per arm, curves on a common grid).
+
+The modules, in the order the data flows: ``load`` (run folders -> frames), ``arms`` (runs that
+differ only in seed), ``stats`` (means and intervals over seeds), ``plots`` (the figures),
+``tables`` (the report's numbers: per run and per arm, time to T, speedups, bytes, batch scaling),
+``formats`` (their cells, Markdown and LaTeX), ``environment`` (what produced the runs),
+``html_page`` (report.html), ``report`` (report.md and report.html). The studies' own tables:
+``clock_validation``, ``time_claims``, ``gravac_gains``, ``suboptimality`` (ADSAGA), ``bench``
+(``make bench``'s BENCH lines), ``p2p_trace`` (the point-to-point trace); their entry points are
+in scripts/.
 """
 
 from lsgd.analysis.arms import arm_keys, arm_labels, config_label, select_runs
@@ -33,14 +42,9 @@ from lsgd.analysis.load import (
     run_labels,
 )
 from lsgd.analysis.plots import plot_runs
-from lsgd.analysis.report import (
-    ExperimentTable,
-    batch_scaling_table,
-    experiment_tables,
-    time_to_threshold,
-    write_report,
-)
+from lsgd.analysis.report import write_report
 from lsgd.analysis.stats import aggregate_curves, aggregate_seeds, paired_differences, t_halfwidth
+from lsgd.analysis.tables import ExperimentTable, batch_scaling_table, experiment_tables, time_to_threshold
 
 __all__ = [
     "DEFAULT_IGNORED_KEYS",

@@ -31,7 +31,7 @@ LABEL_KEY_PRIORITY = ("algo.name", "study.arm")
 
 #: Config keys that define a method (``algo.name``): written in its label whatever the other arms
 #: hold, so "local SGD" never hides its H nor "compressed" its compressor and CF. The symbols of
-#: the methods' papers (shared/glossary.md): H (tau) for the periodic-averaging family, the
+#: the methods' papers (docs/glossary.md): H (tau) for the periodic-averaging family, the
 #: compressor and theta for static compression, the graph G for gossip.
 DEFINING_KEYS = {
     "local_sgd": ("algo.local_steps",),

@@ -1,4 +1,4 @@
-"""Read run folders (docs/run_format.md) into pandas DataFrames.
+"""Read run folders (docs/results.md) into pandas DataFrames.
 
 A *run folder* holds the ``config.yaml`` the trainer wrote, with ``metrics.jsonl`` (one record per
 logged step) and, once the run has ended, ``summary.json``. Every function here takes ``paths``:
@@ -34,13 +34,9 @@ from lsgd.core.labels import format_value
 from lsgd.core.labels import is_missing as _is_missing
 import yaml
 
-from lsgd.training.provenance import ENVIRONMENT_FILE  # (lsgd.training.provenance imports torch only where it collects)
+from lsgd.core.run_files import CONFIG_FILE, ENVIRONMENT_FILE, METRICS_FILE, SUMMARY_FILE
 
 PathLike = str | os.PathLike
-
-CONFIG_FILE = "config.yaml"
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
 
 #: Columns of :func:`load_summaries` from ``environment.json`` (:func:`environment_fields`).
 ENV_COLUMNS = ("env.commit", "env.lsgd", "env.torch", "env.cpu_capability", "env.cpu", "env.gpu", "env.python",
@@ -74,10 +70,10 @@ METRIC_KEYS = (
     "comm_bytes_workers", "wire_bytes_workers", "consensus_distance",
 )  # fmt: skip
 
-#: ``kind`` of the per-step compression rows of metrics.jsonl (docs/run_format.md).
+#: ``kind`` of the per-step compression rows of metrics.jsonl (docs/results.md).
 COMPRESSION_KIND = "compression"
 
-#: Keys of a compression row (each algorithm writes its subset; see docs/run_format.md).
+#: Keys of a compression row (each algorithm writes its subset; see docs/results.md).
 COMPRESSION_KEYS = (
     "kind", "step", "cf", "sent", "cf_min", "cf_candidate", "gain_min", "gain_candidate", "gain",
     "low_fraction",
@@ -92,7 +88,7 @@ SUMMARY_KEYS = (
     "modeled_time_to_target_s", "step_to_target", "error", "failed_rank", "num_workers",
 )  # fmt: skip
 
-#: Methods whose rank 0 is a server (docs/run_format.md): a run of one whose summary predates
+#: Methods whose rank 0 is a server (docs/results.md): a run of one whose summary predates
 #: ``num_workers`` is taken to have server ranks.
 SERVER_ALGOS = ("param_server", "async_local_sgd", "adsaga")
 
@@ -265,7 +261,7 @@ def read_summary(run_dir: PathLike) -> dict | None:
 
 
 def read_environment(run_dir: PathLike) -> dict | None:
-    """The run's ``environment.json`` (docs/run_format.md), or None when it has none. An unreadable
+    """The run's ``environment.json`` (docs/results.md), or None when it has none. An unreadable
     one is reported with a warning and read as none: the numbers of a report do not depend on it."""
     path = Path(run_dir) / ENVIRONMENT_FILE
     if not path.exists():
@@ -522,7 +518,7 @@ def load_runs(paths: PathLike | Iterable[PathLike]) -> pd.DataFrame:
     """All metrics records of the runs in ``paths`` as one DataFrame, one row per record.
 
     Columns: ``run_id``, ``run_dir`` (absolute path), ``experiment_name``, ``status`` (from
-    summary.json; ``"running"`` when the run has none), then every metric of docs/run_format.md
+    summary.json; ``"running"`` when the run has none), then every metric of docs/results.md
     as written (``step``; ``comm_bytes``/``wire_bytes`` in bytes; ``*_time_s`` in seconds;
     eval-only metrics such as ``test_acc`` are NaN on records without an evaluation), then the
     run's flattened config (``algo.name``, ``algo.local_steps``, ``optim.lr``, ``world_size``, ...;
@@ -546,7 +542,7 @@ def load_summaries(paths: PathLike | Iterable[PathLike]) -> pd.DataFrame:
     """One row per run in ``paths``: its summary.json fields plus its flattened config.
 
     Columns: ``run_id``, ``run_dir``, ``experiment_name``, ``status``, the summary fields of
-    docs/run_format.md (``comm_bytes`` in bytes, ``*_time_s`` in seconds, ``steps`` in steps...),
+    docs/results.md (``comm_bytes`` in bytes, ``*_time_s`` in seconds, ``steps`` in steps...),
     then the flattened config keys as in :func:`load_runs`, then the :data:`ENV_COLUMNS` from
     ``environment.json`` (``env.commit``, ``env.torch``, ``env.cpu_capability``, ... ; None for a
     run without one; :func:`environment_fields`). A summary field whose name is also a

@@ -221,7 +221,7 @@ def _draw_arm(ax, curve: pd.DataFrame, label: str, style: dict, marker=None, **k
 def worker_comm_bytes(records: pd.DataFrame, summaries: pd.DataFrame | None = None) -> pd.Series:
     """Per record, the payload bytes one worker has sent so far (the x axis of "test accuracy vs
     bytes sent per worker"), the quantity of the report's bytes columns
-    (:func:`lsgd.analysis.report.worker_bytes`): ``comm_bytes_workers``, the mean over the worker
+    (:func:`lsgd.analysis.tables.worker_bytes`): ``comm_bytes_workers``, the mean over the worker
     ranks that runs with server ranks record (``param_server``, ``async_local_sgd``, ``adsaga``),
     else ``comm_bytes`` for a run whose ranks are all workers; NaN for a record of a run with server
     ranks that lacks it (``comm_bytes`` averages the server in: a parameter server's N messages

@@ -3,7 +3,7 @@
 
 A step's wall time on this machine is compute plus the time the training threads spent in
 communication: issuing a collective or posting messages, a wait on a handle
-(:meth:`lsgd.comm.communicator.Handle.wait_works`; a synchronous collective or exchange waits on its own), the
+(:meth:`lsgd.comm.handles.Handle.wait_works`; a synchronous collective or exchange waits on its own), the
 clock's settling all-reduce, a barrier, a comm hook issuing its all-reduce or waiting for its chain,
 the end of backward waiting for DDP's last buckets (:class:`lsgd.algorithms.averaging.ddp.BackwardWait`).
 Each is a *region* (:meth:`BlockedTime.region`); :class:`BlockedTime` is a cumulative counter of

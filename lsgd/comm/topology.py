@@ -4,7 +4,7 @@ A topology is built identically on every rank from (name, number of nodes, weigh
 communication decides who talks to whom. Graphs come from networkx where it has them (cycle, 2-D
 periodic grid, hypercube, complete graph); the exponential graphs, the per-round matchings and the
 mixing weights are written here, following Bluefog's ``topology_util`` (the reference design,
-papers.md section 3).
+docs/papers.md#topologies).
 
 Conventions:
 

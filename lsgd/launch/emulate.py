@@ -1,13 +1,13 @@
 """An emulated cluster on one machine: every node's workers in a network namespace behind a capped link.
 
 ``launcher.emulate=true`` (or the ``launcher=emulated`` preset) makes lsgd's local launch
-(:func:`lsgd.launch.launcher.spawn_local`) build, for one run:
+(:func:`lsgd.launch.spawn.spawn_local`) build, for one run:
 
 * a Linux bridge ``lsgd<id>br`` in the host's namespace, holding the first address of a private
   /24 (``MASTER_ADDR``: torch elastic's rendezvous store listens on every address of the host, so
   the workers reach it through the bridge);
 * per node ``k`` (``cluster.gpus_per_node`` workers each; rank ``r`` on node ``r // gpus_per_node``
-  as in :func:`lsgd.compute.model.node_of`): a namespace ``lsgd-<id>-<k>`` and a veth pair,
+  as in :func:`lsgd.compute.workers.node_of`): a namespace ``lsgd-<id>-<k>`` and a veth pair,
   ``lsgd<id>w<k>`` inside the namespace (the worker's NIC, address ``.k+2``) and ``lsgd<id>h<k>`` on
   the bridge;
 * a ``tbf`` qdisc at ``network.bandwidth_gbps`` on both ends of every veth: the worker-side end
@@ -457,14 +457,15 @@ def _record(run_dir: str | Path | None, description: dict) -> None:
     (written by the launch before the cluster is built); nothing when there is no run folder or file."""
     if run_dir is None:
         return
-    from lsgd.training import provenance
     from lsgd.core.files import write_atomic
+    from lsgd.core.run_files import ENVIRONMENT_FILE
+    from lsgd.training import provenance
 
     data = provenance.read_environment(run_dir)
     if data is None:
         return
     provenance.current_session(data)["emulation"] = description
-    write_atomic(Path(run_dir) / provenance.ENVIRONMENT_FILE, json.dumps(data, indent=2, default=str) + "\n")
+    write_atomic(Path(run_dir) / ENVIRONMENT_FILE, json.dumps(data, indent=2, default=str) + "\n")
 
 
 @contextlib.contextmanager
@@ -565,7 +566,7 @@ def worker_entry(cfg: dict, run_dir: str | None, *args):
 
 @contextlib.contextmanager
 def launch(cfg: dict, nproc: int, entry, run_dir: str | Path | None = None):
-    """What :func:`lsgd.launch.launcher.spawn_local` starts: ``(entry, cfg)`` unchanged without
+    """What :func:`lsgd.launch.spawn.spawn_local` starts: ``(entry, cfg)`` unchanged without
     ``launcher.emulate``, else ``(worker_entry, cfg + plan)`` inside :func:`cluster` (which records
     the cluster in ``run_dir``'s ``environment.json``)."""
     if not cfg["launcher"].get("emulate"):

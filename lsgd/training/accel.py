@@ -48,7 +48,7 @@ The scaler handles overflow in the gradients only: a loss that is itself inf / N
 activation out of range in forward) counts as a non-finite training loss, and the run stops at the
 next record with status ``diverged`` as at any precision.
 
-The cluster clock's compute profile (:mod:`lsgd.compute.model`) counts a step's operators in float32
+The cluster clock's compute profile (:mod:`lsgd.compute.opcount`) counts a step's operators in float32
 whatever ``precision`` (bytes at 4 per element, FLOPs at the device's mixed-precision peak), so
 ``modeled_time_s`` does not yet credit bf16 / fp16 with their halved memory traffic.
 

@@ -57,8 +57,13 @@ from collections.abc import Callable, Iterable
 import torch
 
 from lsgd.core.errors import ConfigError
+from lsgd.core.registry import Registry
 
-OPTIMIZERS = ("sgd", "adamw", "lamb")
+#: The base optimizers, by ``optim.name``: builders ``(params, optim cfg, kernels) -> torch optimizer``.
+OPTIMIZERS: Registry = Registry("optimizer", "optim.name")
+#: The learning-rate schedules, by ``schedule.name``: builders of the factor function
+#: ``(schedule cfg, steps_per_epoch, total_steps) -> (completed steps -> factor)``.
+SCHEDULES: Registry = Registry("schedule", "schedule.name")
 LR_SCALINGS = ("none", "linear", "sqrt", "adasum")
 
 
@@ -90,7 +95,6 @@ def scaled_lr(cfg: dict, world_size: int) -> float:
             local = int(algo.get("local_size") or os.environ.get("LOCAL_WORLD_SIZE", 1))
         return lr * min(ratio, float(optim.get("adasum_lr_factor", 2.0))) * local
     raise ConfigError(f"optim.lr_scaling={rule!r} is unknown; allowed: {', '.join(LR_SCALINGS)}")
-SCHEDULES = ("constant", "step", "cosine", "inverse_sqrt")
 
 
 def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float | None) -> float | None:
@@ -119,14 +123,18 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: dict, device: tor
     (:func:`lsgd.training.accel.optimizer_kernels`: fused sgd / adamw on CUDA, torch's default on CPU).
 
     Raises:
-        ConfigError: unknown ``optim.name`` (allowed: sgd, adamw, lamb).
+        ConfigError: unknown ``optim.name`` (allowed: :data:`OPTIMIZERS`).
     """
     from lsgd.training.accel import optimizer_kernels
 
     name = cfg.get("name")
-    kernels = optimizer_kernels(name, device)
-    if name == "sgd":
-        return torch.optim.SGD(
+    build = OPTIMIZERS[name]
+    return build(params, cfg, optimizer_kernels(name, device))
+
+
+@OPTIMIZERS.register("sgd", label="SGD", summary="torch's SGD: momentum, Nesterov, weight decay (dampening 0)")
+def _sgd(params, cfg: dict, kernels: dict) -> torch.optim.Optimizer:
+    return torch.optim.SGD(
             params,
             lr=float(cfg["lr"]),
             momentum=float(cfg.get("momentum", 0.0)),
@@ -134,8 +142,11 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: dict, device: tor
             weight_decay=float(cfg.get("weight_decay", 0.0)),
             **kernels,
         )
-    if name == "adamw":
-        return torch.optim.AdamW(
+
+
+@OPTIMIZERS.register("adamw", label="AdamW", summary="torch's AdamW (decoupled weight decay; DiLoCo's inner optimizer)")
+def _adamw(params, cfg: dict, kernels: dict) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
             params,
             lr=float(cfg["lr"]),
             betas=tuple(cfg.get("betas", (0.9, 0.999))),
@@ -143,11 +154,14 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: dict, device: tor
             weight_decay=float(cfg.get("weight_decay", 0.01)),
             **kernels,
         )
-    if name == "lamb":
-        from timm.optim import Lamb
 
-        max_norm = cfg.get("max_grad_norm")
-        return Lamb(
+
+@OPTIMIZERS.register("lamb", label="LAMB", summary="timm's LAMB (You et al. 2020, Algorithm 2; BERT pre-training)")
+def _lamb(params, cfg: dict, kernels: dict) -> torch.optim.Optimizer:
+    from timm.optim import Lamb
+
+    max_norm = cfg.get("max_grad_norm")
+    return Lamb(
             params,
             lr=float(cfg["lr"]),
             betas=tuple(cfg.get("betas", (0.9, 0.999))),
@@ -159,7 +173,6 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: dict, device: tor
             always_adapt=True,
             trust_clip=False,
         )
-    raise ConfigError(f"optim.name={name!r} is unknown; allowed: {', '.join(OPTIMIZERS)}")
 
 
 def lr_factor_fn(cfg: dict, steps_per_epoch: int, total_steps: int) -> Callable[[int], float]:
@@ -171,44 +184,55 @@ def lr_factor_fn(cfg: dict, steps_per_epoch: int, total_steps: int) -> Callable[
         total_steps: local steps of the whole run.
 
     Raises:
-        ConfigError: unknown ``schedule.name`` (allowed: constant, step, cosine, inverse_sqrt), or
+        ConfigError: unknown ``schedule.name`` (allowed: :data:`SCHEDULES`), or
             ``schedule.warmup_steps`` < 1. (``warmup_epochs`` >= 0 and ``warmup_start_factor`` in
             [0, 1] are checked by :func:`lsgd.config.validation.validate`.)
     """
-    name = cfg.get("name")
-    if name == "constant":
-        return lambda step: 1.0
-    if name == "step":
-        milestones = [int(round(m * steps_per_epoch)) for m in cfg.get("milestones", [])]
-        gamma = float(cfg.get("gamma", 0.1))
-        warmup = warmup_steps(cfg, steps_per_epoch)
-        if not warmup:
-            return lambda step: gamma ** sum(step >= m for m in milestones)
-        start = float(cfg.get("warmup_start_factor", 0.1))
+    return SCHEDULES[cfg.get("name")](cfg, steps_per_epoch, total_steps)
 
-        def step_factor(step: int) -> float:
-            ramp = start + (1.0 - start) * step / warmup if step < warmup else 1.0
-            return ramp * gamma ** sum(step >= m for m in milestones)
 
-        return step_factor
-    if name == "cosine":
-        warmup = warmup_steps(cfg, steps_per_epoch)
-        start = float(cfg.get("warmup_start_factor", 0.1))
-        floor = float(cfg.get("min_factor", 0.0))
+@SCHEDULES.register("constant", summary="the base learning rate throughout")
+def _constant(cfg: dict, steps_per_epoch: int, total_steps: int) -> Callable[[int], float]:
+    return lambda step: 1.0
 
-        def factor(step: int) -> float:
-            if step < warmup:
-                return start + (1.0 - start) * step / warmup
-            progress = (step - warmup) / max(1, total_steps - warmup)
-            return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
-        return factor
-    if name == "inverse_sqrt":
-        w = int(cfg.get("warmup_steps", 4000))
-        if w < 1:
-            raise ConfigError(f"schedule.warmup_steps must be an integer >= 1; got {w}")
-        return lambda step: min((step + 1) / w, math.sqrt(w / (step + 1)))
-    raise ConfigError(f"schedule.name={name!r} is unknown; allowed: {', '.join(SCHEDULES)}")
+@SCHEDULES.register("step", summary="multiplied by gamma at each milestone epoch, after an optional linear warm-up")
+def _step(cfg: dict, steps_per_epoch: int, total_steps: int) -> Callable[[int], float]:
+    milestones = [int(round(m * steps_per_epoch)) for m in cfg.get("milestones", [])]
+    gamma = float(cfg.get("gamma", 0.1))
+    warmup = warmup_steps(cfg, steps_per_epoch)
+    if not warmup:
+        return lambda step: gamma ** sum(step >= m for m in milestones)
+    start = float(cfg.get("warmup_start_factor", 0.1))
+
+    def step_factor(step: int) -> float:
+        ramp = start + (1.0 - start) * step / warmup if step < warmup else 1.0
+        return ramp * gamma ** sum(step >= m for m in milestones)
+
+    return step_factor
+
+
+@SCHEDULES.register("cosine", summary="cosine decay to min_factor over the run, after an optional linear warm-up")
+def _cosine(cfg: dict, steps_per_epoch: int, total_steps: int) -> Callable[[int], float]:
+    warmup = warmup_steps(cfg, steps_per_epoch)
+    start = float(cfg.get("warmup_start_factor", 0.1))
+    floor = float(cfg.get("min_factor", 0.0))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return start + (1.0 - start) * step / warmup
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+@SCHEDULES.register("inverse_sqrt", summary="linear warm-up, then 1 / sqrt(step) (the Transformer's schedule)")
+def _inverse_sqrt(cfg: dict, steps_per_epoch: int, total_steps: int) -> Callable[[int], float]:
+    w = int(cfg.get("warmup_steps", 4000))
+    if w < 1:
+        raise ConfigError(f"schedule.warmup_steps must be an integer >= 1; got {w}")
+    return lambda step: min((step + 1) / w, math.sqrt(w / (step + 1)))
 
 
 def warmup_steps(cfg: dict, steps_per_epoch: int) -> int:

@@ -200,7 +200,7 @@ class PreemptionWatch:
             sigs.update(INTERRUPT_SIGNALS)
         for sig in sorted(sigs):
             self._previous[sig] = signal.signal(sig, self._handle)
-        # a local launch's workers start with SIGINT blocked (lsgd.launch.launcher._MainSignals): a Ctrl-C
+        # a local launch's workers start with SIGINT blocked (lsgd.launch.signals.MainSignals): a Ctrl-C
         # that came before this handler waits, and is handled now; the mask comes back on exit
         self._mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs & set(INTERRUPT_SIGNALS))
         return self

@@ -2,7 +2,7 @@
 
 Numerics differ in the last bits between torch versions, between CPUs (AVX2 vs AVX512 kernels)
 and between GPUs, and a run's results follow from the code that made them. So every run folder
-records, next to its config, what produced it (docs/run_format.md, ``environment.json``):
+records, next to its config, what produced it (docs/results.md, ``environment.json``):
 
 * lsgd: its version, the folder it was imported from and, where that folder is a git checkout,
   the commit, the short commit and whether the tree was dirty (with the changed paths and a hash of
@@ -40,11 +40,9 @@ import sys
 from pathlib import Path
 
 from lsgd.core.files import write_atomic
+from lsgd.core.run_files import ENVIRONMENT_FILE
 
 log = logging.getLogger("lsgd")
-
-#: the file in the run folder
-ENVIRONMENT_FILE = "environment.json"
 
 #: packages whose versions are recorded (where installed); torch has its own entry
 PACKAGES = (
@@ -237,7 +235,7 @@ def node_info() -> dict:
 
 
 def collect(distributed: dict | None = None) -> dict:
-    """This process's record (one session of ``environment.json``; docs/run_format.md).
+    """This process's record (one session of ``environment.json``; docs/results.md).
 
     ``distributed``: the launch's facts (device, backend, world size, ...) as the caller knows them.
     """
@@ -261,7 +259,7 @@ def collect(distributed: dict | None = None) -> dict:
 def launch_facts(cfg: dict, launch_env=None) -> dict:
     """The ``distributed`` entry of a run's record: ``device``, ``backend`` (as the config resolves
     them), ``world_size``, ``nodes``, ``launch`` (``local``, ``torchrun`` or ``slurm``) and
-    ``slurm_job_id`` where set. ``launch_env``: :class:`lsgd.launch.launcher.LaunchEnv` of a joined launch."""
+    ``slurm_job_id`` where set. ``launch_env``: :class:`lsgd.launch.environment.LaunchEnv` of a joined launch."""
     from lsgd.core.devices import resolve_backend, resolve_device
 
     out: dict = {}

@@ -1,6 +1,6 @@
 """The training loop of one process: read it top to bottom.
 
-``worker_main(cfg, run_dir)`` is the entry point of every process (spawned by lsgd.launch.launcher or
+``worker_main(cfg, run_dir)`` is the entry point of every process (spawned by lsgd.launch.spawn or
 started by torchrun / srun): it joins the process group, then :class:`Trainer` builds data, model,
 optimizer, the cluster clock and the algorithm from the config, asks the algorithm for this rank's
 role and runs one linear loop:
@@ -10,7 +10,10 @@ role and runs one linear loop:
             -> algorithm.after_step -> bookkeeping
     server: algorithm.serve_step -> schedule step -> bookkeeping
 
-Bookkeeping (log / evaluate / checkpoint, :mod:`lsgd.training.services`) happens at the same progress
+The step's time (the cluster clock's compute, the measured compute, the stretch) is kept by a
+:class:`lsgd.training.timekeeping.StepTimer` the loop calls at fixed points of the step.
+Bookkeeping (log / evaluate / checkpoint: :mod:`lsgd.training.recorder`,
+:mod:`lsgd.training.evaluator`, :mod:`lsgd.training.checkpointer`) happens at the same progress
 count on every rank (or, where the algorithm's ``bookkeeping`` is ``server``, on the server alone
 with no collective). Only rank 0 writes results (metrics.jsonl, summary.json); every rank appends
 rank-prefixed lines to train.log and writes its own checkpoint shard.
@@ -32,11 +35,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from lsgd.training.accel import CudaStepTimes, Precision, batch_to_channels_last, compile_module, to_channels_last
+from lsgd.training.accel import Precision, batch_to_channels_last, compile_module, to_channels_last
 from lsgd.algorithms import ALGORITHMS, build_algorithm
 from lsgd.algorithms.base import RunContext
-from lsgd.compute.model import ComputeModel, resolve_speeds, stretch_step, stretch_target_s
-from lsgd.clock.network import Clock, Network
+from lsgd.compute.model import ComputeModel
+from lsgd.compute.stretch import stretch_target_s
+from lsgd.compute.workers import resolve_speeds
+from lsgd.clock.network import Network
+from lsgd.clock.worker_clock import Clock
 from lsgd.comm.communicator import Communicator
 from lsgd.core.devices import default_dtype, resolve_backend, resolve_device, threads_per_worker
 from lsgd.data import ShardedLoader, build_datasets, dataset_info, resolve
@@ -45,7 +51,10 @@ from lsgd.models import build_model
 from lsgd.training.optim import build_optimizer, build_scheduler, clip_grad_norm, lr_decay_steps, scaled_lr
 from lsgd.training.preemption import PreemptionWatch, StopFlag, Stopped
 from lsgd.training.provenance import record_workers
-from lsgd.training.services import Checkpointer, Evaluator, Recorder, loss_fn
+from lsgd.training.checkpointer import Checkpointer
+from lsgd.training.evaluator import Evaluator, loss_fn
+from lsgd.training.recorder import Recorder
+from lsgd.training.timekeeping import StepTimer, modeled_step_times
 
 log = logging.getLogger("lsgd")
 file_log = logging.getLogger("lsgd.file")  # train.log only (setup_logging)
@@ -205,25 +214,20 @@ class Trainer:
 
         # the cluster clock: compute from the profile (or measured), communication priced on the links
         cluster = cfg.get("cluster") or {}
-        self.speed = resolve_speeds(cluster.get("speeds"), self.world_size, seed)[self.rank]
-        self.compute_model = ComputeModel(cluster, speed=self.speed)
+        speeds = resolve_speeds(cluster.get("speeds"), self.world_size, seed)
+        self.compute_model = ComputeModel(cluster, speed=speeds[self.rank])
         self._calibrate()
         network = Network.from_config(cfg["network"], cluster.get("gpus_per_node") or 1)
         self.clock = Clock(network.k)
         self.comm = Communicator(network, clock=self.clock, device=self.device)
-        if self.compute_model.source == "roofline":
-            # the optimizer step's modeled compute, whenever this rank steps its optimizer (a parameter
-            # server's workers never do; its server does), after the communication it waited for;
-            # the profile is fixed from here on (calibrated above)
-            optimizer_s = self.compute_model.step().optimizer_s
-            self.optimizer.register_step_post_hook(lambda *_: self.clock.compute(optimizer_s))
-        self._measured_opt_s = 0.0  # measured mode: the optimizer steps' seconds charged so far (below)
-        self._gap = None            # measured mode: (perf_counter, blocked_s, optimizer s) after the last bookkeeping
-        if self.compute_model.mode == "measured":
-            # the optimizer step's measured seconds (/ speed), charged where it happens (a server's
-            # step between its incast and its broadcast); lsgd.compute.model.ComputeModel measured mode
-            self.optimizer.register_step_pre_hook(lambda *_: setattr(self, "_opt_t0", time.perf_counter()))
-            self.optimizer.register_step_post_hook(lambda *_: self._charge_optimizer(time.perf_counter() - self._opt_t0))
+        worker_step_s = modeled_step_times(self.compute_model, speeds, workers)
+        # cluster.stretch: this worker's local steps last at least its modeled step time x
+        # cluster.time_scale of wall time (lsgd.compute.stretch); None: off, or a server
+        stretch_s = (stretch_target_s(worker_step_s, worker_index, float(cluster.get("time_scale", 1.0)))
+                     if cluster.get("stretch") else None)
+        # the steps' time (lsgd.training.timekeeping): from here on the optimizer's steps go on the clock
+        self.timer = StepTimer(self.compute_model, self.clock, self.comm, self.optimizer, self.device,
+                               speed=speeds[self.rank], stretch_s=stretch_s)
 
         self.ctx = RunContext(
             rank=self.rank, world_size=self.world_size, role=self.role, worker_index=worker_index,
@@ -232,18 +236,13 @@ class Trainer:
             data=self.loader if self.role == "worker" else None, train_set=self.train_set,
             lr=lambda: self.optimizer.param_groups[0]["lr"], seed=seed,
             lr_decay_steps=lr_decay_steps(cfg["schedule"], self.steps_per_epoch),
-            step_compute_s=lambda: self.step_compute_s, compute_seconds=self.compute_model.seconds,
+            step_compute_s=lambda: self.timer.step_compute_s, compute_seconds=self.compute_model.seconds,
             counted_seconds=self.compute_model.counted_seconds,
             grad_ready_fraction=self.compute_model.grad_ready_fraction,
-            worker_step_s=self._worker_step_s(cluster, workers, seed),
+            worker_step_s=worker_step_s,
             take_losses=lambda: self.recorder.take_losses(),
             add_losses=lambda *losses: self.recorder.add_losses(*losses),
         )
-        # cluster.stretch: this worker's local steps last at least its modeled step time x
-        # cluster.time_scale of wall time (lsgd.compute.model, "Wall-clock stretch"); None: off, or a server
-        self.stretch_s = (stretch_target_s(self.ctx.worker_step_s, worker_index, float(cluster.get("time_scale", 1.0)))
-                          if cluster.get("stretch") else None)
-        self.stretched_s = 0.0  # seconds slept by the stretch (in compute_time_s: emulated compute)
         self.algorithm = build_algorithm(cfg["algo"], self.comm)
         self.net = self.algorithm.setup(self.model, self.optimizer, self.ctx)
         # lsgd.training.accel: autocast (and fp16's GradScaler, its skips agreed by all workers); compile
@@ -266,7 +265,7 @@ class Trainer:
             log.warning("algo.local_steps=%d is more than the run's %d steps: the workers never synchronize "
                         "(nothing is communicated)", local_steps, self.total_steps)
 
-        # services
+        # services: records, evaluation, checkpoints
         self.recorder = Recorder(cfg, self.run_dir, self.rank, self.total_steps)
         self.evaluator = Evaluator(self.test_set, self.info.task, int(cfg.get("eval_batch_size", 512)), self.device,
                                    workers=bool(cfg.get("eval_workers", False)),
@@ -277,29 +276,20 @@ class Trainer:
         # progress counters (checkpointed)
         self.step = 0
         self.bookkept = 0  # the algorithm's progress at the last bookkeeping
-        # on cuda a step's measured compute comes from CUDA events, read at the records (no host
-        # sync per step); on cpu from perf_counter (train_step)
-        self._gpu_steps = CudaStepTimes() if self.device.type == "cuda" else None
-        self.compute_time_s = 0.0
         self.wall_offset_s = 0.0
         self.diverged = False
         self.stop_signal: int | None = None  # the signal that stopped the run (preempted / interrupted)
         self.start_time = time.perf_counter()
-        self.step_compute_s = (0.0, 0.0)  # (modeled, measured) forward + backward of the current step
 
     def _plan_step(self, cfg: dict) -> None:
         """Decide once what every step does (:meth:`train_step`, :meth:`_schedule_step`,
-        :meth:`bookkeeping`): the hooks the algorithm overrides, precision and measured-mode work,
-        the profile's constant step. Each Python call, attribute chain and small object a step makes
-        costs microseconds once the step's compute has evicted the interpreter's caches (the demo
-        CNN's lsgd step spent ~0.16 ms more than a plain loop's 6 ms on one core, most of it there).
+        :meth:`bookkeeping`): the hooks the algorithm overrides, precision's work, the schedule's
+        fast path (the timer decides its own: measured-mode windows, the profile's constant step).
+        Each Python call, attribute chain and small object a step makes costs microseconds once the
+        step's compute has evicted the interpreter's caches (the demo CNN's lsgd step spent ~0.16 ms
+        more than a plain loop's 6 ms on one core, most of it there).
         """
         algorithm = self.algorithm
-        self._measured = self.compute_model.mode == "measured"
-        # profile mode: the clock's forward / backward seconds are the same every step
-        self._profile_step = None if self._measured else self.compute_model.step()
-        self._profile_fb_s = (None if self._profile_step is None
-                              else self._profile_step.forward_s + self._profile_step.backward_s)
         self._amp = self.precision.dtype is not None        # autocast (bf16 / fp16)
         self._scaler = self.precision.scaler is not None    # fp16's GradScaler
         self._move_inputs = self.device.type != "cpu"      # batches come from host memory
@@ -373,49 +363,9 @@ class Trainer:
 
     @property
     def compute_time_s(self) -> float:
-        """Measured compute seconds of this rank so far (the ``compute_time_s`` metric): on cuda
-        the steps' CUDA-event times, read here (a host sync, at records and checkpoints)."""
-        timer = getattr(self, "_gpu_steps", None)
-        if timer is not None:
-            self._compute_time_s += timer.settle()
-        return self._compute_time_s
-
-    @compute_time_s.setter
-    def compute_time_s(self, value: float) -> None:
-        self._compute_time_s = float(value)
-
-    def _worker_step_s(self, cluster: dict, workers: list[int], seed: int) -> tuple[float, ...] | None:
-        """Every worker's modeled seconds per local step (profile mode; see RunContext)."""
-        base = self.compute_model.profile["step_time_s"]
-        if self.compute_model.mode != "profile" or base is None:
-            return None
-        speeds = resolve_speeds(cluster.get("speeds"), self.world_size, seed)
-        return tuple(base / speeds[r] for r in workers)
-
-    def _mark_gap(self) -> None:
-        """Measured mode: the time from here to the next step's start (the batch's loading, the
-        loop) is compute (:meth:`train_step` charges it); bookkeeping (records, evaluation,
-        checkpoints) is measurement and falls before the mark. Nothing in profile mode."""
-        if self._measured:
-            self._gap = (time.perf_counter(), self.comm.blocked_s(), self._measured_opt_s)
-
-    def _charge_optimizer(self, seconds: float) -> None:
-        """Measured mode: an optimizer step of ``seconds`` wall time on the clock (/ speed)."""
-        seconds = max(0.0, seconds) / self.speed
-        self._measured_opt_s += seconds
-        self.clock.compute(seconds)
-
-    def _charge_measured(self, t0: float, b0: float, opt0: float) -> None:
-        """Measured mode: the compute of a hook window that began at ``t0`` (``perf_counter``), with
-        :meth:`lsgd.comm.communicator.Communicator.blocked_s` ``b0`` and optimizer seconds charged ``opt0`` then:
-        its wall time less the time blocked in communication and less the optimizer steps already
-        charged by their hook, / speed, on the clock now (the algorithms' own arithmetic: averaging,
-        mixing, outer steps, compression outside a comm hook). Nothing in profile mode."""
-        if self.compute_model.mode != "measured":
-            return
-        own = (time.perf_counter() - t0) - (self.comm.blocked_s() - b0) - (self._measured_opt_s - opt0) * self.speed
-        if own > 0:
-            self.clock.compute(own / self.speed)
+        """Measured compute seconds of this rank so far (the ``compute_time_s`` metric:
+        :attr:`lsgd.training.timekeeping.StepTimer.compute_time_s`)."""
+        return self.timer.compute_time_s
 
     def _check_injected_failure(self) -> None:
         if self._inject_at is not None and (self.step, self.rank) == self._inject_at:
@@ -427,7 +377,7 @@ class Trainer:
         shard at its step count)."""
         if self.bookkeeping():  # records a resumed rank had crossed but not yet made (not lockstep)
             return
-        self._mark_gap()
+        self.timer.mark_gap()
         while self.algorithm.progress(self.step) < self.total_steps:
             shard, batch = self._data_position(self.step)
             epoch, start = divmod(batch, self.steps_per_epoch)
@@ -435,7 +385,7 @@ class Trainer:
                 self._check_injected_failure()
                 self.train_step(x, y)
                 stop = self.bookkeeping()
-                self._mark_gap()
+                self.timer.mark_gap()
                 if stop or self.algorithm.progress(self.step) >= self.total_steps:
                     break
                 batch += 1
@@ -463,49 +413,30 @@ class Trainer:
             return
         while self.algorithm.progress(self.step) < self.total_steps:
             self._check_injected_failure()
-            b0, t0, opt0 = self.comm.blocked_s(), time.perf_counter(), self._measured_opt_s
+            self.timer.serve_start()
             self.algorithm.serve_step(self.step)
-            self._charge_measured(t0, b0, opt0)
+            self.timer.served()
             self._schedule_step()
             self.step += 1
-            self.compute_time_s += max(0.0, time.perf_counter() - t0 - (self.comm.blocked_s() - b0))
+            self.timer.serve_done()
             if self.bookkeeping():
                 return
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """One local step: forward, backward, algorithm hooks, optimizer and schedule step.
 
-        Measured compute (``cluster.compute=measured``'s clock, the ``compute_time_s`` metric) is
-        wall time minus the time this worker's training threads were blocked in communication
-        (:meth:`lsgd.comm.communicator.Communicator.blocked_s`, read around each window): the forward window
-        (``before_step``'s push/pull waits included) and the backward window (a comm hook's
-        synchronous exchange, DDP's end of backward waiting for its last buckets) keep only what
-        was computed; communication is priced by the clock alone. Limits: a DDP all-reduce in
-        flight on gloo's threads while backward continues is overlap, not blocking, so the CPU it
-        takes from backward on a loaded machine stays in the measured compute; torch's PowerSGD
-        chain, completed inside the hook on gloo, counts whole as communication (its compression
-        matmuls run in the chain's callbacks); a wait torch makes outside lsgd's communicator and
-        hooks (DDP's one-off bucket rebuild broadcast in the second forward) stays compute; on
-        CUDA a wait hidden in ``torch.cuda.synchronize`` (an NCCL kernel still running) is compute.
-
-        ``cluster.stretch``: before ``after_step`` the worker sleeps until the step (less its time
-        blocked in communication) lasts ``stretch_s`` (:func:`lsgd.compute.model.stretch_step`); the
-        sleep is in ``compute_time_s`` (emulated compute), not on the clock.
+        The timer (:class:`lsgd.training.timekeeping.StepTimer`) keeps the step's time at its
+        marks: the modeled compute on the cluster clock, the measured compute (``compute_time_s``),
+        ``cluster.stretch``'s sleep before ``after_step``.
         On cuda nothing here reads the GPU back per step except where the run needs the value now
-        (:meth:`_sync_time` in measured mode; fp16's skip verdict, :meth:`Precision.unscale_`):
-        the loss is accumulated on the device (:meth:`Recorder.add_loss`) and the ``compute_time_s``
-        metric comes from CUDA events read at the records (:class:`lsgd.training.accel.CudaStepTimes`).
+        (the timer's measured mode; fp16's skip verdict, :meth:`Precision.unscale_`): the loss is
+        accumulated on the device (:meth:`Recorder.add_loss`).
 
         The step does only what this run needs (:meth:`_plan_step`): the algorithm's hooks that
-        are its own, autocast and the GradScaler where precision asks for them, the measured
-        windows in measured mode (profile mode charges its constant step and reads two times).
+        are its own, autocast and the GradScaler where precision asks for them.
         """
-        measured, algorithm, comm = self._measured, self.algorithm, self.comm
-        if measured and self._gap is not None:  # measured mode: loading the batch since the last step
-            self._charge_measured(*self._gap)
-            self._gap = None
-        gpu_start = self._gpu_steps.start() if self._gpu_steps is not None else None
-        b0, t0 = comm.blocked_s(), time.perf_counter()
+        algorithm, timer = self.algorithm, self.timer
+        timer.step_start()
         if self._before_step:
             algorithm.before_step(self.step)
         if self._move_inputs:
@@ -519,32 +450,16 @@ class Trainer:
         else:  # fp32: no autocast
             out = self.net(x)
             loss = self.loss_fn(out, y)
-        if measured:
-            t1 = self._sync_time()
-            b1 = comm.blocked_s()
+        timer.forward_done()
         self.optimizer.zero_grad(set_to_none=True)
         if self._scaler:
             self.precision.backward(loss)  # fp16: of the scaled loss
         else:
             loss.backward()
-        if measured:
-            t2 = self._sync_time()
-            b2 = comm.blocked_s()
-            forward_s, backward_s = max(0.0, t1 - t0 - (b1 - b0)), max(0.0, t2 - t1 - (b2 - b1))
-            st = self.compute_model.step(forward_s, backward_s)
-            self.step_compute_s = (st.forward_s + st.backward_s, t2 - t0)  # (clock's, wall time)
-        else:  # profile mode: the same modeled step every time; no read from the GPU
-            st = self._profile_step
-            self.step_compute_s = (self._profile_fb_s, time.perf_counter() - t0)
-        clock = self.clock
-        clock.compute(st.forward_s)
-        clock.backward(st.backward_s)
+        timer.backward_done()  # the step's forward and backward on the clock
         # fp16: unscale, and skip the step on every worker if any worker's gradients overflowed
         skip = self.precision.unscale_(self.optimizer) if self._scaler else False
-        # measured mode: the rest of the step is on the clock too (optimizer step by its hook, the
-        # hooks' own arithmetic by _charge_measured), each where it happens
-        if measured:
-            t3, b3, o3 = time.perf_counter(), comm.blocked_s(), self._measured_opt_s
+        timer.update_start()
         if self._after_backward:
             algorithm.after_backward(self.step)
         if not skip:
@@ -560,19 +475,9 @@ class Trainer:
         self._schedule_step()
         self.step += 1
         self.recorder.add_loss(loss.detach())  # before after_step: an algorithm may ship the losses there
-        if measured:
-            self._charge_measured(t3, b3, o3)
-        if self.stretch_s is not None:  # cluster.stretch: sleep the rest of the step before after_step
-            self.stretched_s += stretch_step(self.stretch_s, t0, comm.blocked_s() - b0)
-        if measured:
-            t4, b4, o4 = time.perf_counter(), comm.blocked_s(), self._measured_opt_s
+        timer.update_done()  # cluster.stretch sleeps the rest of the step here
         algorithm.after_step(self.step)
-        if measured:
-            self._charge_measured(t4, b4, o4)
-        if gpu_start is not None:  # no host sync: the events are read at the next record
-            self._compute_time_s += self._gpu_steps.stop(gpu_start)
-        else:
-            self._compute_time_s += max(0.0, time.perf_counter() - t0 - (comm.blocked_s() - b0))
+        timer.step_done()
 
     def _schedule_step(self) -> None:
         """Step the learning-rate schedule once; it follows the algorithm's count where
@@ -590,15 +495,6 @@ class Trainer:
         if position is not None:
             self.scheduler.last_epoch = position - 1
         self.scheduler.step()
-
-    def _sync_time(self) -> float:
-        """``perf_counter`` after the GPU's queued work finished, where the clock needs the
-        forward / backward seconds now (``cluster.compute=measured`` on cuda: a host sync, which
-        the measured clock needs); profile mode prices the step from its profile and reads no time
-        from the GPU (no sync)."""
-        if self.device.type == "cuda" and self.compute_model.mode == "measured":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
 
     def _calibrate(self) -> None:
         """Count one step's operators on the first batch, the optimizer's step included (RNG states
@@ -618,7 +514,7 @@ class Trainer:
         np.random.set_state(states[2])
 
     def loss_fn(self, out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-        """The training loss: cross-entropy (:func:`lsgd.training.services.loss_fn`) with the run's
+        """The training loss: cross-entropy (:func:`lsgd.training.evaluator.loss_fn`) with the run's
         ``label_smoothing``; padding targets (-100) carry no loss. Evaluation does not use it
         (``test_loss`` is plain cross-entropy)."""
         return loss_fn(out, y, reduction, label_smoothing=self.label_smoothing)
@@ -641,8 +537,8 @@ class Trainer:
 
         Raises:
             Stopped: some rank got a preemption signal or an interrupt (lsgd.training.preemption:
-            ``Preempted`` / ``Interrupted``); this step's record and a checkpoint at this step are
-            written first, so a resumed run continues right after it.
+                ``Preempted`` / ``Interrupted``); this step's record and a checkpoint at this step are
+                written first, so a resumed run continues right after it.
         """
         algorithm = self.algorithm
         step = algorithm.progress(self.step)
@@ -757,7 +653,7 @@ class Trainer:
         return False, False
 
     def evaluate(self) -> dict:
-        """Test metrics now (see :class:`lsgd.training.services.Evaluator`)."""
+        """Test metrics now (see :class:`lsgd.training.evaluator.Evaluator`)."""
         out = self.evaluator.evaluate(self.model, self.algorithm, self.comm, self.rank, self.world_size,
                                       is_worker=self.role == "worker")
         self.recorder.note_eval(out, self.step)
@@ -766,7 +662,7 @@ class Trainer:
     # -- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self, at: int | None = None) -> None:
         """Every rank writes its shard (atomically) named by the progress count ``at`` (default:
-        the current one); see :class:`lsgd.training.services.Checkpointer`."""
+        the current one); see :class:`lsgd.training.checkpointer.Checkpointer`."""
         # the algorithm's state first: it completes the transfer of an exchange in flight to save
         # what was received (changing neither the model nor the clock, which moves where the
         # algorithm waits), then the communicator's counters and clock
@@ -778,7 +674,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "algorithm": algorithm,
             "comm": self.comm.state_dict(),
-            "compute_time_s": self.compute_time_s,
+            "compute_time_s": self.timer.compute_time_s,
             "wall_time_s": time.perf_counter() - self.start_time,
             "recorder": self.recorder.state_dict(),
             "precision": self.precision.state_dict(),
@@ -798,7 +694,7 @@ class Trainer:
         self.algorithm.step_rows = list(state.get("step_rows", []))
         self.step = state.get("local_step", state["step"])  # older checkpoints: progress = local steps
         self.bookkept = state["step"]  # the checkpoint's record (a rank not in lockstep may be past it)
-        self.compute_time_s = state["compute_time_s"]
+        self.timer.compute_time_s = state["compute_time_s"]
         self.wall_offset_s = state["wall_time_s"]
         self.recorder.truncate_to(self.bookkept)
         log.info("resumed from %s at step %d", name, self.bookkept)

@@ -42,7 +42,7 @@ def _entry(rank, fn, world_size, port, args):
 #: imported once by the forkserver that forks every rank
 PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "lsgd.training.trainer", "gloo"]
 
-#: One OpenMP thread on *every* thread of a rank, as ``lsgd.launch.launcher.spawn_local`` arranges by
+#: One OpenMP thread on *every* thread of a rank, as ``lsgd.launch.spawn.spawn_local`` arranges by
 #: exporting OMP_NUM_THREADS before its workers start (``torch.set_num_threads(1)`` in
 #: :func:`_entry` covers only the calling thread, not gloo's callback threads).
 THREAD_ENV = {"OMP_NUM_THREADS": "1"}

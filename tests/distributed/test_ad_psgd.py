@@ -20,7 +20,9 @@ from trainer_runs import compose_cfg, records
 from lsgd.algorithms import build_algorithm
 from lsgd.algorithms.gossip.ad_psgd import virtual_plan
 from lsgd.algorithms.base import RunContext
-from lsgd.comm.communicator import Clock, Communicator, NetworkModel
+from lsgd.clock.network import NetworkModel
+from lsgd.clock.worker_clock import Clock
+from lsgd.comm.communicator import Communicator
 from lsgd.training.failures import PEER_LOSS
 from lsgd.training.optim import build_optimizer, build_scheduler, lr_factor_fn
 from lsgd.comm.topology import Topology

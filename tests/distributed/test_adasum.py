@@ -1,4 +1,4 @@
-"""Adasum (papers.md section 5) on real gloo groups of 2, 3, 4, 5, 6 and 8 ranks against the
+"""Adasum (docs/papers.md#adasum) on real gloo groups of 2, 3, 4, 5, 6 and 8 ranks against the
 single-process tree reference and closed forms (Horovod's test oracles: orthogonal -> sum, parallel
 -> mean, tiny and widely spread scales stay finite, relative error below 100 eps of the dtype); the
 hierarchical reduction (Horovod's AdasumGpuAllreduceOp pattern) against Adasum of node means, its
@@ -26,7 +26,9 @@ from lsgd.algorithms.adasum.adasum import (
     adasum_tree_reference,
     node_groups,
 )
-from lsgd.comm.communicator import Clock, Communicator, Network, NetworkModel, cost_terms
+from lsgd.clock.network import Network, NetworkModel, cost_terms
+from lsgd.clock.worker_clock import Clock
+from lsgd.comm.communicator import Communicator
 
 F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
 

@@ -15,7 +15,8 @@ from torch import nn
 
 from lsgd.algorithms import build_algorithm
 from lsgd.algorithms.base import RunContext
-from lsgd.comm.communicator import Communicator, NetworkModel, cost_terms
+from lsgd.clock.network import NetworkModel, cost_terms
+from lsgd.comm.communicator import Communicator
 from lsgd.training.optim import build_optimizer, build_scheduler, lr_decay_steps, lr_factor_fn
 
 IN, HID, OUT, B = 10, 16, 3, 8

@@ -10,7 +10,7 @@ from torch.multiprocessing.spawn import ProcessException
 from trainer_runs import records, run, train
 
 from lsgd.algorithms.asynchronous.plan import dylu_steps, plan
-from lsgd.compute.model import resolve_speeds
+from lsgd.compute.workers import resolve_speeds
 
 MEASURED = {"wall_time_s", "comm_time_s", "compute_time_s", "compute_time_s_max", "samples_per_s"}
 

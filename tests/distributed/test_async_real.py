@@ -12,7 +12,7 @@ import torch
 from trainer_runs import records, run, train
 
 from lsgd.algorithms.asynchronous.real_timing import ARRIVAL_KIND
-from lsgd.compute.model import resolve_speeds
+from lsgd.compute.workers import resolve_speeds
 
 
 @pytest.mark.timeout(120)

@@ -1,5 +1,5 @@
 """DDP's clock settlement carried in the next step's gradient bucket (``algo.carry_settlement``,
-lsgd.comm.communicator.CarriedSettlement) against the independent paths: its own exchange after backward
+lsgd.comm.settlement.CarriedSettlement) against the independent paths: its own exchange after backward
 (``algo.carry_settlement=false``), through the shared-memory board (lsgd.comm.shared_memory, the default where
 the ranks share a host) and through gloo's all-gather (``LSGD_BOARD=0``). On real gloo ranks running the real trainer, with ranks of
 different speeds (so the settlement's MAX decides the modeled times), the stop agreement carried
@@ -41,7 +41,7 @@ class _StopOnRank1(PreemptionWatch):
 def _train(rank, world, cfg, run_dir, stop_at, board):
     import os
 
-    from lsgd.comm.communicator import CarriedSettlement
+    from lsgd.comm.settlement import CarriedSettlement
     from lsgd.training.trainer import Trainer
 
     os.environ["LSGD_BOARD"] = "1" if board else "0"  # (this rank's own environment)

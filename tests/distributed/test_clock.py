@@ -18,7 +18,10 @@ import torch
 from gloo import run_gloo
 from trainer_runs import TINY, compose_cfg, records, train
 
-from lsgd.comm.communicator import Clock, Communicator, Network, NetworkModel, PostedRecv
+from lsgd.clock.network import Network, NetworkModel
+from lsgd.clock.worker_clock import Clock
+from lsgd.comm.communicator import Communicator
+from lsgd.comm.handles import PostedRecv
 
 S = 0.03  # compute seconds per step at speed 1.0
 CNN_PARAMS = 215_418  # SmallCNN on 1x28x28: see lsgd/models/cnn.py

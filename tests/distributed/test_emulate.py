@@ -98,7 +98,7 @@ def test_cleanup_removes_what_a_killed_launcher_left_and_keeps_live_runs():
     """A launcher killed with SIGKILL inside its cluster leaves namespaces and links;
     ``lsgd emulate --cleanup`` removes them and keeps those of a launch that still runs."""
     _require_root()
-    code = ("import os, signal\nfrom lsgd import emulate\n"
+    code = ("import os, signal\nfrom lsgd.launch import emulate\n"
             "cfg = {'network': {'bandwidth_gbps': 0.1, 'latency_us': 0}, 'cluster': {'gpus_per_node': 2}}\n"
             "with emulate.cluster(cfg, 4) as plan:\n"
             "    print(plan.run, flush=True)\n"
@@ -128,7 +128,7 @@ def test_a_launcher_stopped_by_a_signal_removes_its_cluster(sig):
     # SIGINT's Python handler explicitly: a test run started in the background by a shell without job
     # control inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler
     code = ("import signal, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "from lsgd import emulate\n"
+            "from lsgd.launch import emulate\n"
             "with emulate.cluster({'network': {'bandwidth_gbps': 0.1, 'latency_us': 0}}, 2) as plan:\n"
             "    print(plan.run, flush=True)\n"
             "    time.sleep(60)\n")

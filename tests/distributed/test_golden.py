@@ -34,7 +34,7 @@ NAMES = [c.name for c in cases.CASES]
 #: Cases whose every operation runs in an order fixed by the program, so that a second run on this
 #: machine repeats the first by construction and :func:`second_run` leaves them out: each step's
 #: communication is a blocking collective, or a blocking exchange with named peers, whose result the
-#: main thread reads after the wait (lsgd.comm.communicator: issued, waited, then finished on the caller's
+#: main thread reads after the wait (lsgd.comm.handles: issued, waited, then finished on the caller's
 #: thread); no DDP comm hook (whose callbacks run on gloo's threads while backward goes on), no
 #: operation left in flight across a step, no thread of the algorithm's own; one OpenMP thread per
 #: rank (cases.THREAD_ENV) and seeded generators. Their numbers are still compared with the stored
@@ -48,7 +48,7 @@ ORDER_FIXED = {
     "adasum_gradient", "adasum_delta", "adasum_delta_w3", "adasum_hierarchical_w4",
     # GraVAC: blocking all_gather / all_reduce in after_backward (no comm hook)
     "gravac_dense", "gravac_candidate",
-    # the server receives from each named worker in turn (lsgd.comm.communicator.exchange with named recvs)
+    # the server receives from each named worker in turn (lsgd.comm.point_to_point: exchange with named recvs)
     "param_server_w3",
     # gossip with blocking exchanges (algo.blocking=true, async_op=False, pairs fixed by the seed
     # or by the virtual-time plan computed the same on every rank)

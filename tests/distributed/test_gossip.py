@@ -1,6 +1,6 @@
 """The gossip family (D-PSGD, DecentLaM, SGP) on real 4-rank gloo groups, in the trainer's hook
 order with a schedule running, against single-process simulations of the n nodes built from the
-mixing matrices (papers.md section 3) and against each other where the papers say they coincide."""
+mixing matrices (docs/papers.md#decentralized-methods) and against each other where the papers say they coincide."""
 
 from __future__ import annotations
 
@@ -275,7 +275,7 @@ def test_sgp_de_biased_models_reach_the_mean_on_a_static_strongly_connected_grap
 @pytest.mark.parametrize("variant", ["awc", "atc"])
 def test_the_clock_hides_the_awc_exchange_behind_the_next_gradient(tmp_path, variant):
     """Ring of 4, 8 steps of t = 20 ms, an exchange with two neighbours of cost c per message: the
-    two messages share the worker's egress and ingress ports (LogGP, lsgd.clock.network; before issue 22
+    two messages share the worker's egress and ingress ports (LogGP, lsgd.clock.ports; before issue 22
     they travelled at once and the exchange cost c), so an exchange costs 2c: atc waits 2c every
     step (8 t + 16 c); awc's exchange of x(t) runs during step t's forward and backward pass
     (2c < t), so only step 0's blocking one shows (8 t + 2c)."""
@@ -404,7 +404,7 @@ def test_ad_psgd_splits_the_graph_in_two_and_rejects_dynamic_graphs():
 
 
 def reference_lead(topo, steps, alpha, gamma, optim_cfg=SGD, schedule=WARMUP_COSINE):
-    """LEAD's recursion with an identity compressor (papers.md section 3), float64 state."""
+    """LEAD's recursion with an identity compressor (docs/papers.md#lead), float64 state."""
     nodes = Nodes(optim_cfg, steps, schedule)
     lr = lr_at(optim_cfg, schedule, steps)
     w = topo.mixing_matrix(0)

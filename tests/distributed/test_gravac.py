@@ -11,7 +11,7 @@ import pytest
 import torch.multiprocessing as mp
 from trainer_runs import compose_cfg, records, run
 
-from lsgd.comm.communicator import NetworkModel
+from lsgd.clock.network import NetworkModel
 from lsgd.data import dataset_info
 from lsgd.training.failures import PEER_LOSS
 from lsgd.models import build_model
@@ -75,7 +75,7 @@ def test_resume_across_window_ends_matches_uninterrupted_run(tmp_path):
 
 
 def test_record_cf_is_the_byte_ratio_since_the_previous_record(tmp_path):
-    """docs/run_format.md: a record's ``cf`` is dense bytes / sent bytes summed since the previous
+    """docs/results.md: a record's ``cf`` is dense bytes / sent bytes summed since the previous
     record. Every step's dense gradient bytes D are equal, so over steps with factors cf_i it is
     k D / sum(D / cf_i) = k / sum(1 / cf_i) (not the last step's factor)."""
     recs = records(run(tmp_path, GRAVAC, name="c"))

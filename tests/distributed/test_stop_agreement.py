@@ -103,7 +103,9 @@ def test_an_answer_carried_by_the_steps_exchange_is_read_and_nothing_is_sent():
 
 def _codes_in_settlement(rank, world_size, out):
     """Two ranks, clocks 1 s apart, one counted asynchronous all-reduce each, settled with codes."""
-    from lsgd.comm.communicator import Clock, Communicator, NetworkModel
+    from lsgd.clock.network import NetworkModel
+    from lsgd.clock.worker_clock import Clock
+    from lsgd.comm.communicator import Communicator
 
     clock = Clock()
     comm = Communicator(NetworkModel(bandwidth_gbps=8e-9, latency_us=0.0), clock=clock)  # beta = 1 s/byte

@@ -34,7 +34,7 @@ def _train(rank, world, cfg, run_dir):
     trainer.fit()
     (Path(run_dir) / f"rank{rank}.json").write_text(json.dumps({
         "ends": ends, "blocked": blocked, "compute_time_s": trainer.compute_time_s,
-        "stretched_s": trainer.stretched_s}))
+        "stretched_s": trainer.timer.stretched_s}))
 
 
 @pytest.mark.timeout(60)

@@ -1,5 +1,5 @@
 """SwarmSGD on real 4-rank gloo groups, in the trainer's hook order with a schedule running,
-against a single-process simulation of the n nodes (the paper's rules, papers.md section 3).
+against a single-process simulation of the n nodes (the paper's rules, docs/papers.md#swarmsgd).
 
 The reference draws the same matchings (``round_partners``, which tests/unit/test_swarm_schedule.py
 checks on their own) and uses the lattice quantizer as a component
@@ -30,8 +30,9 @@ from lsgd.algorithms import build_algorithm
 from lsgd.algorithms.base import RunContext
 from lsgd.algorithms.gossip.swarm_sgd import round_length, round_partners
 from lsgd.algorithms.gossip.virtual_pairing import LEFT_OUT, plan
-from lsgd.compute.model import resolve_speeds
-from lsgd.comm.communicator import Communicator, NetworkModel
+from lsgd.compute.workers import resolve_speeds
+from lsgd.clock.network import NetworkModel
+from lsgd.comm.communicator import Communicator
 from lsgd.training.failures import PEER_LOSS
 from lsgd.compression.lattice import LatticeQuantizer
 from lsgd.training.optim import build_optimizer, build_scheduler, lr_factor_fn

@@ -328,7 +328,7 @@ def environment() -> dict:
 #: CPU seconds importing torch and, at its first optimizer, torch._dynamo)
 PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "lsgd.training.trainer", "gloo", "cases"]
 
-#: One OpenMP thread on *every* thread of a rank, as ``lsgd.launch.launcher.spawn_local`` arranges by
+#: One OpenMP thread on *every* thread of a rank, as ``lsgd.launch.spawn.spawn_local`` arranges by
 #: exporting OMP_NUM_THREADS (= threads per worker, 1 on this machine) before its workers start.
 #: ``torch.set_num_threads(1)`` alone (what tests/distributed/gloo.py does) covers only the calling
 #: thread: a future callback runs on gloo's thread when the collective is still in flight when

@@ -1,4 +1,4 @@
-"""lsgd.analysis on fake-but-valid run folders (docs/run_format.md) with closed-form metrics.
+"""lsgd.analysis on fake-but-valid run folders (docs/results.md) with closed-form metrics.
 
 Every fake run logs every LOG_EVERY steps and evaluates every EVAL_EVERY steps up to STEPS, with
     test_acc(step)       = rate * step            (test_ppl = 100 - rate * step for language models)
@@ -40,8 +40,8 @@ from lsgd.analysis import (
     time_to_threshold,
     write_report,
 )
+from lsgd.analysis.formats import markdown_table
 from lsgd.analysis.load import read_metrics
-from lsgd.analysis.report import markdown_table
 from lsgd.cli import main as lsgd_cli
 
 STEPS, LOG_EVERY, EVAL_EVERY = 100, 5, 10
@@ -1575,3 +1575,26 @@ def test_bytes_per_worker_vs_workers_counts_the_workers_of_a_server_run(tmp_path
     (container,) = figures[f"{EXP}_wire_bytes_per_step_vs_nodes"].axes[0].containers
     line = container.lines[0]
     assert list(line.get_xdata()) == [2, 4] and list(line.get_ydata()) == [n, n]
+
+
+def test_suboptimality_table_compares_the_runs_at_equal_server_iterations(tmp_path):
+    """lsgd.analysis.suboptimality (scripts/adsaga_table.py): f - f* at the smallest final iteration
+    count among the runs, log-linear between records: 10^-1.5 halfway between 10^-1 and 10^-2."""
+    from lsgd.analysis.suboptimality import at_iterations, load, suboptimality_table
+
+    for run, arm, its, gaps in (("a", "async", (10, 20, 30), (1e-1, 1e-2, 1e-3)), ("b", "sync", (10, 25), (1e-1, 1e-4))):
+        d = tmp_path / run
+        d.mkdir()
+        (d / "config.yaml").write_text(yaml.safe_dump({"seed": 0, "study": {"arm": arm}, "optim": {"lr": 0.5}}))
+        recs = [{"step": i, "iterations": it, "gradients": 4 * it, "suboptimality": g, "comm_bytes": 2e6 * i,
+                 "modeled_time_s": 0.5 * i} for i, (it, g) in enumerate(zip(its, gaps), 1)]
+        recs.insert(1, {"kind": "adsaga_step", "step": 1})  # per-step rows are left out
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    runs = load(tmp_path)
+    assert [r["arm"] for r in runs] == ["async", "sync"] and [len(r["records"]) for r in runs] == [3, 2]
+    assert at_iterations(runs[0]["records"], 15) == pytest.approx(10**-1.5)
+    lines = suboptimality_table(runs).splitlines()
+    assert "f - f* at 25 iterations" in lines[0] and len(lines) == 4
+    # async at 25 iterations: 10^-2.5, between its records at 20 and 30; its final: 1e-3 at 30
+    assert lines[2] == "| async | 0 | 0.5 | 1.000e-03 | 3.162e-03 | 30 | 120 | 6.0 / 6.0 | 1.500 | nan |"
+    assert lines[3].startswith("| sync | 0 | 0.5 | 1.000e-04 | 1.000e-04 | 25 | 100 | 4.0 / 4.0 |")

@@ -13,29 +13,14 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-from lsgd.compute.model import (
-    CLUSTER_DEFAULTS,
-    COMPUTE_MODES,
-    DEVICE_MEMORY_BANDWIDTH,
-    DEVICE_PEAK_FLOPS,
-    DEVICES,
-    GPU_LAUNCH_OVERHEAD_S,
-    OpCounter,
-    HETEROGENEITY,
-    HETEROGENEITY_SPREAD,
-    ComputeModel,
-    StepTime,
-    count_step,
-    count_step_flops,
-    node_of,
-    num_nodes,
-    read_cpu_profile,
-    resolve_speeds,
-    stretch_step,
-    stretch_target_s,
-    validate_cluster,
-    write_cpu_profile,
-)
+from lsgd.compute.calibration import read_cpu_profile, write_cpu_profile
+from lsgd.compute.config import CLUSTER_DEFAULTS, COMPUTE_MODES
+from lsgd.compute.model import ComputeModel, StepTime
+from lsgd.compute.opcount import OpCounter, count_step, count_step_flops
+from lsgd.compute.presets import DEVICE_MEMORY_BANDWIDTH, DEVICE_PEAK_FLOPS, DEVICES, GPU_LAUNCH_OVERHEAD_S
+from lsgd.compute.stretch import stretch_step, stretch_target_s
+from lsgd.compute.validation import validate_cluster
+from lsgd.compute.workers import HETEROGENEITY, HETEROGENEITY_SPREAD, node_of, num_nodes, resolve_speeds
 from lsgd.core.errors import ConfigError
 
 B, IN, HID, OUT = 8, 5, 4, 3
@@ -149,7 +134,7 @@ A100_RATE = 312e12 * 0.4  # the a100 preset's peak x its default efficiency (clu
 
 
 def test_device_presets_are_the_datasheet_figures():
-    """Dense FP16/BF16 tensor-core peaks and HBM bandwidths of the datasheets (cluster.py's table)."""
+    """Dense FP16/BF16 tensor-core peaks and HBM bandwidths of the datasheets (the table in lsgd/compute/presets.py)."""
     assert DEVICE_PEAK_FLOPS == {"v100": 125e12, "a100": 312e12, "h100": 989.4e12, "h200": 989.4e12}
     assert DEVICE_MEMORY_BANDWIDTH == {"v100": 900e9, "a100": 2039e9, "h100": 3.35e12, "h200": 4.8e12}
     assert DEVICES == ("v100", "a100", "h100", "h200", "cpu") and GPU_LAUNCH_OVERHEAD_S == 5e-6
@@ -506,13 +491,14 @@ def test_ddp_bucket_fractions_by_flops_and_the_parameter_share_fallback():
 def test_calibrate_writes_a_readable_file_that_the_cpu_preset_uses(tmp_path, monkeypatch, capsys):
     from lsgd.cli import main
 
-    import lsgd.compute.model as cluster
+    import lsgd.compute.calibration as calibration
+    from lsgd.compute.opcount import ELEMENT_RATE_OPS
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(cluster, "MATMUL_CURVE_K", (8, 32))
-    monkeypatch.setattr(cluster, "MATMUL_CURVE_N", 256)
-    monkeypatch.setattr(cluster, "CONV_CURVE_C", (2, 8))
-    monkeypatch.setattr(cluster, "CONV_CURVE_PIXELS", 64)
+    monkeypatch.setattr(calibration, "MATMUL_CURVE_K", (8, 32))
+    monkeypatch.setattr(calibration, "MATMUL_CURVE_N", 256)
+    monkeypatch.setattr(calibration, "CONV_CURVE_C", (2, 8))
+    monkeypatch.setattr(calibration, "CONV_CURVE_PIXELS", 64)
     threads = torch.get_num_threads()
     try:
         assert main(["calibrate", "--threads", "1"]) == 0
@@ -532,9 +518,9 @@ def test_calibrate_writes_a_readable_file_that_the_cpu_preset_uses(tmp_path, mon
     # the convolution curve at the (patched) channel counts, the element rates of every key
     assert [c for c, _ in record["conv_curve"]] == [2.0, 8.0]
     assert all(math.isfinite(r) and r > 0 for _, r in record["conv_curve"])
-    assert set(record["element_rates"]) == {key for key, _ in cluster.ELEMENT_RATE_OPS.values()}
+    assert set(record["element_rates"]) == {key for key, _ in ELEMENT_RATE_OPS.values()}
     assert all(math.isfinite(r) and r > 0 for r in record["element_rates"].values())
-    spec = cluster.cpu_spec_from_record(record)
+    spec = calibration.cpu_spec_from_record(record)
     assert spec.conv_curve == tuple((c, r) for c, r in record["conv_curve"])
     assert spec.element_rates == record["element_rates"]
     # the cpu preset prices ops with the file's figures (here a record written by hand)
@@ -553,7 +539,7 @@ def test_calibrate_writes_a_readable_file_that_the_cpu_preset_uses(tmp_path, mon
 
 
 def test_cpu_without_a_calibration_refuses_a_joined_launch(tmp_path, monkeypatch):
-    from lsgd.compute.model import ensure_cpu_profile
+    from lsgd.compute.calibration import ensure_cpu_profile
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     with pytest.raises(ConfigError, match="lsgd calibrate --threads 7"):
@@ -582,8 +568,9 @@ def test_a_local_launch_calibrates_cpu_before_the_workers_and_a_joined_one_refus
     """launch._ensure_cpu_calibration: cluster.device=cpu without a record measures once (here a
     stand-in measurement) at the workers' thread count and stores it; a joined launch gets a
     ConfigError naming `lsgd calibrate`; other devices touch nothing."""
-    import lsgd.compute.model as cluster
-    from lsgd.launch.launcher import LaunchEnv, _ensure_cpu_calibration
+    import lsgd.compute.calibration as calibration
+    from lsgd.launch.environment import LaunchEnv
+    from lsgd.launch.launcher import _ensure_cpu_calibration
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     seen = []
@@ -593,7 +580,7 @@ def test_a_local_launch_calibrates_cpu_before_the_workers_and_a_joined_one_refus
         return {"peak_flops": 1e9, "memory_bandwidth": 1e9, "special_rate": 1e8, "launch_s": 1e-6,
                 "threads": torch.get_num_threads(), "cpu": "test", "torch": torch.__version__, "measured_at": "now"}
 
-    monkeypatch.setattr(cluster, "calibrate_cpu", fake_calibrate)
+    monkeypatch.setattr(calibration, "calibrate_cpu", fake_calibrate)
     threads = torch.get_num_threads()
     cfg = {"cluster": {"device": "a100"}, "launcher": {"nproc_per_node": 2, "threads_per_worker": 3}}
     _ensure_cpu_calibration(cfg, None)
@@ -612,7 +599,7 @@ def test_a_local_launch_calibrates_cpu_before_the_workers_and_a_joined_one_refus
 
 # ---------------------------------------------------------------- matmul shape efficiency, first touch (cpu)
 def _curve_spec(**kw):
-    from lsgd.compute.model import DeviceSpec
+    from lsgd.compute.roofline import DeviceSpec
 
     return DeviceSpec("cpu", 16e9, 1e15, 1e-6, matmul_curve=((16.0, 1e9), (64.0, 4e9), (1024.0, 16e9)), **kw)
 
@@ -621,7 +608,8 @@ def test_a_matmul_is_priced_at_the_curve_rate_of_its_smallest_dimension():
     """Closed form: on a grid point exactly that point's rate; between points the log-log line
     (k = 32, halfway in log between 16 and 64: sqrt(1e9 x 4e9) = 2e9; k = 256 between 64 and 1024:
     sqrt(4e9 x 16e9) = 8e9); outside the grid the end points; not a matmul or no curve: the peak."""
-    from lsgd.compute.model import DeviceSpec, Roofline, cpu_spec_from_record
+    from lsgd.compute.calibration import cpu_spec_from_record
+    from lsgd.compute.roofline import DeviceSpec, Roofline
 
     spec = _curve_spec()
     assert spec.matmul_rate(64) == 4e9 and spec.matmul_rate(16) == 1e9 and spec.matmul_rate(1024) == 16e9
@@ -653,7 +641,8 @@ def test_a_matmul_is_priced_at_the_curve_rate_of_its_smallest_dimension():
 def test_fresh_large_outputs_pay_first_touch_and_in_place_writes_do_not():
     """An out-of-place op whose output is >= 32 MiB (glibc's largest mmap threshold) adds
     output bytes / first_touch_bandwidth; the same op in place, or a small output, adds nothing."""
-    from lsgd.compute.model import FRESH_ALLOCATION_BYTES, Roofline
+    from lsgd.compute.opcount import FRESH_ALLOCATION_BYTES
+    from lsgd.compute.roofline import Roofline
 
     n = FRESH_ALLOCATION_BYTES // 4
     x = torch.zeros(n)
@@ -716,7 +705,7 @@ def test_a_convolution_is_priced_at_the_conv_curve_and_without_one_at_the_peak()
     """Closed form: a conv with GEMM dimension 4, on a curve ((2, 1e9), (8, 4e9)), runs at
     sqrt(1e9 x 4e9) = 2e9 FLOP/s (halfway in log); a matmul on the same device keeps the matmul
     curve; no conv curve (GPU presets, an old calibration file): the peak."""
-    from lsgd.compute.model import DeviceSpec, Roofline
+    from lsgd.compute.roofline import DeviceSpec, Roofline
 
     spec = DeviceSpec("cpu", 16e9, 1e15, 1e-6, matmul_curve=((16.0, 1e9), (1024.0, 16e9)),
                       conv_curve=((2.0, 1e9), (8.0, 4e9)))
@@ -739,7 +728,7 @@ def test_batch_norm_and_max_pool_are_priced_at_their_element_rates():
     evaluation mode: the plain roofline. Max-pool: output elements x window / the max_pool2d rate
     (2 x 2 stride 2: the input's elements; 3 x 3 stride 2: 9 per output). Without the rates (GPU
     presets, an old calibration file): the plain roofline."""
-    from lsgd.compute.model import DeviceSpec, Roofline
+    from lsgd.compute.roofline import DeviceSpec, Roofline
 
     rates = {"batch_norm_train": 1e8, "max_pool2d": 2e7}
     spec = DeviceSpec("cpu", 1e15, 1e15, 0.0, element_rates=rates)
@@ -786,7 +775,7 @@ def test_calibration_times_are_this_threads_cpu_time():
     spends off the CPU (here asleep, as when another process holds the core) is not counted."""
     import time
 
-    from lsgd.compute.model import _cpu_seconds
+    from lsgd.compute.calibration import _cpu_seconds
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -799,7 +788,7 @@ def test_calibration_times_are_this_threads_cpu_time():
 def test_a_calibration_file_of_the_old_format_is_not_read(tmp_path):
     """A format-1 file (before the conv curve, the element rates and thread-CPU timings) reads as
     no record, so the preset measures anew (or a joined launch asks for `lsgd calibrate`)."""
-    from lsgd.compute.model import CPU_PROFILE_FORMAT
+    from lsgd.compute.calibration import CPU_PROFILE_FORMAT
 
     path = tmp_path / "cpu.json"
     record = {"peak_flops": 1e9, "memory_bandwidth": 1e9, "launch_s": 1e-6, "threads": 1}

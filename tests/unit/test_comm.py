@@ -9,14 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from lsgd.comm.communicator import (
-    Clock,
-    Communicator,
-    Network,
-    NetworkModel,
-    tensor_bytes,
-    wire_bytes,
-)
+from lsgd.clock.network import Network, NetworkModel, wire_bytes
+from lsgd.clock.worker_clock import Clock
+from lsgd.comm.accounting import tensor_bytes
+from lsgd.comm.communicator import Communicator
 from lsgd.training.optim import lr_factor_fn
 
 
@@ -91,7 +87,7 @@ def test_what_if_entries_are_the_network_presets():
     2 (p - 1) alpha + 2 (p - 1) / p n beta = 2 alpha + n beta on each what-if entry."""
     from omegaconf import OmegaConf
 
-    from lsgd.comm.communicator import preset_latencies_us, what_if_latency_us
+    from lsgd.clock.network import preset_latencies_us, what_if_latency_us
 
     conf = {}
     for name in ("1gbps", "10gbps", "100gbps"):

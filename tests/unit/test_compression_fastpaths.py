@@ -2,7 +2,7 @@
 references: PCG64 floats on their grid with uniform moments, random-k's rotated stratified sampling
 keeping every index with probability k / n, the lattice checksum's float64 product against the
 definition in Python integers, the float64 lattice path unchanged, DGC's blocked selection, and
-the BENCH line convention of scripts/bench_all.py."""
+the BENCH line convention of scripts/bench_all.py (lsgd.analysis.bench)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import math
 
 import pytest
 import torch
-from script_module import load_script
 
+from lsgd.analysis import bench
 from lsgd.compression import build
 from lsgd.compression import compressors as C
 from lsgd.compression.fastrand import random_float32, random_int32
@@ -178,7 +178,7 @@ def test_abs_at_least_equals_the_one_pass_rule():
 
 # -- make bench's table ------------------------------------------------------------------------------
 def _bench_all():
-    return load_script("bench_all")
+    return bench
 
 
 def test_bench_lines_parse_and_compare():

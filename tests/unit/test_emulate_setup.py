@@ -24,7 +24,7 @@ def test_names_fit_linux_interface_names_and_carry_the_run_id():
         for name in (plan.bridge, plan.worker_if(node), plan.host_if(node)):
             assert len(name) <= 15 and "abcdef" in name and name.startswith("lsgd")
         assert plan.netns(node) == f"lsgd-abcdef-{node}"
-    # rank r on node r // gpus_per_node (lsgd.compute.model.node_of)
+    # rank r on node r // gpus_per_node (lsgd.compute.workers.node_of)
     assert [plan.node_of(r) for r in range(5)] == [0, 0, 1, 1, 2]
     assert plan.address(0) == "10.200.0.2" and plan.address(3) == "10.200.0.5"
     assert len(emulate.new_run_id()) == 6

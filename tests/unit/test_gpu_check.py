@@ -1,22 +1,14 @@
-"""scripts/gpu_check.py runs end to end in its CPU dry-run mode and its table has every row; its
-peak table picks the right part by device name."""
+"""The GPU check (lsgd.launch.gpu_check; scripts/gpu_check.py runs it) runs end to end in its CPU
+dry-run mode and its table has every row; its peak table picks the right part by device name."""
 
 from __future__ import annotations
 
 import sys
 
-import pytest
-from script_module import load_script
+from lsgd.launch import gpu_check
 
 
-
-@pytest.fixture(scope="module")
-def gpu_check():
-    yield load_script("gpu_check")
-    sys.modules.pop("gpu_check", None)
-
-
-def test_dry_run_executes_every_step_and_prints_every_row(gpu_check):
+def test_dry_run_executes_every_step_and_prints_every_row():
     # step 1's pytest subprocess is replaced by a stub (the suite is already running pytest); the
     # real command is `pytest -m cuda tests`, run on a GPU
     stub = [sys.executable, "-c", "print('3 passed in 0.1s')"]
@@ -36,7 +28,7 @@ def test_dry_run_executes_every_step_and_prints_every_row(gpu_check):
     assert all(n in text for n in names) and "cpu (dry run)" in text.splitlines()[0]
 
 
-def test_peaks_by_device_name(gpu_check):
+def test_peaks_by_device_name():
     peak = gpu_check.peak_flops
     assert peak("NVIDIA H100 80GB HBM3") == 989.4e12  # SXM5
     assert peak("NVIDIA H100 PCIe") == 756.5e12

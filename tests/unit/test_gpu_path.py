@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lsgd.compression.compressors import QSGD
-from lsgd.training.services import Recorder
+from lsgd.training.recorder import Recorder
 
 
 def _recorder(tmp_path: Path) -> Recorder:
@@ -151,6 +151,6 @@ def test_trainer_steps_on_cuda_without_a_host_sync(tmp_path, monkeypatch):
             trainer.train_step(x, y)
         monkeypatch.undo()
         assert calls == []
-        assert trainer.compute_time_s > 0 and not trainer._gpu_steps.pending
+        assert trainer.compute_time_s > 0 and not trainer.timer.gpu_steps.pending
     finally:
         dist.destroy_process_group()

@@ -1,4 +1,4 @@
-"""scripts/gravac_gains.py: the gains GraVAC's controller saw, pooled over an arm's seeds per CF and
+"""lsgd.analysis.gravac_gains (scripts/gravac_gains.py): the gains GraVAC's controller saw, pooled over an arm's seeds per CF and
 role, and its decisions (shares sent, the omega rule's gap at window ends, theta_min's path),
 against a hand-computed example."""
 
@@ -7,11 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from script_module import load_script
 
+from lsgd.analysis import gravac_gains
 from lsgd.analysis.load import RunData
-
-gravac_gains = load_script("gravac_gains")
 
 
 def _run(seed: int, rows: list[tuple], algo: str = "gravac") -> RunData:
@@ -54,3 +52,14 @@ def test_skip_leaves_out_the_first_steps():
     gains, _ = gravac_gains.summarize(RUNS, skip=1)
     by = {(g["cf"], g["as"]): g for g in gains}
     assert by[10, "theta_min"]["steps"] == 4 and by[20, "candidate"]["steps"] == 1
+
+
+def test_markdown_has_the_two_tables():
+    gains, decisions = gravac_gains.summarize(RUNS)
+    lines = gravac_gains.markdown(gains, decisions).splitlines()
+    arm = "e: GraVAC/dgc eps=0.7 omega=0.01 window=2"
+    assert lines[0] == "| arm | CF | as | steps | median | p10 | p90 | min | max |"
+    assert lines[2] == f"| {arm} | 10x | theta_min | 6 | 0.750 | 0.600 | 0.900 | 0.600 | 0.900 |"
+    assert lines[2 + len(gains)] == ""  # then the decisions
+    assert lines[-1] == (f"| {arm} | 14.3% / 71.4% / 14.3% | 0.010 (0.000) | "
+                         "seed 0: 10x@1 -> 40x@5; seed 1: 10x@1 (settled) |")

@@ -12,12 +12,8 @@ import torch
 from lsgd.cli import run_id
 from lsgd.core.devices import cuda_device_index
 from lsgd.core.errors import ConfigError
-from lsgd.launch.launcher import (
-    detect_launch_env,
-    find_resume_dir,
-    first_host,
-    slurm_master_port,
-)
+from lsgd.launch.environment import detect_launch_env, first_host, slurm_master_port
+from lsgd.launch.resume import find_resume_dir
 from lsgd.training.preemption import PreemptionWatch, resolve_mode
 
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 import lsgd
 from lsgd.training import provenance
-from lsgd.training.provenance import ENVIRONMENT_FILE
+from lsgd.core.run_files import ENVIRONMENT_FILE
 
 
 def git(repo: Path, *args: str) -> str:

@@ -1,4 +1,4 @@
-"""The clock settlement's payload carried in a SUM all-reduce (lsgd.comm.communicator.CarriedSettlement):
+"""The clock settlement's payload carried in a SUM all-reduce (lsgd.comm.settlement.CarriedSettlement):
 float64 values through float32 (and other float) chunks, exact bit for bit, and the one-hot block
 whose SUM over ranks is the all-gather."""
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from lsgd.comm.communicator import CarriedSettlement, chunk_type, join_float64, split_float64
+from lsgd.comm.settlement import CarriedSettlement, chunk_type, join_float64, split_float64
 
 EDGES = [0.0, -0.0, 1.0, -1.0, 0.1, 1 / 3, 2.0 ** 53 - 1, 2.0 ** 53, 9_007_199_254_740_993.0, 1e-300,
          5e-324, 2.2250738585072014e-308, 2.2250738585072009e-308, 1e-40, 2.0 ** -97, 3.4e38, 1e300,

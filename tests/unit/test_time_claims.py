@@ -1,7 +1,8 @@
-"""scripts/time_claims.py's table logic (no emulation): one evaluation's wall cost from the record
-intervals, time to target with the earlier evaluations taken out, the perplexity direction and the
-markdown table of run folders. Records are built from a known schedule (training seconds per
-record interval, seconds per evaluation), so every expected value is closed form."""
+"""The time-claims study's table logic (lsgd.analysis.time_claims; scripts/time_claims.py runs the
+study; no emulation here): one evaluation's wall cost from the record intervals, time to target
+with the earlier evaluations taken out, the perplexity direction and the markdown table of run
+folders. Records are built from a known schedule (training seconds per record interval, seconds
+per evaluation), so every expected value is closed form."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ import json
 import math
 
 import pytest
-from script_module import load_script
 
+from lsgd.analysis import time_claims
 
 
 @pytest.fixture(scope="module")
 def tc():
-    return load_script("time_claims")
+    return time_claims
 
 
 def schedule(metric: list[float | None], train_s: float, eval_s: float, key: str = "test_acc", every: int = 24):

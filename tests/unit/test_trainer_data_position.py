@@ -4,6 +4,8 @@ no answer it reads its own shard at its step count, as before."""
 
 from __future__ import annotations
 
+import types
+
 from lsgd.training.trainer import Trainer
 
 
@@ -46,7 +48,8 @@ def _loop(script, total, worker=1, spe=3):
 
     t.train_step = train_step
     t._check_injected_failure = lambda: None
-    t._mark_gap = lambda: None  # measured mode's compute marks (lsgd.compute.model): not what this test is about
+    # measured mode's compute marks (lsgd.training.timekeeping): not what this test is about
+    t.timer = types.SimpleNamespace(mark_gap=lambda: None)
     t.work()
     return read, opened
 

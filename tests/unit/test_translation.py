@@ -28,7 +28,7 @@ from lsgd.data import (
 )
 from lsgd.data.translation import SpecialIds, pack_pairs
 from lsgd.core.errors import ConfigError
-from lsgd.training.services import Evaluator, bleu_from_stats, bleu_stats, loss_fn
+from lsgd.training.evaluator import Evaluator, bleu_from_stats, bleu_stats, loss_fn
 
 EOS, BOS, PAD = 256, 257, 258  # ByteTokenizer: bytes 0..255, EOS 256; BOS and PAD appended
 

@@ -1,5 +1,6 @@
-"""scripts/validate_clock.py's table logic (no emulation): the window of a run's records, the error,
-the verdict against issue 23's goals, the markdown table and the figure."""
+"""The clock-validation study's table logic (lsgd.analysis.clock_validation; scripts/validate_clock.py
+runs the study; no emulation here): the window of a run's records, the error, the verdict against
+issue 23's goals, the markdown table and the figure."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import json
 import math
 
 import pytest
-from script_module import load_script
 
+from lsgd.analysis import clock_validation
 
 
 @pytest.fixture(scope="module")
 def vc():
-    return load_script("validate_clock")
+    return clock_validation
 
 
 def records(steps, wall, modeled, compute=None):
