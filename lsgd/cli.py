@@ -66,7 +66,7 @@ def train(argv: list[str]) -> int:
     """Run the Hydra application with ``argv`` as its command line."""
     import hydra
 
-    from lsgd.launch.launcher import detect_launch_env
+    from lsgd.launch.environment import detect_launch_env
 
     from lsgd.config.validation import check_override_keys
     from lsgd.core.errors import ConfigError
@@ -79,9 +79,9 @@ def train(argv: list[str]) -> int:
             print(f"lsgd: invalid configuration: {exc}", file=sys.stderr)
             return 2
     if "-m" in argv or "--multirun" in argv:
-        import lsgd.launch.launcher
+        import lsgd.launch.status
 
-        lsgd.launch.launcher.SWEEP_JOBS = _sweep_jobs(argv)
+        lsgd.launch.status.SWEEP_JOBS = _sweep_jobs(argv)
     env = detect_launch_env(os.environ)
     scratch = None
     if env is not None and env.rank != 0 and env.world_size > 1:
@@ -101,7 +101,8 @@ def train(argv: list[str]) -> int:
         from hydra.types import RunMode
 
         from lsgd.core.errors import ConfigError
-        from lsgd.launch.launcher import record_invalid, remove_unstarted, run
+        from lsgd.launch.launcher import run
+        from lsgd.launch.status import record_invalid, remove_unstarted
 
         try:
             return run(cfg)
@@ -236,13 +237,13 @@ def data(argv: list[str]) -> int:
 
 def calibrate(argv: list[str]) -> int:
     """``lsgd calibrate [--threads N]``: measure this machine for ``cluster.device=cpu``
-    (:func:`lsgd.compute.model.calibrate_cpu`) with N torch threads (default: torch's current count) and
-    store the figures where that preset reads them (:func:`lsgd.compute.model.cpu_profile_path`)."""
+    (:func:`lsgd.compute.calibration.calibrate_cpu`) with N torch threads (default: torch's current count) and
+    store the figures where that preset reads them (:func:`lsgd.compute.calibration.cpu_profile_path`)."""
     import argparse
 
     import torch
 
-    from lsgd.compute.model import calibrate_cpu, write_cpu_profile
+    from lsgd.compute.calibration import calibrate_cpu, write_cpu_profile
 
     parser = argparse.ArgumentParser(prog="lsgd calibrate", description=calibrate.__doc__)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's current count)")
@@ -303,7 +304,9 @@ def describe_option(text: str) -> str:
 
 def list_options(argv: list[str]) -> int:
     """``lsgd list [GROUP ...]``: every option of the named groups (all when none) with its
-    description, one per line."""
+    description, one per line: for algorithms, models, datasets, optimizers and schedules the
+    registry's entry (label, summary, paper; :func:`registry_of`), for the other groups the first
+    sentence of the option's YAML comment."""
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `lsgd list | head` ends quietly
     wanted = argv or list(GROUPS)
     unknown = [g for g in wanted if g not in GROUPS and g not in GROUPS.values()]
@@ -313,11 +316,45 @@ def list_options(argv: list[str]) -> int:
     for name in wanted:
         group = GROUPS.get(name, name)
         options = _group_options(group)
+        registry = registry_of(group)
         print(f"{name} ({group}=...):")
         width = max(map(len, options), default=0)
         for option in options:
-            print(f"  {option:{width}s}  {describe_option((_conf_dir() / group / f'{option}.yaml').read_text())}")
+            if registry is not None and option in registry:
+                entry = registry.entry(option)
+                text = entry.summary
+                if not text:  # the option's YAML header says it
+                    text = describe_option((_conf_dir() / group / f"{option}.yaml").read_text())
+                elif entry.label and entry.label != option and not text.lower().startswith(entry.label.lower()):
+                    text = f"{entry.label}: {text}"
+                if entry.paper:
+                    text += f" [{entry.paper}]"
+            else:
+                text = describe_option((_conf_dir() / group / f"{option}.yaml").read_text())
+            print(f"  {option:{width}s}  {text}")
     return 0
+
+
+def registry_of(group: str):
+    """The registry (:mod:`lsgd.core.registry`) whose names a config group's options are, or None for
+    groups that are only presets (experiments, variants, networks, launchers, loggers, debug)."""
+    if group == "algo":
+        from lsgd.algorithms import ALGORITHMS
+
+        return ALGORITHMS
+    if group == "model":
+        from lsgd.models import MODELS
+
+        return MODELS
+    if group == "dataset":
+        from lsgd.data import DATASETS
+
+        return DATASETS
+    if group in ("optim", "schedule"):
+        from lsgd.training.optim import OPTIMIZERS, SCHEDULES
+
+        return OPTIMIZERS if group == "optim" else SCHEDULES
+    return None
 
 
 def version() -> str:

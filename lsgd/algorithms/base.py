@@ -25,9 +25,13 @@ services (its schedule, too, follows :meth:`Algorithm.schedule_position` where t
 names another shard and position for a step.
 
 Registration: a subclass that sets ``name`` in its class body registers itself in
-:data:`ALGORITHMS` (``lsgd.algorithms`` imports every module of the package), and checks its own
-config keys in :meth:`Algorithm.validate_config`: adding an algorithm is one module and one
-``conf/algo/<name>.yaml``.
+:data:`ALGORITHMS` (a :class:`lsgd.core.registry.Registry`; ``lsgd.algorithms`` imports every module
+of the package) with its label, summary, paper and defining keys, and declares its ``algo.*`` keys
+once, as the dataclass :attr:`Algorithm.Config` (a subclass of :class:`AlgoConfig`: defaults, types
+and allowed values, :mod:`lsgd.core.typed_config`). The algorithm reads its keys from
+``self.config`` (that dataclass, filled from the composed ``algo`` block); checks that involve
+several keys or the world size go in :meth:`Algorithm.validate_config`. Adding an algorithm is one
+module and one ``conf/algo/<name>.yaml`` (a preset of the dataclass: Hydra's schema of the group).
 """
 
 from __future__ import annotations
@@ -40,14 +44,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from lsgd.clock.network import Clock
+from lsgd.clock.worker_clock import Clock
 from lsgd.comm.communicator import Communicator
 from lsgd.core.errors import ConfigError
+from lsgd.core.registry import Registry
+from lsgd.core.typed_config import option, parse
 
 ROLES = ("worker", "server")
 
-#: name -> class of every registered algorithm (filled by Algorithm.__init_subclass__).
-ALGORITHMS: dict[str, type[Algorithm]] = {}
+#: every registered algorithm, by ``algo.name`` (filled by Algorithm.__init_subclass__).
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm", "algo.name")
+
+
+@dataclass
+class AlgoConfig:
+    """The keys every ``algo`` block has; an algorithm's :attr:`Algorithm.Config` extends it."""
+
+    name: str = option("", doc="the method (a registered algorithm: lsgd list algorithms)")
 
 
 @dataclass
@@ -61,7 +74,7 @@ class RunContext:
             data shard it reads); ``worker_index`` is None on a server.
         steps_per_epoch, total_steps: local steps per epoch and in the run.
         batch_size: local batch (samples per worker per step).
-        clock: this process's cluster clock (:class:`lsgd.clock.network.Clock`).
+        clock: this process's cluster clock (:class:`lsgd.clock.worker_clock.Clock`).
         device: where the model lives.
         data: the worker's :class:`lsgd.data.ShardedLoader` (None on a server).
         train_set: the whole training set (every rank, servers included; the same object the
@@ -172,11 +185,27 @@ class Algorithm:
     """Base class: a method is a subclass in its own module of ``lsgd.algorithms``.
 
     Args:
-        cfg: the resolved ``algo`` config group (a plain dict; ``cfg["name"]`` is the method).
+        cfg: the resolved ``algo`` config group (a plain dict; ``cfg["name"]`` is the method),
+            parsed into :attr:`Config` as ``self.config`` (keys it leaves out take their defaults).
         comm: the accounting communicator of this worker.
+
+    Raises:
+        lsgd.core.errors.ConfigError: a key of ``cfg`` that :attr:`Config` does not declare, or a
+            value of the wrong type or not allowed.
     """
 
     name = "base"
+
+    #: The ``algo.*`` keys of this method with their defaults, types and allowed values
+    #: (:mod:`lsgd.core.typed_config`); ``self.config`` holds the run's values.
+    Config: type[AlgoConfig] = AlgoConfig
+    #: How tables and figures write the method (``"local SGD"``); default: ``name``.
+    label: str = ""
+    #: The source: a section of docs/papers.md (``docs/papers.md#local-sgd``).
+    paper: str = ""
+    #: Config keys written in every label of a run of this method, whatever other runs hold (H of
+    #: local SGD, the compressor of ``compressed``, the graph of a gossip method).
+    defining_keys: tuple[str, ...] = ()
 
     #: True when every rank's :meth:`progress` passes through the same values at the same points
     #: (all synchronous methods). False: ranks' progress moves at different local steps and by
@@ -214,9 +243,12 @@ class Algorithm:
         super().__init_subclass__(**kwargs)
         name = cls.__dict__.get("name")
         if name is not None:
-            if name in ALGORITHMS and ALGORITHMS[name] is not cls:
-                raise ValueError(f"algorithm name {name!r} registered twice: {ALGORITHMS[name]} and {cls}")
-            ALGORITHMS[name] = cls
+            if cls.Config().name != name:  # a method declares its own Config (a subclass is another method)
+                raise TypeError(f"{cls.__name__}.Config's name defaults to {cls.Config().name!r}, not {name!r}")
+            summary = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+            # label and paper are the class's own (a subclass is another method); defining keys are inherited
+            ALGORITHMS.add(name, cls, config=cls.Config, label=cls.__dict__.get("label") or name, summary=summary,
+                           paper=cls.__dict__.get("paper", ""), defining_keys=cls.defining_keys)
 
     # -- class-level: roles and config checks (called before any worker starts) -----------------
     @classmethod
@@ -225,12 +257,25 @@ class Algorithm:
         return ["worker"] * world_size
 
     @classmethod
+    def parse_config(cls, algo: dict) -> AlgoConfig:
+        """:attr:`Config` filled from the ``algo`` block (keys it leaves out take their defaults).
+
+        Raises:
+            lsgd.core.errors.ConfigError: a key the method does not declare (with the closest one), a
+                value of the wrong type or not allowed.
+        """
+        return parse(cls.Config, algo, "algo.", f"algo={cls.name}")
+
+    @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
-        """Check this algorithm's ``algo.*`` keys for ``world_size`` processes.
+        """Check this algorithm's ``algo.*`` keys for ``world_size`` processes: each key against
+        :attr:`Config` (:meth:`parse_config`), then what involves several keys or the world size
+        (subclasses extend it and call ``super().validate_config`` first).
 
         Raises:
             lsgd.core.errors.ConfigError: naming the key and the allowed values.
         """
+        cls.parse_config(algo)
 
     @classmethod
     def validate_run(cls, cfg: dict, world_size: int) -> None:
@@ -248,7 +293,7 @@ class Algorithm:
         return {}
 
     def __init__(self, cfg: dict, comm: Communicator):
-        self.cfg = dict(cfg)
+        self.config = self.parse_config(cfg)
         self.comm = comm
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -256,7 +301,7 @@ class Algorithm:
         # local steps per epoch and local batch size (from the RunContext at setup)
         self.steps_per_epoch: int | None = None
         self.batch_size: int | None = None
-        # per-step rows (docs/run_format.md, "per-step compression rows"), drained by the trainer
+        # per-step rows (docs/results.md, "per-step compression rows"), drained by the trainer
         self.step_rows: list[dict] = []
         # (1/n) sum_i ||x_i - x_bar||^2 at the last evaluation when replicas differed, else None
         self.consensus_distance: float | None = None
@@ -403,7 +448,8 @@ class ServerAlgorithm(Algorithm):
     Subclasses call ``super().validate_config(algo, world_size)`` first.
 
     Raises:
-        lsgd.core.errors.ConfigError: (``validate_config``) fewer than 2 processes.
+        lsgd.core.errors.ConfigError: (``validate_config``) a key :attr:`Algorithm.Config` does not
+            allow (:meth:`Algorithm.validate_config`); fewer than 2 processes.
     """
 
     @classmethod
@@ -412,6 +458,7 @@ class ServerAlgorithm(Algorithm):
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
+        super().validate_config(algo, world_size)
         if world_size < 2:
             raise ConfigError(f"algo={cls.name} needs at least 2 processes (rank 0 serves, the rest are workers); "
                               f"got {world_size}: set launcher.nproc_per_node >= 2")

@@ -3,7 +3,9 @@
 Public API (see the submodules for details):
 
 * :func:`build` (``lsgd.compression.compressors``): ``build(name, **params)`` -> compressor with
-  ``compress(tensor) -> Compressed``, ``decompress(compressed) -> tensor``; ``Compressed.nbytes``.
+  ``compress(tensor) -> Compressed``, ``decompress(compressed) -> tensor``; ``Compressed.nbytes``;
+  :data:`COMPRESSORS`, the registry of every compressor (its class, label and options).
+* each compressor's keys in the ``algo`` block as typed dataclasses (``lsgd.compression.options``).
 * error-feedback memories (``lsgd.compression.memory``) and the exchange of compressed payloads
   across workers (``lsgd.compression.exchange``).
 * adaptive controllers: GraVAC and Accordion (``lsgd.compression.adaptive``).

@@ -8,7 +8,7 @@ give JSON-able state for an exact resume.
 
 * :class:`GraVACController`: Tyagi and Swany, "GraVAC: Adaptive Compression for
   Communication-Efficient Distributed DL Training", IEEE CLOUD 2023, Algorithm 1 (the paper's
-  version, not the authors' public code; papers.md section 2).
+  version, not the authors' public code; docs/papers.md#gravac).
 * :class:`AccordionController`: Agarwal, Wang, Lee, Venkataraman and Papailiopoulos, "Adaptive
   Gradient Communication via Critical Learning Regime Identification", MLSys 2021.
 """

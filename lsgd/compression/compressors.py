@@ -43,6 +43,7 @@ paths' whole budget). Selected indices are returned sorted ascending.
 from __future__ import annotations
 
 import abc
+import inspect
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -52,9 +53,19 @@ import torch
 
 from lsgd.compression import alloc
 from lsgd.compression.fastrand import random_float32, random_int64
+from lsgd.compression.options import (
+    DGCOptions,
+    LatticeOptions,
+    PowerSGDOptions,
+    QSGDOptions,
+    RandomKOptions,
+    SparsifierOptions,
+)
+from lsgd.compression.powersgd import PowerSGD
+from lsgd.core.registry import Registry
 from lsgd.core.seeding import derive_seed
+from lsgd.core.typed_config import fields
 
-COMPRESSORS = ("none", "fp16", "topk", "randomk", "dgc", "redsync", "qsgd", "lattice", "powersgd")
 SPARSIFIERS = ("topk", "randomk", "dgc", "redsync")
 
 # -- payload ------------------------------------------------------------------------------------
@@ -321,7 +332,7 @@ class Sparsifier(Compressor):
 
     def compress_further(self, c, cf, *, step=0, key=0):
         """Select again inside ``c`` with ``k2 = ceil(len(c.values) / cf)`` (GraVAC's multi-level
-        compression, papers.md section 2): the result is a payload of the original tensor whose
+        compression, docs/papers.md#gravac): the result is a payload of the original tensor whose
         indices are ``c.indices[sub]``, total CF about ``CF(c) * cf``.
 
         Raises:
@@ -751,25 +762,57 @@ class Lattice(Compressor):
 
 
 # -- registry -------------------------------------------------------------------------------------
-_CLASSES = {"none": NoCompression, "fp16": FP16, "topk": TopK, "randomk": RandomK, "dgc": DGC,
-            "redsync": RedSync, "qsgd": QSGD, "lattice": Lattice}
-_PARAMS = {
-    "none": (),
-    "fp16": ("dtype",),
-    "topk": ("cf",),
-    "randomk": ("cf", "seed", "unbiased"),
-    "dgc": ("cf", "sample_ratio", "warmup_epochs", "steps_per_epoch", "seed"),
-    "redsync": ("cf",),
-    "qsgd": ("levels", "seed", "rank"),
-    "lattice": ("bits", "side", "seed", "rank"),
-}
+#: every compressor, by ``algo.compressor``: its class (``powersgd``: the DDP comm hook's
+#: :class:`lsgd.compression.powersgd.PowerSGD`, not built by :func:`build`), the dataclass of its keys
+#: in the ``algo`` block (:mod:`lsgd.compression.options`; None: it has none), how tables write it
+#: (``label``) and, as ``extra["strength_key"]``, the key that sets how strongly it compresses
+#: (written after it in a label: CF for the sparsifiers, s levels for QSGD, bits for the lattice, the
+#: rank for PowerSGD; None for ``none`` and ``fp16``).
+COMPRESSORS: Registry[type] = Registry("compressor", "algo.compressor")
+_STATIC = "docs/papers.md#compressed"
+COMPRESSORS.add("none", NoCompression, label="dense", summary="the identity (the dense baseline)", paper=_STATIC,
+                strength_key=None)
+COMPRESSORS.add("fp16", FP16, label="fp16", summary="cast to float16 (or bfloat16), as torch's fp16_compress_hook",
+                paper=_STATIC, strength_key=None)
+COMPRESSORS.add("topk", TopK, config=SparsifierOptions, label="top-k", summary="exact top-k by magnitude",
+                paper=_STATIC, strength_key="algo.cf")
+COMPRESSORS.add("randomk", RandomK, config=RandomKOptions, label="random-k",
+                summary="k random coordinates, indices from a seed shared by every worker", paper=_STATIC,
+                strength_key="algo.cf")
+COMPRESSORS.add("dgc", DGC, config=DGCOptions, label="DGC",
+                summary="Deep Gradient Compression's sampled-threshold top-k", paper=_STATIC, strength_key="algo.cf")
+COMPRESSORS.add("redsync", RedSync, config=SparsifierOptions, label="RedSync",
+                summary="RedSync's trimmed top-k threshold search", paper=_STATIC, strength_key="algo.cf")
+COMPRESSORS.add("qsgd", QSGD, config=QSGDOptions, label="QSGD", summary="stochastic quantization to s levels (int8)",
+                paper=_STATIC, strength_key="algo.levels")
+COMPRESSORS.add("lattice", Lattice, config=LatticeOptions, label="lattice",
+                summary="lattice quantization, decoded against each receiver's own gradient",
+                paper="docs/papers.md#lattice-quantizer", strength_key="algo.bits")
+COMPRESSORS.add("powersgd", PowerSGD, config=PowerSGDOptions, label="PowerSGD",
+                summary="torch's PowerSGD comm hook (a rank-r power iteration per DDP bucket)", paper=_STATIC,
+                strength_key="algo.rank")
+
+
+def build_params(name: str) -> tuple[str, ...]:
+    """The parameters :func:`build` takes for compressor ``name``: its class's constructor's."""
+    return tuple(p for p in inspect.signature(COMPRESSORS[name].__init__).parameters if p != "self")
+
+
+def config_params(name: str) -> tuple[str, ...]:
+    """The keys of the ``algo`` block that go to :func:`build` for compressor ``name``: the fields of
+    its options dataclass that its constructor takes (DGC's ``momentum_correction`` and ``clip_norm``
+    belong to the algorithm's memory and hook instead)."""
+    options = COMPRESSORS.entry(name).config
+    if options is None:
+        return ()
+    return tuple(k for k in fields(options) if k in build_params(name))
 
 
 def build(name: str, **params) -> Compressor:
     """The compressor ``name`` (one of :data:`COMPRESSORS` except powersgd) with ``params``.
 
-    Parameters per compressor: none: -; fp16: ``dtype`` (float16 | bfloat16); topk, redsync:
-    ``cf``; randomk: ``cf``, ``seed``, ``unbiased``; dgc: ``cf``, ``sample_ratio`` (0, 1],
+    Parameters per compressor (:func:`build_params`): none: -; fp16: ``dtype`` (float16 | bfloat16);
+    topk, redsync: ``cf``; randomk: ``cf``, ``seed``, ``unbiased``; dgc: ``cf``, ``sample_ratio`` (0, 1],
     ``warmup_epochs`` (integer >= 0), ``steps_per_epoch`` (needed when ``warmup_epochs > 0``),
     ``seed``; qsgd: ``levels``
     [1, 127], ``seed``, ``rank``.
@@ -783,9 +826,9 @@ def build(name: str, **params) -> Compressor:
     if name == "powersgd":
         raise ValueError("compressor 'powersgd' is not built by lsgd.compression.build: it runs as torch's DDP "
                          "comm hook (lsgd.compression.powersgd.PowerSGD)")
-    if name not in _CLASSES:
+    if name not in COMPRESSORS:
         raise ValueError(f"unknown compressor {name!r}; allowed: {', '.join(COMPRESSORS)}")
-    allowed = _PARAMS[name]
+    allowed = build_params(name)
     for key in params:
         if key not in allowed:
             raise ValueError(f"unknown parameter {key!r} for compressor {name!r}; allowed: "
@@ -799,4 +842,4 @@ def build(name: str, **params) -> Compressor:
         we = params.get("warmup_epochs", 0)
         if isinstance(we, bool) or not isinstance(we, int) or we < 0:
             raise ValueError(f"dgc warmup_epochs must be an integer >= 0, got {we!r}")
-    return _CLASSES[name](**params)
+    return COMPRESSORS[name](**params)

@@ -1,6 +1,6 @@
 """The lattice (reference-point) quantizer of SwarmSGD: Davies, Gurunathan, Moshrefi, Ashkboos and
 Alistarh, "New Bounds for Distributed Mean Estimation and Variance Reduction", ICLR 2021, as used by
-Nadiradze et al. 2021 (papers.md section 3).
+Nadiradze et al. 2021 (docs/papers.md#lattice-quantizer).
 
 A tensor ``x`` is sent as the *colours* of its lattice points: with side ``s`` and modulus
 ``q = 2**bits``,

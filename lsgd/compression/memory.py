@@ -22,7 +22,7 @@ applied (the optimizer multiplies the averaged result by the learning rate of th
 finally sends it). This is the residual of 1-bit SGD, of GRACE's ``ResidualMemory`` (Xu et al.,
 "GRACE: A Compressed Communication Framework for Distributed Machine Learning", ICDCS 2021), of
 DGC's accumulation ``v`` (Algorithm 1), and the residual the GraVAC paper's compression gain is
-defined on (``g_ef = g + residual``, papers.md section 2). It is *not* EF-SGD (Karimireddy,
+defined on (``g_ef = g + residual``, docs/papers.md#gravac). It is *not* EF-SGD (Karimireddy,
 Rebjock, Stich and Jaggi, "Error Feedback Fixes SignSGD and other Gradient Compression Schemes",
 ICML 2019, Algorithm 2), which compresses ``p_t = lr_t g_t + e_t`` and keeps ``e`` in
 learning-rate-scaled (parameter) units: with a constant learning rate the two give the same

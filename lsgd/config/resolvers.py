@@ -64,8 +64,8 @@ def add(*terms: int) -> int:
 
 def speeds(level: str, workers: int, servers: int = 0) -> list[float]:
     """``${lsgd_speeds:very,4,1}`` -> ``[1.0, w_1, .., w_4]``: the speeds of heterogeneity ``level``
-    (``lsgd.compute.model.HETEROGENEITY``) for ``workers`` workers, as the preset gives them to a run of
-    exactly ``workers`` ranks with seed 0 (:func:`lsgd.compute.model.resolve_speeds`), behind ``servers``
+    (``lsgd.compute.workers.HETEROGENEITY``) for ``workers`` workers, as the preset gives them to a run of
+    exactly ``workers`` ranks with seed 0 (:func:`lsgd.compute.workers.resolve_speeds`), behind ``servers``
     ranks of speed 1.0 (a server does no local steps; its speed is unused).
 
     Why: the preset ``cluster.speeds=very`` spreads over *all* ranks, a server included, so a
@@ -76,7 +76,7 @@ def speeds(level: str, workers: int, servers: int = 0) -> list[float]:
     Raises:
         ValueError: an unknown level, workers < 1 or servers < 0.
     """
-    from lsgd.compute.model import HETEROGENEITY, resolve_speeds
+    from lsgd.compute.workers import HETEROGENEITY, resolve_speeds
 
     if level not in HETEROGENEITY:
         raise ValueError(f"lsgd_speeds: level must be one of {', '.join(HETEROGENEITY)}; got {level!r}")

@@ -48,9 +48,8 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
     from lsgd.algorithms import ALGORITHMS
     from lsgd.data import check_available, dataset_info
     from lsgd.models import check_compatible
-    from lsgd.training.optim import LR_SCALINGS, OPTIMIZERS, SCHEDULES
-
     from lsgd.training.loggers import logger_names
+    from lsgd.training.optim import LR_SCALINGS, OPTIMIZERS, SCHEDULES
 
     logger_names(cfg.get("logger") or {})  # ConfigError for an unknown logger.name
     int_at_least(cfg, "batch_size", 1)
@@ -76,7 +75,7 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
     if cfg.get("label_smoothing") is not None:
         in_half_open(cfg, "label_smoothing", 0.0, 1.0, "")
 
-    choice(cfg["optim"], "name", OPTIMIZERS, "optim.")
+    OPTIMIZERS.entry(cfg["optim"].get("name"))  # ConfigError naming optim.name, the optimizers and the closest
     positive(cfg["optim"], "lr", "optim.")
     if cfg["optim"].get("lr_scaling") is not None:
         choice(cfg["optim"], "lr_scaling", LR_SCALINGS, "optim.")
@@ -84,7 +83,7 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
         int_at_least(cfg["optim"], "base_batch_size", 1, "optim.")
     if cfg["optim"].get("clip_grad_norm") is not None:  # lsgd.training.optim.clip_grad_norm (null: off)
         positive(cfg["optim"], "clip_grad_norm", "optim.")
-    choice(cfg["schedule"], "name", SCHEDULES, "schedule.")
+    SCHEDULES.entry(cfg["schedule"].get("name"))
     if cfg["schedule"]["name"] == "inverse_sqrt":
         int_at_least(cfg["schedule"], "warmup_steps", 1, "schedule.")
     if cfg["schedule"]["name"] in ("step", "cosine"):
@@ -99,7 +98,7 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
         positive(intra, "bandwidth_gbps", "network.intra_node.")
         number_at_least(intra, "latency_us", 0, "network.intra_node.")
     resolve_wire_overhead(cfg)
-    if cfg["network"].get("ports") is not None:  # lanes per port (lsgd.clock.network.Ports)
+    if cfg["network"].get("ports") is not None:  # lanes per port (lsgd.clock.ports.Ports)
         int_at_least(cfg["network"], "ports", 1, "network.")
     report = cfg["network"].get("report_gbps") or []
     if not isinstance(report, (list, tuple)) or any(isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0 for b in report):
@@ -113,10 +112,10 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
     int_at_least(launcher, "nproc_per_node", 1, "launcher.")
     world = int(world_size or launcher["nproc_per_node"])
 
-    # the algorithm checks its own keys (lsgd.algorithms.base.Algorithm.validate_config)
+    # the algorithm checks its own keys: its typed config, then what involves several keys
+    # (lsgd.algorithms.base.Algorithm.validate_config)
     algo = cfg["algo"]
-    choice(algo, "name", sorted(ALGORITHMS), "algo.")
-    cls = ALGORITHMS[algo["name"]]
+    cls = ALGORITHMS[algo.get("name")]
     cls.validate_config(algo, world)
     cls.validate_run(cfg, world)
     num_workers = cls.roles(world).count("worker")
@@ -144,7 +143,7 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
 
     validate_precision(cfg, device, cls)
 
-    from lsgd.compute.model import validate_cluster
+    from lsgd.compute.validation import validate_cluster
 
     validate_cluster(cfg.setdefault("cluster", {}), world)
 
@@ -166,7 +165,8 @@ def compose_config(overrides: list[str], *, check: bool = True, throw_on_missing
     themselves. Hydra's compose API, initialised for the call (it must not be initialised already).
 
     Raises:
-        ConfigError: ``check`` and a key or value :func:`validate` rejects.
+        ConfigError: ``check`` and a key or value :func:`validate` rejects; a value a typed config's
+            field cannot hold (whatever ``check`` says).
         omegaconf.errors.MissingMandatoryValue: ``throw_on_missing`` and a ``???`` value left.
     """
     from hydra import compose, initialize_config_module
@@ -176,7 +176,13 @@ def compose_config(overrides: list[str], *, check: bool = True, throw_on_missing
 
     register_resolvers()
     with initialize_config_module(config_module="lsgd.conf", version_base="1.3"):
-        node = compose("config", overrides=list(overrides))
+        try:
+            node = compose("config", overrides=list(overrides))
+        except Exception as exc:
+            error = typed_value_error(exc)
+            if error is None:
+                raise
+            raise error from None
     cfg = OmegaConf.to_container(node, resolve=True, throw_on_missing=throw_on_missing)
     if check:
         validate(cfg)
@@ -287,11 +293,79 @@ def check_override_keys(overrides: list[str]) -> None:
                 composed.append(compose("config", overrides=ov))
             except Exception:  # a group option Hydra itself rejects: its own message follows
                 continue
+        if not composed:
+            return
+        for o, _ in keys:
+            if not any(_key_exists(c, o.key_or_group) for c in composed):
+                raise ConfigError(unknown_key_message(composed[0], o.key_or_group))
+        for c in composed:
+            _check_typed_values(c, keys)
     finally:
         if ctx is not None:
             ctx.__exit__(None, None, None)
-    if not composed:
-        return
+
+
+def _check_typed_values(cfg, keys: list) -> None:
+    """Check each key override's value (each value of a sweep) against the typed config that holds
+    the key in the composed config ``cfg`` (an algorithm's ``Config``, Hydra's schema of its group:
+    :mod:`lsgd.config.schemas`): its type, choices and bounds, as :func:`lsgd.core.typed_config.parse`
+    checks a whole block, without composing the config again.
+
+    Raises:
+        ConfigError: the first value a typed field rejects (``algo.local_steps must be an integer,
+            got 'four'``).
+    """
+    import dataclasses
+    import typing
+
+    from omegaconf import OmegaConf
+
+    from lsgd.core.typed_config import check_value
+
     for o, _ in keys:
-        if not any(_key_exists(c, o.key_or_group) for c in composed):
-            raise ConfigError(unknown_key_message(composed[0], o.key_or_group))
+        leaf = o.key_or_group.split(".")[-1]
+        node = cfg
+        for part in o.key_or_group.split(".")[:-1]:
+            node = node.get(part) if OmegaConf.is_dict(node) else None
+        schema = OmegaConf.get_type(node) if OmegaConf.is_dict(node) else None
+        if schema is None or not dataclasses.is_dataclass(schema):
+            continue
+        fields = {f.name: f for f in dataclasses.fields(schema)}
+        if leaf not in fields:
+            continue  # not declared there: the unknown-key check covers it
+        hint = typing.get_type_hints(schema)[leaf]
+        values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
+        for value in values:
+            if isinstance(value, str) and value.startswith("${"):
+                continue  # an interpolation: resolved later, validated with the whole config
+            check_value(o.key_or_group, value, fields[leaf], hint)
+
+
+def typed_value_error(exc: BaseException, unknown_keys: bool = True) -> ConfigError | None:
+    """The ConfigError for Hydra's rejection of a value that a typed config's field cannot hold
+    (Hydra wraps the field's omegaconf ValidationError): ``algo.local_steps must be an integer, got
+    'four'``, or (``unknown_keys``) of a key the typed config does not declare (ConfigKeyError); None
+    for any other error."""
+    import dataclasses
+    import typing
+
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    from lsgd.core.typed_config import _type_name, unknown_key_error
+
+    missing = (ConfigKeyError, ConfigAttributeError)
+    cause = exc if isinstance(exc, (ValidationError, *missing)) else exc.__cause__
+    if isinstance(cause, missing) and dataclasses.is_dataclass(cause.object_type) and unknown_keys:
+        # a key the typed config does not declare (``algo=accordion algo.cf=5``)
+        group = str(cause.full_key).rsplit(".", 1)[0] if "." in str(cause.full_key) else ""
+        known = [f.name for f in dataclasses.fields(cause.object_type)]
+        owner = getattr(cause.object_type(), "name", "") if "name" in known else ""
+        what = f"{group}={owner}" if group and owner else cause.object_type.__name__
+        return unknown_key_error(f"{group}." if group else "", str(cause.key), known, what)
+    if not isinstance(cause, ValidationError):
+        return None
+    key = str(cause.full_key or cause.key)
+    hints = typing.get_type_hints(cause.object_type) if isinstance(cause.object_type, type) else {}
+    field = key.rsplit(".", 1)[-1]
+    wanted = _type_name(hints[field]) if field in hints else "of another type"
+    return ConfigError(f"{key} must be {wanted}, got {cause.value!r}")

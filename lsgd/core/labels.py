@@ -37,7 +37,7 @@ ALGO_NAMES = {
     "adsaga": "ADSAGA",
 }
 
-#: Short names of config keys in labels (the symbols of shared/glossary.md where there is one);
+#: Short names of config keys in labels (the symbols of docs/glossary.md where there is one);
 #: a key not listed is written as its last dotted part with ``_`` as spaces (``optim.lr`` -> ``lr``).
 KEY_NAMES = {
     "algo.local_steps": "H",

@@ -21,7 +21,6 @@ Targets equal to ``IGNORE_INDEX`` (-100, translation padding) carry no loss and 
 
 from lsgd.data.catalog import (
     DATASETS,
-    DEFAULTS,
     PARTITIONS,
     DatasetInfo,
     build_datasets,
@@ -41,7 +40,6 @@ from lsgd.data.translation import IGNORE_INDEX
 
 __all__ = [
     "DATASETS",
-    "DEFAULTS",
     "IGNORE_INDEX",
     "PARTITIONS",
     "DatasetInfo",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lsgd.core.errors import ConfigError
+from lsgd.core.registry import Registry
 
 PARTITIONS = ("iid", "dirichlet")
 
@@ -16,62 +17,37 @@ PARTITIONS = ("iid", "dirichlet")
 _COMMON = {"root": "data", "partition": "iid", "alpha": 0.5, "num_workers": 0, "pin_memory": "auto",
            "persistent_workers": True, "prefetch_factor": 2, "download": True}
 
-# Defaults of every key each dataset accepts (conf/dataset/<name>.yaml sets the same values).
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "fashion_mnist": {**_COMMON},
-    "cifar10": {**_COMMON, "augment": True},
-    "cifar100": {**_COMMON, "augment": True},
-    "imagenet": {**_COMMON, "download": False, "image_size": 224, "num_classes": 1000, "num_train": 1281167},
-    "c4": {
-        **_COMMON,
-        "path": "allenai/c4",
-        "config": "en",
-        "data_files": None,
-        "tokenizer": "byte",
-        "seq_len": 256,
-        "eval_sequences": 512,
-        "steps_per_epoch": 1000,
-        "shuffle_buffer": 10_000,
-    },
-    "text": {
-        **_COMMON,
-        "files": None,
-        "document": "paragraph",
-        "val_fraction": 0.05,
-        "test_fraction": 0.05,
-        "split_seed": 0,
-        "eval_split": "test",
-        "tokenizer": "bpe",
-        "vocab_size": 8192,
-        "tokenizer_dir": None,
-        "seq_len": 256,
-        "eval_sequences": None,
-    },
-    "wmt17": {
-        **_COMMON,
-        "path": "wmt/wmt17",
-        "config": "de-en",
-        "data_files": None,
-        "src_lang": "de",
-        "tgt_lang": "en",
-        "src_len": 128,
-        "tgt_len": 128,
-        "tokenizer": "byte",
-        "eval_split": "validation",
-        "eval_samples": None,
-    },
-    "synthetic": {
-        **_COMMON,
-        "download": False,
-        "seed": 0,
-        "num_train": 4096,
-        "num_test": 1024,
-        "num_classes": 10,
-        "input_shape": [1, 28, 28],
-        "noise": 1.0,
-    },
-}
-DATASETS = tuple(DEFAULTS)
+#: Every dataset, by ``dataset.name`` (:class:`lsgd.core.registry.Registry`). An entry's ``extra``:
+#: ``defaults``, every key the dataset accepts with its default (conf/dataset/<name>.yaml sets the
+#: same values), and ``task``: ``classification``, ``lm`` or ``translation``.
+DATASETS: Registry = Registry("dataset", "dataset.name")
+for _name, _label, _task, _defaults, _summary in (
+    ("fashion_mnist", "Fashion-MNIST", "classification", {**_COMMON},
+     "Zalando's 28x28 clothing images, 10 classes (offline from Debian's package; the demo's data)"),
+    ("cifar10", "CIFAR-10", "classification", {**_COMMON, "augment": True}, "32x32 colour images, 10 classes"),
+    ("cifar100", "CIFAR-100", "classification", {**_COMMON, "augment": True}, "32x32 colour images, 100 classes"),
+    ("imagenet", "ImageNet", "classification",
+     {**_COMMON, "download": False, "image_size": 224, "num_classes": 1000, "num_train": 1281167},
+     "ILSVRC-2012 from an ImageFolder tree (train/, val/)"),
+    ("c4", "C4", "lm",
+     {**_COMMON, "path": "allenai/c4", "config": "en", "data_files": None, "tokenizer": "byte", "seq_len": 256,
+      "eval_sequences": 512, "steps_per_epoch": 1000, "shuffle_buffer": 10_000},
+     "the Colossal Clean Crawled Corpus, streamed (Hugging Face datasets)"),
+    ("text", "Austen", "lm",
+     {**_COMMON, "files": None, "document": "paragraph", "val_fraction": 0.05, "test_fraction": 0.05, "split_seed": 0,
+      "eval_split": "test", "tokenizer": "bpe", "vocab_size": 8192, "tokenizer_dir": None, "seq_len": 256,
+      "eval_sequences": None},
+     "real English text offline: Jane Austen's novels (or your own files), a BPE tokenizer trained on them"),
+    ("wmt17", "WMT17", "translation",
+     {**_COMMON, "path": "wmt/wmt17", "config": "de-en", "data_files": None, "src_lang": "de", "tgt_lang": "en",
+      "src_len": 128, "tgt_len": 128, "tokenizer": "byte", "eval_split": "validation", "eval_samples": None},
+     "WMT17 sentence pairs for translation (Hugging Face datasets)"),
+    ("synthetic", "synthetic", "classification",
+     {**_COMMON, "download": False, "seed": 0, "num_train": 4096, "num_test": 1024, "num_classes": 10,
+      "input_shape": [1, 28, 28], "noise": 1.0},
+     "seeded Gaussian classes (tests and benchmarks)"),
+):
+    DATASETS.add(_name, _name, label=_label, summary=_summary, task=_task, defaults=_defaults)
 
 
 @dataclass(frozen=True)
@@ -106,15 +82,14 @@ def resolve(dataset_cfg: dict) -> dict:
         ConfigError: unknown ``dataset.name`` or key, or an invalid value (the message names the key).
     """
     name = dataset_cfg.get("name")
-    if name not in DEFAULTS:
-        raise ConfigError(f"dataset.name must be one of {', '.join(DATASETS)}; got {name!r}")
-    unknown = sorted(set(dataset_cfg) - set(DEFAULTS[name]) - {"name"})
+    defaults = DATASETS.entry(name).extra["defaults"]
+    unknown = sorted(set(dataset_cfg) - set(defaults) - {"name"})
     if unknown:
         raise ConfigError(
             f"unknown key(s) dataset.{', dataset.'.join(unknown)} for dataset.name={name}; "
-            f"allowed: {', '.join(sorted(DEFAULTS[name]))}"
+            f"allowed: {', '.join(sorted(defaults))}"
         )
-    cfg = {**DEFAULTS[name], **dataset_cfg}
+    cfg = {**defaults, **dataset_cfg}
 
     if cfg["partition"] not in PARTITIONS:
         raise ConfigError(f"dataset.partition must be one of {', '.join(PARTITIONS)}; got {cfg['partition']!r}")

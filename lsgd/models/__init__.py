@@ -31,36 +31,24 @@ from typing import Any
 
 from torch import nn
 
-from lsgd.data import DatasetInfo
 from lsgd.core.errors import ConfigError
+from lsgd.core.registry import Registry
+from lsgd.data import DatasetInfo
 
-# Defaults of every key each model accepts (conf/model/<name>.yaml sets the same values).
-# ``channels_last`` (convnets): parameters and input batches in NHWC memory format (lsgd.training.accel).
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "cnn": {"channels": [16, 32], "hidden": 128, "channels_last": False},
-    "logreg": {"init": "zeros"},
-    "resnet20": {"shortcut": "A", "channels_last": False},
-    "resnet56": {"shortcut": "A", "channels_last": False},
-    "resnet18": {"channels_last": False},
-    "resnet50": {"channels_last": False},
-    "resnet101": {"channels_last": False},
-    "vgg16": {"batch_norm": False, "dropout": 0.5, "channels_last": False},
-    "lstm_lm": {"num_layers": 2, "embed_dim": 256, "hidden_dim": 256, "dropout": 0.2, "tie_weights": True},
-    "gpt": {"size": "tiny", "dropout": 0.0, "bias": True, "n_layer": None, "n_head": None, "n_embd": None},
-    "transformer_mt": {
-        "size": "tiny",
-        "d_model": None,
-        "nhead": None,
-        "num_encoder_layers": None,
-        "num_decoder_layers": None,
-        "dim_feedforward": None,
-        "dropout": None,
-        "positions": "sinusoidal",
-        "norm_first": False,
-        "share_embeddings": True,
-    },
-}
-MODELS = tuple(DEFAULTS)
+#: Every model, by ``model.name`` (:class:`lsgd.core.registry.Registry`). An entry's ``extra``:
+#: ``defaults``, every key the model accepts with its default (conf/model/<name>.yaml sets the same
+#: values; ``channels_last``, convnets: parameters and input batches in NHWC memory format,
+#: lsgd.training.accel), and ``task``: ``classification``, ``lm`` or ``translation``.
+MODELS: Registry = Registry("model", "model.name")
+
+
+def _model(name: str, label: str, task: str, defaults: dict[str, Any], summary: str = ""):
+    """Register a builder ``(resolved model cfg, DatasetInfo) -> nn.Module`` as ``model.name=name``
+    (``lsgd list models`` shows the first sentence of conf/model/<name>.yaml's header when
+    ``summary`` is empty)."""
+    return MODELS.register(name, label=label, summary=summary, task=task, defaults=defaults)
+
+
 LM_MODELS = ("lstm_lm", "gpt")
 MT_MODELS = ("transformer_mt",)
 CNN_MAX_SIDE = 64
@@ -77,13 +65,12 @@ def resolve(model_cfg: dict) -> dict:
     from lsgd.models.resnet_cifar import SHORTCUTS
 
     name = model_cfg.get("name")
-    if name not in DEFAULTS:
-        raise ConfigError(f"model.name must be one of {', '.join(MODELS)}; got {name!r}")
-    unknown = sorted(set(model_cfg) - set(DEFAULTS[name]) - {"name"})
+    defaults = MODELS.entry(name).extra["defaults"]
+    unknown = sorted(set(model_cfg) - set(defaults) - {"name"})
     if unknown:
-        allowed = ", ".join(sorted(DEFAULTS[name])) or "(no other keys)"
+        allowed = ", ".join(sorted(defaults)) or "(no other keys)"
         raise ConfigError(f"unknown key(s) model.{', model.'.join(unknown)} for model.name={name}; allowed: {allowed}")
-    cfg = {**DEFAULTS[name], **model_cfg}
+    cfg = {**defaults, **model_cfg}
     if name == "cnn":
         ch = cfg["channels"]
         if not isinstance(ch, (list, tuple)) or not ch or not all(_is_int(c, 1) for c in ch):
@@ -183,7 +170,7 @@ def check_compatible(model_cfg: dict, info: DatasetInfo) -> None:
         if info.task != "lm":
             raise ConfigError(
                 f"model.name={name} is a language model but dataset.name={info.name} is {info.task}; "
-                f"use a classification model ({', '.join(m for m in MODELS if m not in LM_MODELS)}) or dataset.name=c4 or text"
+                f"use a classification model ({', '.join(m for m in MODELS if MODELS.entry(m).extra['task'] == 'classification')}) or dataset.name=c4 or text"
             )
         return
     if info.task != "classification" or len(info.input_shape) != 3:
@@ -220,38 +207,67 @@ def build_model(model_cfg: dict, info: DatasetInfo) -> nn.Module:
     """
     check_compatible(model_cfg, info)
     cfg = resolve(model_cfg)
-    name, k = cfg["name"], info.num_classes
-    if name == "cnn":
-        from lsgd.models.cnn import SmallCNN
+    return MODELS[cfg["name"]](cfg, info)
 
-        return SmallCNN(info.input_shape, k, cfg["channels"], cfg["hidden"])
-    if name == "logreg":
-        from lsgd.models.logreg import LogisticRegression
 
-        return LogisticRegression(info.input_shape, k, cfg["init"])
-    if name in ("resnet20", "resnet56"):
-        from lsgd.models.resnet_cifar import CifarResNet
+@_model("cnn", "CNN", "classification", {"channels": [16, 32], "hidden": 128, "channels_last": False})
+def _cnn(cfg: dict, info: DatasetInfo) -> nn.Module:
+    from lsgd.models.cnn import SmallCNN
 
-        return CifarResNet(int(name[6:]), k, info.input_shape[0], cfg["shortcut"])
-    if name in ("resnet18", "resnet50", "resnet101", "vgg16"):
-        return _torchvision_model(cfg, info)
-    if name == "lstm_lm":
-        from lsgd.models.lstm import LSTMLM
+    return SmallCNN(info.input_shape, info.num_classes, cfg["channels"], cfg["hidden"])
 
-        return LSTMLM(k, cfg["embed_dim"], cfg["hidden_dim"], cfg["num_layers"], cfg["dropout"], cfg["tie_weights"])
-    if name == "transformer_mt":
-        from lsgd.models.transformer_mt import TransformerMT
 
-        return TransformerMT(
-            k, info.src_len, info.input_shape[0] - info.src_len, info.pad_id, **transformer_mt_dims(cfg),
-            positions=cfg["positions"], norm_first=cfg["norm_first"], share_embeddings=cfg["share_embeddings"],
-        )
+@_model("logreg", "logistic regression", "classification", {"init": "zeros"})
+def _logreg(cfg: dict, info: DatasetInfo) -> nn.Module:
+    from lsgd.models.logreg import LogisticRegression
+
+    return LogisticRegression(info.input_shape, info.num_classes, cfg["init"])
+
+
+def _cifar_resnet(cfg: dict, info: DatasetInfo) -> nn.Module:
+    from lsgd.models.resnet_cifar import CifarResNet
+
+    return CifarResNet(int(cfg["name"][6:]), info.num_classes, info.input_shape[0], cfg["shortcut"])
+
+
+for _depth in (20, 56):
+    _model(f"resnet{_depth}", f"ResNet-{_depth}", "classification", {"shortcut": "A", "channels_last": False})(_cifar_resnet)
+
+
+@_model("vgg16", "VGG-16", "classification", {"batch_norm": False, "dropout": 0.5, "channels_last": False})
+def _vgg16(cfg: dict, info: DatasetInfo) -> nn.Module:
+    return _torchvision_model(cfg, info)
+
+
+@_model("lstm_lm", "LSTM LM", "lm",
+        {"num_layers": 2, "embed_dim": 256, "hidden_dim": 256, "dropout": 0.2, "tie_weights": True})
+def _lstm_lm(cfg: dict, info: DatasetInfo) -> nn.Module:
+    from lsgd.models.lstm import LSTMLM
+
+    return LSTMLM(info.num_classes, cfg["embed_dim"], cfg["hidden_dim"], cfg["num_layers"], cfg["dropout"], cfg["tie_weights"])
+
+
+@_model("gpt", "GPT", "lm", {"size": "tiny", "dropout": 0.0, "bias": True, "n_layer": None, "n_head": None, "n_embd": None})
+def _gpt(cfg: dict, info: DatasetInfo) -> nn.Module:
     from lsgd.models.gpt import GPT, SIZES
 
     n_layer, n_head, n_embd = (
         cfg[key] if cfg[key] is not None else d for key, d in zip(("n_layer", "n_head", "n_embd"), SIZES[cfg["size"]])
     )
-    return GPT(k, info.input_shape[0], n_layer, n_head, n_embd, cfg["dropout"], cfg["bias"])
+    return GPT(info.num_classes, info.input_shape[0], n_layer, n_head, n_embd, cfg["dropout"], cfg["bias"])
+
+
+@_model("transformer_mt", "Transformer", "translation",
+        {"size": "tiny", "d_model": None, "nhead": None, "num_encoder_layers": None, "num_decoder_layers": None,
+         "dim_feedforward": None, "dropout": None, "positions": "sinusoidal", "norm_first": False,
+         "share_embeddings": True})
+def _transformer_mt(cfg: dict, info: DatasetInfo) -> nn.Module:
+    from lsgd.models.transformer_mt import TransformerMT
+
+    return TransformerMT(
+        info.num_classes, info.src_len, info.input_shape[0] - info.src_len, info.pad_id, **transformer_mt_dims(cfg),
+        positions=cfg["positions"], norm_first=cfg["norm_first"], share_embeddings=cfg["share_embeddings"],
+    )
 
 
 def _torchvision_model(cfg: dict, info: DatasetInfo) -> nn.Module:
@@ -268,3 +284,7 @@ def _torchvision_model(cfg: dict, info: DatasetInfo) -> nn.Module:
     if c != 3:
         model.conv1 = nn.Conv2d(c, 64, kernel_size=7, stride=2, padding=3, bias=False)
     return model
+
+
+for _name, _label in (("resnet18", "ResNet-18"), ("resnet50", "ResNet-50"), ("resnet101", "ResNet-101")):
+    _model(_name, _label, "classification", {"channels_last": False})(_torchvision_model)

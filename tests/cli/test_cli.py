@@ -494,8 +494,10 @@ def test_list_prints_every_option_with_its_one_line_description(tmp_path):
     conf = Path(lsgd_pkg.__file__).parents[1] / "conf"
     assert names == {p.stem for d in ("algo", "model") for p in (conf / d).glob("*.yaml")}
     text = {words[0]: " ".join(words[1:]) for words in lines}
-    assert text["local_sgd"] == "Local SGD: H local steps, then exact parameter averaging."  # conf/algo/local_sgd.yaml
-    assert text["ad_psgd"].startswith("AD-PSGD (Lian et al. 2018, papers.md section 3): ")  # "al." ends no sentence
+    # an algorithm: its registry entry (the class docstring's summary, its paper's section of the docs)
+    assert text["local_sgd"] == "Local SGD: H local steps, then exact parameter averaging. [docs/papers.md#local-sgd]"
+    assert text["swarm_sgd"].startswith("SwarmSGD: ") and text["swarm_sgd"].endswith("[docs/papers.md#swarmsgd]")
+    # a model: the first sentence of its YAML header ("al." ends no sentence)
     assert text["resnet20"] == "CIFAR ResNet-20 (He et al. 2016, sec. 4.2)."
     bad = lsgd(["list", "algos"], tmp_path)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "allowed: algorithms" in bad.stderr

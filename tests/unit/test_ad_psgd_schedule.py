@@ -80,7 +80,7 @@ def test_invariants_under_heterogeneous_speeds(topology, n, cost):
     """Speeds 1, 1/2, 1/3, 1/4, ... (mod 5): every averaging is seen by both ends at one time, between
     an active worker and a passive neighbour, an active worker averages at most once a step, its
     gradient is applied at s + c, s = max(x, the passive's ports free) (it never waits for compute,
-    only for the passive's port: one averaging at a time there, lsgd.clock.network Ports); progress is
+    only for the passive's port: one averaging at a time there, lsgd.clock.ports); progress is
     non-decreasing, below floor(G(t)/n) at each boundary, and reaches the total at each worker's
     last step only; and every rank's records and averagings, run as blocking operations, complete
     (no deadlock) with every record."""

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from lsgd.algorithms.asynchronous import plan as async_plan
 from lsgd.algorithms.asynchronous.adsaga import DelayModel, objective, partitions, saga_difference, solve_f_star
 from lsgd.cli import _register_resolvers
-from lsgd.config.validation import validate
+from lsgd.config.validation import compose_config, validate
 from lsgd.core.errors import ConfigError
 
 C, D, N = 3, 4, 6
@@ -184,9 +184,10 @@ BASE = ["debug=default", "algo=adsaga", "model=logreg", "launcher.nproc_per_node
     ],
 )
 def test_config_errors_name_the_key(overrides, key):
-    cfg = load([*BASE, *overrides])
+    """From validation, or (a value of the wrong type for ADSAGAConfig's field) already while the
+    config is composed."""
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        validate(cfg)
+        compose_config([*BASE, *overrides])
 
 
 def test_valid_configs_pass():

@@ -26,5 +26,5 @@ def test_null_seed_resolves_to_the_run_seed():
     algo = Compressed({"name": "compressed", "compressor": "randomk", "cf": 10, "seed": None}, Communicator())
     algo.ctx = RunContext(seed=7)
     assert algo.compressor_seed() == 7
-    algo.cfg["seed"] = 2
+    algo.config.seed = 2
     assert algo.compressor_seed() == 2

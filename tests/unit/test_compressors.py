@@ -454,7 +454,7 @@ def test_dgc_with_memory_sends_accumulated_velocity():
 
 # -- build -------------------------------------------------------------------------------------------
 def test_build_errors():
-    with pytest.raises(ValueError, match=r"'foo'.*allowed: none, fp16, topk, randomk, dgc, redsync, qsgd, lattice, powersgd"):
+    with pytest.raises(ValueError, match=r"'foo'.*allowed: dgc, fp16, lattice, none, powersgd, qsgd, randomk, redsync, topk"):
         build("foo")
     with pytest.raises(ValueError, match=r"cf .*>= 1.*0\.5"):
         build("topk", cf=0.5)
@@ -473,10 +473,30 @@ def test_build_errors():
         build("fp16", dtype="int8")
     with pytest.raises(ValueError, match="cf"):
         build("topk").compress(randn(10), cf=0.9)
-    assert COMPRESSORS == ("none", "fp16", "topk", "randomk", "dgc", "redsync", "qsgd", "lattice", "powersgd")
+    assert sorted(COMPRESSORS) == ["dgc", "fp16", "lattice", "none", "powersgd", "qsgd", "randomk", "redsync", "topk"]
     exchanges = {name: build(name).exchange for name in COMPRESSORS if name != "powersgd"}
     assert exchanges == {"none": "all_reduce", "fp16": "all_reduce", "randomk": "all_reduce", "topk": "all_gather",
                          "dgc": "all_gather", "redsync": "all_gather", "qsgd": "all_gather", "lattice": "lattice"}
+
+
+def test_registry_entries():
+    """Each compressor's entry carries its class, the dataclass of its ``algo`` keys, its label and the
+    key that sets its strength; :func:`config_params` are the keys that go to :func:`build`."""
+    from lsgd.compression.compressors import TopK, config_params
+    from lsgd.compression.options import DGCOptions, PowerSGDOptions, SparsifierOptions
+    from lsgd.compression.powersgd import PowerSGD
+
+    topk = COMPRESSORS.entry("topk")
+    assert (topk.obj, topk.config, topk.label, topk.extra) == (TopK, SparsifierOptions, "top-k", {"strength_key": "algo.cf"})
+    assert COMPRESSORS.entry("none").config is None and COMPRESSORS.entry("none").label == "dense"
+    assert COMPRESSORS["powersgd"] is PowerSGD and COMPRESSORS.entry("powersgd").config is PowerSGDOptions
+    assert {e.name: e.extra["strength_key"] for e in COMPRESSORS.entries()} == {
+        "none": None, "fp16": None, "topk": "algo.cf", "randomk": "algo.cf", "dgc": "algo.cf", "redsync": "algo.cf",
+        "qsgd": "algo.levels", "lattice": "algo.bits", "powersgd": "algo.rank"}
+    assert COMPRESSORS.entry("dgc").config is DGCOptions
+    # DGC's momentum correction and clipping are the algorithm's (memory and hook), not build()'s
+    assert sorted(config_params("dgc")) == ["cf", "sample_ratio", "seed", "warmup_epochs"]
+    assert config_params("qsgd") == ("seed", "levels") and config_params("fp16") == ()
 
 
 def test_exchange_world_of_one():

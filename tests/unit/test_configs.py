@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from lsgd.cli import _register_resolvers
-from lsgd.config.validation import validate
+from lsgd.config.validation import compose_config, validate
 from lsgd.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,9 +169,10 @@ def test_slurm_launcher_composes():
     ],
 )
 def test_validation_names_the_key(overrides, key):
-    cfg = load(["debug=default", *overrides])
+    """A wrong key or value is a ConfigError naming the key: from validation, or (a value of the wrong
+    type for a typed config's field) already while the config is composed."""
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        validate(cfg)
+        compose_config(["debug=default", *overrides])
 
 
 LOCAL_VS_MINIBATCH = ("minibatch_kb", "local_sgd_k", "minibatch_b")
@@ -291,7 +292,7 @@ def test_async_bundles_compose_and_validate_every_arm(experiment, cells):
     W ranks, the asynchronous arms 1 + W (rank 0 the server), and every arm's W workers get the same
     speeds (the level's preset for W workers: fastest 1, slowest 1 / spread); each arm is the
     algorithm and outer optimizer it names; H = 50 and the inner AdamW everywhere."""
-    from lsgd.compute.model import HETEROGENEITY_SPREAD
+    from lsgd.compute.workers import HETEROGENEITY_SPREAD
 
     for cell in cells:
         workers_speeds = {}
@@ -330,7 +331,7 @@ def test_async_bundles_compose_and_validate_every_arm(experiment, cells):
 
 @pytest.mark.parametrize("experiment", ["async_text", "async_c4"])
 def test_async_bundles_take_the_least_visited_shard(experiment):
-    """issue 22 item 6: the paper's data protocol (papers.md section 4, Liu et al. 2024: each new task
+    """issue 22 item 6: the paper's data protocol (docs/papers.md#asynchronous-local-sgd, Liu et al. 2024: each new task
     takes the least-visited shard) in both async studies: every asynchronous arm composes with
     algo.shard_policy=least_visited at every level; the synchronous DiLoCo arm (its own algorithm,
     every worker the same steps) carries no such key."""
@@ -345,7 +346,7 @@ def test_async_bundles_take_the_least_visited_shard(experiment):
 
 
 def test_lsgd_add_and_speeds_resolvers():
-    from lsgd.compute.model import resolve_speeds
+    from lsgd.compute.workers import resolve_speeds
     from lsgd.config.resolvers import add, speeds
 
     assert add(4, 1) == 5 and add("4", -1) == 3 and add(7) == 7
@@ -440,7 +441,7 @@ def _train_commands(text: str, comments: bool) -> list[str]:
 
 
 def test_documented_train_commands_name_only_existing_keys(monkeypatch):
-    """Every `lsgd train` command in README.md and in the comments of conf/ composes with keys that
+    """Every `lsgd train` command in README.md, the docs and the comments of conf/ composes with keys that
     exist (lsgd.config.validation.check_override_keys), so the docs never teach a typo that would now be
     rejected (or, before, silently ignored).
 
@@ -464,7 +465,8 @@ def test_documented_train_commands_name_only_existing_keys(monkeypatch):
         return composed[key]
 
     monkeypatch.setattr(hydra, "compose", compose_once)
-    sources = [(REPO / "README.md", False)] + [(p, True) for p in sorted(CONF.parent.rglob("*.yaml"))]
+    sources = [(REPO / "README.md", False)] + [(p, False) for p in sorted((REPO / "docs").rglob("*.md"))]
+    sources += [(p, True) for p in sorted(CONF.parent.rglob("*.yaml"))]
     checked, bad = 0, []
     with initialize_config_module(config_module="lsgd.conf", version_base="1.3"):
         for path, comments in sources:

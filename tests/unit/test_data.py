@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from lsgd.data import (
-    DEFAULTS,
+    DATASETS,
     ShardedLoader,
     build_datasets,
     check_available,
@@ -212,13 +212,13 @@ def test_random_crop_flip_is_a_padded_crop_or_its_mirror():
 def test_yaml_configs_match_code_defaults():
     import omegaconf
     files = sorted(CONF.glob("*.yaml"))
-    assert {f.stem for f in files} == set(DEFAULTS)
+    assert {f.stem for f in files} == set(DATASETS)
     for f in files:
         cfg = omegaconf.OmegaConf.to_container(omegaconf.OmegaConf.load(f), resolve=True)
         assert cfg["name"] == f.stem
-        assert set(cfg) - {"name"} == set(DEFAULTS[f.stem]), f.name
+        assert set(cfg) - {"name"} == set(DATASETS.entry(f.stem).extra["defaults"]), f.name
         info = dataset_info(cfg)
-        assert info.name == f.stem and info.task in ("classification", "lm", "translation")
+        assert info.name == f.stem and info.task == DATASETS.entry(f.stem).extra["task"]
 
 
 @pytest.mark.parametrize(

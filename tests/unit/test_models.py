@@ -11,7 +11,7 @@ import torch
 
 from lsgd.data import DatasetInfo
 from lsgd.core.errors import ConfigError
-from lsgd.models import DEFAULTS, MODELS, build_model, check_compatible
+from lsgd.models import MODELS, build_model, check_compatible
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "model"
 FASHION = DatasetInfo("fashion_mnist", "classification", (1, 28, 28), 10, 60000)
@@ -226,8 +226,9 @@ def test_yaml_configs_match_code_defaults():
     for f in files:
         cfg = omegaconf.OmegaConf.to_container(omegaconf.OmegaConf.load(f), resolve=True)
         assert cfg["name"] == f.stem
-        assert set(cfg) - {"name"} == set(DEFAULTS[f.stem]), f.name
-        assert cfg == {"name": f.stem, **DEFAULTS[f.stem]}, f.name
+        defaults = MODELS.entry(f.stem).extra["defaults"]
+        assert set(cfg) - {"name"} == set(defaults), f.name
+        assert cfg == {"name": f.stem, **defaults}, f.name
         check_compatible(cfg, C4 if f.stem in ("gpt", "lstm_lm") else WMT if f.stem == "transformer_mt" else CIFAR10)
 
 

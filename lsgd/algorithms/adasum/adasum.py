@@ -1,4 +1,4 @@
-"""``adasum``: adaptive summation of gradients or optimizer deltas (papers.md section 5).
+"""``adasum``: adaptive summation of gradients or optimizer deltas (docs/papers.md#adasum).
 
 Source: Maleki, Musuvathi, Mytkowicz, Saarikivi, Xu, Eksarevskiy, Ekanayake and Barsoum,
 "Scaling Distributed Training with Adaptive Summation", MLSys 2021; the reduction follows Horovod's
@@ -86,15 +86,16 @@ import importlib
 import os
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from lsgd.algorithms.base import Algorithm, float_buffers
+from lsgd.algorithms.base import AlgoConfig, Algorithm, float_buffers
 from lsgd.comm.communicator import Communicator
-from lsgd.core.checks import choice, int_at_least
 from lsgd.core.errors import ConfigError
+from lsgd.core.typed_config import option
 
 DBL_MIN = 2.2250738585072014e-308
 #: squared norms below this give a coefficient of exactly 1 (sqrt(DBL_MIN) ~ 1.49e-154)
@@ -600,7 +601,7 @@ def adasum_reduce_(tensors: list[Tensor], comm: Communicator | None = None) -> N
     Communication: every message is a :meth:`Communicator.sendrecv` with a group rank, counted on
     ``comm`` as one ``p2p`` per non-empty send (bytes = ``numel * element_size``), its measured
     seconds added to ``comm_time_s`` and, with a clock, priced on the pair's link and the ranks'
-    ports (:mod:`lsgd.clock.network`): a send completes at ``start + cost``, a receive at
+    ports (:mod:`lsgd.clock.ports`): a send completes at ``start + cost``, a receive at
     ``max(sender's start, ingress free) + cost``, receive-only waits (the folded ranks waiting for
     the result) included. Bytes sent by one rank ``r < q``::
 
@@ -695,7 +696,7 @@ def adasum_reduce_hierarchical_(tensors: list[Tensor], local: Communicator, cros
             across nodes (:func:`node_groups`; ``local`` priced on the intra-node link).
 
     Raises:
-        as :func:`adasum_reduce_`.
+        ValueError, TypeError: as :func:`adasum_reduce_`.
     """
     if not tensors:
         return
@@ -746,34 +747,52 @@ def node_groups(comm: Communicator, local_size: int) -> tuple[Communicator, Comm
 
 
 # -- training ----------------------------------------------------------------------------------
-class Adasum(Algorithm):
-    """Synchronous training with Adasum in place of the gradient average (one round per step).
-
-    Config keys:
+@dataclass
+class AdasumConfig(AlgoConfig):
+    """``algo=adasum``'s keys.
 
     * ``target``: ``gradient``: after backward every ``p.grad`` becomes its Adasum over workers (no
       DDP; gradients are not divided by the world size: the Adasum of identical gradients is that
       gradient). ``delta`` (Horovod's way with an optimizer): after backward the parameters are
       saved as ``x_old``; after the local optimizer step ``delta = x - x_old`` is reduced with
       Adasum and ``x = x_old + Adasum(delta)``. Optimizer state stays local.
-    * ``hierarchical`` (default False): Horovod's GPU hierarchy, Adasum across nodes of the means
-      inside each node of ``local_size`` ranks (:func:`adasum_reduce_hierarchical_`: reduce-scatter
-      in the node, Adasum across nodes on each shard, all-gather in the node); the node
-      communicators are priced on the intra-node link (:func:`node_groups`). Needs the
-      communicator's group to be the default group.
-    * ``local_size`` (int or None: ``LOCAL_WORLD_SIZE`` from the environment, default 1).
-    * ``average_buffers`` (default True): float buffers (BatchNorm statistics) averaged every step
-      with a coalesced all-reduce.
+    * ``hierarchical``: Horovod's GPU hierarchy, Adasum across nodes of the means inside each node
+      of ``local_size`` ranks (:func:`adasum_reduce_hierarchical_`: reduce-scatter in the node,
+      Adasum across nodes on each shard, all-gather in the node); the node communicators are priced
+      on the intra-node link (:func:`node_groups`). Needs the communicator's group to be the
+      default group and at least two nodes (:meth:`Adasum.validate_config`).
+    * ``local_size``: workers per node (None: ``LOCAL_WORLD_SIZE`` from the environment, else 1).
+    * ``average_buffers``: float buffers (BatchNorm statistics) averaged every step with a
+      coalesced all-reduce.
+    """
 
-    Every worker holds the same model after each step (``models_in_sync``). Nothing to checkpoint
-    (``x_old`` lives only between ``after_backward`` and ``after_step``).
+    name: str = "adasum"
+    target: str = option("delta", choices=TARGETS, doc="gradient: replaces the gradient all-reduce; delta: "
+                         "Horovod's way (local step, Adasum of the parameter delta)")
+    hierarchical: bool = option(False, doc="average inside a node, Adasum across nodes (Horovod on GPUs); needs "
+                                ">= 2 nodes")
+    local_size: int | None = option(None, at_least=1, doc="workers per node for hierarchical (null: the launch's "
+                                    "LOCAL_WORLD_SIZE; must divide the world size)")
+    average_buffers: bool = option(True, doc="average BatchNorm running statistics every step")
+
+
+class Adasum(Algorithm):
+    """Synchronous training with Adasum in place of the gradient average (one round per step).
+
+    The keys: :class:`AdasumConfig`. Every worker holds the same model after each step
+    (``models_in_sync``). Nothing to checkpoint (``x_old`` lives only between ``after_backward``
+    and ``after_step``).
 
     Raises:
-        ConfigError: unknown ``target``; ``local_size`` < 1 (and, in :meth:`validate_config`, a
-            ``local_size`` that does not divide the world size with ``hierarchical``).
+        ConfigError: a key :class:`AdasumConfig` does not allow (unknown ``target``, ``local_size``
+            < 1); a node size from ``LOCAL_WORLD_SIZE`` < 1 (and, in :meth:`validate_config`, a
+            node size that does not divide the world size with ``hierarchical``).
     """
 
     name = "adasum"
+    Config = AdasumConfig
+    label = "Adasum"
+    paper = "docs/papers.md#adasum"
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
@@ -781,12 +800,11 @@ class Adasum(Algorithm):
         ``LOCAL_WORLD_SIZE``, and in a local launch, where it is not set yet, all workers on this
         machine) must divide the world size and leave at least two nodes (on one node the
         hierarchy is a plain average: Adasum of a single node mean)."""
-        choice(algo, "target", TARGETS, "algo.")
-        if algo.get("local_size") is not None:
-            int_at_least(algo, "local_size", 1, "algo.")
-        if not algo.get("hierarchical"):
+        super().validate_config(algo, world_size)
+        config = cls.parse_config(algo)
+        if not config.hierarchical:
             return
-        node = algo.get("local_size")
+        node = config.local_size
         source = "algo.local_size"
         if node is None:
             env = os.environ.get("LOCAL_WORLD_SIZE")
@@ -805,15 +823,13 @@ class Adasum(Algorithm):
 
     def __init__(self, cfg: dict, comm: Communicator):
         super().__init__(cfg, comm)
-        self.target = cfg.get("target", "delta")
-        if self.target not in TARGETS:
-            raise ConfigError(f"algo.target={self.target!r} is unknown; allowed: {', '.join(TARGETS)}")
-        self.hierarchical = bool(cfg.get("hierarchical", False))
-        local_size = cfg.get("local_size")
+        self.target = self.config.target
+        self.hierarchical = bool(self.config.hierarchical)
+        local_size = self.config.local_size
         self.local_size = int(local_size if local_size is not None else os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if self.local_size < 1:
             raise ConfigError(f"algo.local_size={self.local_size} must be >= 1")
-        self.average_buffers = bool(cfg.get("average_buffers", True))
+        self.average_buffers = bool(self.config.average_buffers)
         self._x_old: list[Tensor] | None = None
         self._groups = None
 

@@ -99,17 +99,19 @@ import logging
 import re
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from lsgd.algorithms.asynchronous import plan as async_plan
-from lsgd.algorithms.base import ServerAlgorithm, holding_model_of
-from lsgd.comm.communicator import copy_back
-from lsgd.core.checks import choice, int_at_least, positive
+from lsgd.algorithms.base import AlgoConfig, ServerAlgorithm, holding_model_of
+from lsgd.comm.collectives import copy_back
+from lsgd.core.checks import int_at_least
 from lsgd.data.partition import derive_seed, generator
 from lsgd.core.errors import ConfigError
+from lsgd.core.typed_config import option
 
 log = logging.getLogger("lsgd")
 
@@ -249,24 +251,41 @@ def solve_f_star(a: torch.Tensor, y: torch.Tensor, classes: int, l2: float, tol:
 # --------------------------------------------------------------------------------------------
 # the algorithm
 # --------------------------------------------------------------------------------------------
-class ADSAGA(ServerAlgorithm):
-    """ADSAGA / asynchronous SGD / synchronous SAGA with a server (module docstring).
+@dataclass
+class ADSAGAConfig(AlgoConfig):
+    """``algo=adsaga``'s keys (module docstring)."""
 
-    Config keys: ``mode`` (async | sync), ``variance_reduction`` (bool), ``delay`` (exponential |
-    constant), ``l2`` (lambda > 0), ``num_samples`` (n >= number of workers).
+    name: str = "adsaga"
+    mode: str = option("async", choices=MODES, doc="async: one server update per arriving gradient, in "
+                       "virtual-time order; sync: all workers each update")
+    variance_reduction: bool = option(True, doc="true: SAGA difference + table mean (ADSAGA / sync SAGA); false: "
+                                      "plain minibatch gradient (async / sync SGD)")
+    delay: str = option("exponential", choices=DELAYS, doc="exponential: each gradient takes Exp(mean = the "
+                        "worker's modeled step time) (the paper's model); constant: exactly the mean")
+    l2: float = option(0.01, above=0, doc="lambda: f = mean cross-entropy + (lambda / 2) ||x||^2, lambda-strongly "
+                       "convex")
+    num_samples: int = option(4096, at_least=1, doc="n: the finite sum's samples (a seeded subset of the training "
+                              "set), rounded down to a multiple of the workers; at least the number of workers")
+
+
+class ADSAGA(ServerAlgorithm):
+    """ADSAGA: asynchronous SAGA with a parameter server over data partitioned between workers.
+
+    Asynchronous SGD and synchronous SAGA are its baselines (``algo.variance_reduction``,
+    ``algo.mode``); the problem, the delay model and the updates: the module docstring.
     """
 
     name = "adsaga"
+    Config = ADSAGAConfig
+    label = "ADSAGA"
+    paper = "docs/papers.md#adsaga"
     lockstep = False
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
+        """Also: at least one sample per worker (``num_samples`` >= the world size - 1 workers)."""
         super().validate_config(algo, world_size)
-        choice({"mode": algo.get("mode", "async")}, "mode", MODES, "algo.")
-        choice({"variance_reduction": algo.get("variance_reduction", True)}, "variance_reduction", (True, False), "algo.")
-        choice({"delay": algo.get("delay", "exponential")}, "delay", DELAYS, "algo.")
-        positive({"l2": algo.get("l2", 1e-2)}, "l2", "algo.")
-        int_at_least({"num_samples": algo.get("num_samples", 4096)}, "num_samples", world_size - 1, "algo.")
+        int_at_least({"num_samples": cls.parse_config(algo).num_samples}, "num_samples", world_size - 1, "algo.")
 
     @classmethod
     def validate_run(cls, cfg: dict, world_size: int) -> None:
@@ -277,25 +296,25 @@ class ADSAGA(ServerAlgorithm):
         wd = (cfg.get("optim") or {}).get("weight_decay", 0.0) or 0.0
         if wd != 0:
             raise ConfigError(f"algo=adsaga applies the L2 term itself (algo.l2); set optim.weight_decay=0, got {wd!r}")
-        algo = cfg["algo"]
+        algo = cls.parse_config(cfg["algo"])
         workers = world_size - 1
-        per = int(algo.get("num_samples", 4096)) // workers
+        per = int(algo.num_samples) // workers
         if int(cfg["batch_size"]) > per:
             raise ConfigError(f"batch_size must be <= algo.num_samples // workers = {per} (distinct samples of a "
                               f"worker's partition per gradient); got batch_size={cfg['batch_size']}")
         compute = (cfg.get("cluster") or {}).get("compute", "profile")
-        if algo.get("mode", "async") == "async" and compute != "profile":
+        if algo.mode == "async" and compute != "profile":
             raise ConfigError(f"algo=adsaga with algo.mode=async needs cluster.compute=profile (the arrival order is "
                               f"simulated from modeled delays); got cluster.compute={compute!r}")
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
-        self.mode = str(cfg.get("mode", "async"))
+        self.mode = str(self.config.mode)
         self.lockstep = self.mode == "sync"
-        self.vr = bool(cfg.get("variance_reduction", True))
-        self.delay = str(cfg.get("delay", "exponential"))
-        self.l2 = float(cfg.get("l2", 1e-2))
-        self.num_samples = int(cfg.get("num_samples", 4096))
+        self.vr = bool(self.config.variance_reduction)
+        self.delay = str(self.config.delay)
+        self.l2 = float(self.config.l2)
+        self.num_samples = int(self.config.num_samples)
         self.served = 0  # server: iterations applied
         self.plan: async_plan.Plan | None = None
         self.delays: DelayModel | None = None

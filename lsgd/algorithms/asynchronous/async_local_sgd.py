@@ -1,5 +1,5 @@
 """``async_local_sgd``: asynchronous Local-SGD with a parameter server (Liu, Douillard et al. 2024,
-"Asynchronous Local-SGD Training for Language Modeling", arXiv 2401.09135; papers.md section 4).
+"Asynchronous Local-SGD Training for Language Modeling", arXiv 2401.09135; docs/papers.md#asynchronous-local-sgd).
 
 Roles: rank 0 is the server, ranks 1..W the workers (data shards go to the W workers). The server
 holds the global model theta (its ``self.model``: evaluation and checkpoints see it) and the outer
@@ -20,7 +20,7 @@ momentum beta = ``algo.outer_momentum``):
 * ``sgd``: theta <- theta - eps g;
 * ``nesterov``: torch SGD with Nesterov momentum per arrival (naive async DiLoCo):
   b <- beta b + g; theta <- theta - eps (g + beta b);
-* ``delayed_nesterov`` (DN, Liu et al. 2024 Algorithm 2; papers.md section 4; the same as HALoS,
+* ``delayed_nesterov`` (DN, Liu et al. 2024 Algorithm 2; docs/papers.md#asynchronous-local-sgd; the same as HALoS,
   utnslab/halos src/halos/opt.py): for the t-th arrival g_t (t = 0, 1, ...), buffer N =
   ``algo.dn_buffer``, c = ``algo.dn_c``: Delta <- Delta + g_t; if (t + 1) % N == 0:
   m <- beta m + Delta / N, theta <- theta - eps ((1 - cN + c) beta m + g_t / N), Delta <- 0;
@@ -53,7 +53,7 @@ then follows its part: reproducible bit for bit, and records, evaluations and ch
 virtual time (the trainer's non-lockstep bookkeeping). A worker pushes and pulls in
 :meth:`before_step` of the step after its task's last, after that boundary's records. Each
 worker's messages travel on its own 2-rank process group with the server (torchft's
-ParameterServer pattern; papers.md section 4).
+ParameterServer pattern; docs/papers.md#asynchronous-local-sgd).
 
 Grace period (``algo.grace_period_s`` = g seconds of virtual time, default 0 = off; Liu et al.
 2024's simulation and the DeepMind toy notebook, 0.5 simulated s there): the server applies
@@ -95,16 +95,17 @@ import math
 import re
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
 from lsgd.algorithms.asynchronous import plan as async_plan
 
 from lsgd.algorithms.asynchronous import real_timing as async_real
-from lsgd.algorithms.base import ServerAlgorithm, float_buffers, holding_model_of
-from lsgd.comm.communicator import copy_back
-from lsgd.core.checks import choice, int_at_least, number_at_least, positive
+from lsgd.algorithms.base import AlgoConfig, ServerAlgorithm, float_buffers, holding_model_of
+from lsgd.comm.collectives import copy_back
 from lsgd.core.errors import ConfigError
+from lsgd.core.typed_config import option
 
 log = logging.getLogger("lsgd")
 
@@ -159,58 +160,74 @@ def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
 
 
-class AsyncLocalSGD(ServerAlgorithm):
-    """Asynchronous Local-SGD / async DiLoCo (module docstring).
+@dataclass
+class AsyncLocalSGDConfig(AlgoConfig):
+    """``algo=async_local_sgd``'s keys (module docstring)."""
 
-    Config keys: ``timing`` (virtual | real), ``time_scale`` (> 0, real timing: wall seconds per
-    modeled second of a local step), ``local_steps`` (H >= 1), ``dylu`` (bool), ``outer_optimizer``
-    (sgd | nesterov | delayed_nesterov), ``outer_lr`` (> 0), ``outer_momentum`` ([0, 1)),
-    ``dn_buffer`` (N >= 1), ``dn_c`` (>= 0), ``staleness_exponent`` (>= 0), ``staleness_avg``
-    (>= 0), ``max_staleness`` (null or an integer >= 0), ``fedbuff`` (null or K >= 1),
-    ``grace_period_s`` (seconds of virtual time, finite, >= 0; 0: off), ``shard_policy`` (worker |
-    least_visited).
+    name: str = "async_local_sgd"
+    timing: str = option("virtual", choices=TIMINGS, doc="virtual: the arrival order is simulated on the cluster "
+                         "clock (needs cluster.compute=profile); real: updates applied in arrival order, speeds "
+                         "emulated in wall time (records on the server only, no checkpoints)")
+    time_scale: float = option(1.0, above=0, doc="real timing: a local step lasts at least its modeled seconds x "
+                               "time_scale of wall time")
+    local_steps: int = option(50, at_least=1, doc="H: local steps per task (the paper's default)")
+    dylu: bool = option(False, doc="dynamic local updates: H_w = max(1, floor(v_w / max v * H)), v = worker speed")
+    outer_optimizer: str = option("delayed_nesterov", choices=OUTER_OPTIMIZERS, doc="the server's outer step: sgd, "
+                                  "nesterov (per arrival: naive async DiLoCo) or delayed_nesterov")
+    outer_lr: float = option(0.7, above=0, doc="eps: the outer learning rate")
+    outer_momentum: float = option(0.9, at_least=0, below=1, doc="beta: the outer momentum")
+    dn_buffer: int = option(4, at_least=1, doc="N: arrivals per momentum update (delayed_nesterov; about the "
+                            "number of workers)")
+    dn_c: float = option(0.0, at_least=0, doc="c: momentum activation between momentum updates (delayed_nesterov)")
+    staleness_exponent: float = option(0.0, at_least=0, doc="a: scale g by ((1 + staleness_avg) / (1 + "
+                                       "staleness))^a (0: no discount)")
+    staleness_avg: float = option(0.0, at_least=0, doc="the staleness whose weight is 1 (FLSim's avg_staleness)")
+    max_staleness: int | None = option(None, at_least=0, doc="drop arrivals staler than this many server updates "
+                                       "(null: keep all)")
+    fedbuff: int | None = option(None, at_least=1, doc="K: FedBuff, one outer step on the mean of every K "
+                                 "(weighted) arrivals (null: off)")
+    grace_period_s: float = option(0.0, at_least=0, doc="g, seconds of virtual time (finite): arrivals reaching "
+                                   "the server within g of the one it receives are applied back to back before their "
+                                   "workers restart (0: off; the paper's notebook 0.5)")
+    shard_policy: str = option("worker", choices=async_plan.SHARD_POLICIES, doc="worker: each worker its own shard; "
+                               "least_visited: each new task the least-visited shard (local steps given to it), read "
+                               "from where it stopped; lr schedule per shard")
+
+
+class AsyncLocalSGD(ServerAlgorithm):
+    """Asynchronous Local-SGD / async DiLoCo: a server takes an outer step per worker's arrival.
+
+    The method, its outer optimizers, staleness baselines, timing and data: the module docstring.
     """
 
     name = "async_local_sgd"
+    Config = AsyncLocalSGDConfig
+    label = "async local SGD"
+    paper = "docs/papers.md#asynchronous-local-sgd"
+    defining_keys = ("algo.local_steps",)
     lockstep = False
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
+        """Also: a finite grace period, and neither a grace period nor ``least_visited`` shards
+        with ``timing=real`` (both are rules of the virtual-time plan)."""
         super().validate_config(algo, world_size)
-        choice({"timing": algo.get("timing", "virtual")}, "timing", TIMINGS, "algo.")
-        positive({"time_scale": algo.get("time_scale", 1.0)}, "time_scale", "algo.")
-        int_at_least(algo, "local_steps", 1, "algo.")
-        choice({"dylu": algo.get("dylu", False)}, "dylu", (True, False), "algo.")
-        choice(algo, "outer_optimizer", OUTER_OPTIMIZERS, "algo.")
-        positive(algo, "outer_lr", "algo.")
-        m = algo.get("outer_momentum", 0.9)
-        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m < 1:
-            raise ConfigError(f"algo.outer_momentum must be in [0, 1), got {m!r}")
-        int_at_least({"dn_buffer": algo.get("dn_buffer", 4)}, "dn_buffer", 1, "algo.")
-        number_at_least({"dn_c": algo.get("dn_c", 0.0)}, "dn_c", 0.0, "algo.")
-        number_at_least({"staleness_exponent": algo.get("staleness_exponent", 0.0)}, "staleness_exponent", 0.0, "algo.")
-        if algo.get("max_staleness") is not None:
-            int_at_least(algo, "max_staleness", 0, "algo.")
-        number_at_least({"staleness_avg": algo.get("staleness_avg", 0.0)}, "staleness_avg", 0.0, "algo.")
-        if algo.get("fedbuff") is not None:
-            int_at_least(algo, "fedbuff", 1, "algo.")
-        grace = algo.get("grace_period_s", 0.0)
-        number_at_least({"grace_period_s": grace}, "grace_period_s", 0.0, "algo.")
+        config = cls.parse_config(algo)
+        grace = config.grace_period_s
         if not math.isfinite(grace):
             raise ConfigError(f"algo.grace_period_s must be a finite number >= 0 (seconds of virtual time), got {grace!r}")
-        choice({"shard_policy": algo.get("shard_policy", "worker")}, "shard_policy", async_plan.SHARD_POLICIES, "algo.")
-        if algo.get("timing", "virtual") == "real":  # both are rules of the virtual-time plan
+        if config.timing == "real":  # both are rules of the virtual-time plan
             if grace > 0:
                 raise ConfigError(f"algo.grace_period_s={grace!r} needs algo.timing=virtual (the grace period groups "
                                   f"arrivals in the virtual-time plan); with algo.timing=real set it to 0")
-            if algo.get("shard_policy", "worker") != "worker":
-                raise ConfigError(f"algo.shard_policy={algo.get('shard_policy')!r} needs algo.timing=virtual (shards "
+            if config.shard_policy != "worker":
+                raise ConfigError(f"algo.shard_policy={config.shard_policy!r} needs algo.timing=virtual (shards "
                                   f"are assigned in the virtual-time plan); with algo.timing=real the allowed value "
                                   f"is worker")
 
     @classmethod
     def validate_run(cls, cfg: dict, world_size: int) -> None:
-        if (cfg.get("algo") or {}).get("timing", "virtual") == "real":
+        if cls.parse_config(cfg["algo"]).timing == "real":
             return async_real.validate_run(cfg)
         compute = (cfg.get("cluster") or {}).get("compute", "profile")
         if compute != "profile":
@@ -219,20 +236,20 @@ class AsyncLocalSGD(ServerAlgorithm):
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
-        self.local_steps = int(cfg.get("local_steps", 50))
-        self.dylu = bool(cfg.get("dylu", False))
-        self.exponent = float(cfg.get("staleness_exponent", 0.0) or 0.0)
-        self.max_staleness = cfg.get("max_staleness")
-        self.staleness_avg = float(cfg.get("staleness_avg", 0.0) or 0.0)
-        self.fedbuff = None if cfg.get("fedbuff") is None else int(cfg["fedbuff"])
-        self.grace_s = float(cfg.get("grace_period_s", 0.0) or 0.0)
-        self.shard_policy = cfg.get("shard_policy", "worker")
+        self.local_steps = int(self.config.local_steps)
+        self.dylu = bool(self.config.dylu)
+        self.exponent = float(self.config.staleness_exponent)
+        self.max_staleness = self.config.max_staleness
+        self.staleness_avg = float(self.config.staleness_avg)
+        self.fedbuff = None if self.config.fedbuff is None else int(self.config.fedbuff)
+        self.grace_s = float(self.config.grace_period_s)
+        self.shard_policy = self.config.shard_policy
         self.buffer: torch.Tensor | None = None  # FedBuff: the weighted pseudo-gradients since the last server step
         self.buffered = 0                        # FedBuff: arrivals added to the buffer so far
         self.dropped = 0
         self.served = 0  # arrivals the server has handled
         self.plan: async_plan.Plan | None = None
-        self.real = async_real.RealTiming(self) if cfg.get("timing", "virtual") == "real" else None
+        self.real = async_real.RealTiming(self) if self.config.timing == "real" else None
         if self.real is not None:
             self.bookkeeping = "server"  # progress is not known in advance: the server records alone
 
@@ -281,14 +298,14 @@ class AsyncLocalSGD(ServerAlgorithm):
                                max_staleness=None if self.max_staleness is None else int(self.max_staleness))
 
     def _outer_optimizer(self):
-        kind = self.cfg.get("outer_optimizer", "delayed_nesterov")
-        lr = float(self.cfg.get("outer_lr", 0.7))
-        beta = float(self.cfg.get("outer_momentum", 0.9))
+        kind = self.config.outer_optimizer
+        lr = float(self.config.outer_lr)
+        beta = float(self.config.outer_momentum)
         if kind == "sgd":
             return torch.optim.SGD(self.params, lr=lr)
         if kind == "nesterov":
             return torch.optim.SGD(self.params, lr=lr, momentum=beta, nesterov=True)
-        return DelayedNesterov(self.params, lr, beta, int(self.cfg.get("dn_buffer", 4)), float(self.cfg.get("dn_c", 0.0)))
+        return DelayedNesterov(self.params, lr, beta, int(self.config.dn_buffer), float(self.config.dn_c))
 
     # -- the schedule ------------------------------------------------------------------------------
     def progress(self, step: int) -> int:

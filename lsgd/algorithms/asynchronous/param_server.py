@@ -15,7 +15,7 @@ equals DDP's minibatch SGD up to the summation order of the gradient average.
 
 Bytes (``comm_bytes``, all ``p2p``): a worker sends n (+ b for worker 0) per step; the server sends
 N (n + b) per step, n = parameter bytes, b = floating-buffer bytes. Clock: messages follow the
-point-to-point rules of :mod:`lsgd.clock.network`, with ports (LogGP): the N gradients serialize on the
+point-to-point rules of :mod:`lsgd.clock.worker_clock`, with ports (LogGP): the N gradients serialize on the
 server's ingress (the incast of N messages of cost c = alpha + n beta ends N c after they start,
 taken in order of their senders' start, then worker rank) and the N models on its egress (worker
 ``j`` of ``1..N`` has its model ``j c`` after the server starts sending), so a step costs more as N
@@ -28,11 +28,12 @@ Source: Li et al., "Scaling Distributed Machine Learning with the Parameter Serv
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import torch
 
-from lsgd.algorithms.base import ServerAlgorithm, float_buffers
-from lsgd.comm.communicator import copy_back
+from lsgd.algorithms.base import AlgoConfig, ServerAlgorithm, float_buffers
+from lsgd.comm.collectives import copy_back
 
 SERVER = 0
 
@@ -41,16 +42,24 @@ def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
 
 
+@dataclass
+class ParameterServerConfig(AlgoConfig):
+    """``algo=param_server``'s keys: none beyond ``name``."""
+
+    name: str = "param_server"
+
+
 class ParameterServer(ServerAlgorithm):
     """Synchronous parameter server: workers push gradients, the server steps and pushes the model.
-
-    Config keys: none beyond ``name``.
 
     Raises:
         ConfigError: fewer than 2 processes (one server and at least one worker).
     """
 
     name = "param_server"
+    Config = ParameterServerConfig
+    label = "parameter server"
+    paper = "docs/papers.md#parameter-server"
 
     def setup(self, model, optimizer, ctx=None):
         model = super().setup(model, optimizer, ctx)

@@ -2,7 +2,7 @@
 next, and every rank's progress at every point of the run.
 
 Liu, Douillard et al. 2024, "Asynchronous Local-SGD Training for Language Modeling" (arXiv
-2401.09135; papers.md section 4) simulate time deterministically: a worker's task lasts its
+2401.09135; docs/papers.md#asynchronous-local-sgd) simulate time deterministically: a worker's task lasts its
 local steps times its seconds per step (+ communication), and the server applies the update with
 the earliest virtual finish time next (ties broken by worker id). lsgd runs real processes but
 decides this order on the cluster clock, so a run is reproducible: every rank computes the same
@@ -20,11 +20,11 @@ The rules (times in modeled seconds; workers indexed 0..W-1 among the workers):
    handles one at a time: it receives arrival ``i`` at
    ``r_i = max(e_i, r_{i-1} + pull_s[w_{i-1}])`` (it was busy sending the previous model back),
    ``e_i = max(f_i, e_{i-1}) + push_s[w_i]`` the push's end on the server's ingress port (pushes
-   take the port one at a time, :mod:`lsgd.clock.network` Ports; ``e_i = a_i`` unless the previous push
+   take the port one at a time, :mod:`lsgd.clock.ports`; ``e_i = a_i`` unless the previous push
    still held it),
    applies the outer step (no modeled time), and sends the new model back, which the worker has
    at ``r_i + pull_s[w]``: it starts its next task then, from the server's model after arrival
-   ``i``. These are exactly the cluster clock's point-to-point rules (:mod:`lsgd.clock.network`), so the
+   ``i``. These are exactly the cluster clock's point-to-point rules (:mod:`lsgd.clock.worker_clock`), so the
    processes' clocks follow the plan.
 3. Staleness of arrival ``i`` = the server's version now minus the version the worker started
    from: the outer steps the server took between the worker's pull and this push. Without FedBuff
@@ -110,7 +110,7 @@ messages travel on one 2-rank process group per (server, worker) pair, so a work
 never wait behind another worker's.
 
 The cluster clock follows the plan: a push is received at ``max(server ready, a)`` and a send
-starts when the previous one ended (:mod:`lsgd.clock.network`'s point-to-point rules), which are the
+starts when the previous one ended (:mod:`lsgd.clock.worker_clock`'s point-to-point rules), which are the
 ``r`` and ``s`` above; records are uncounted and move no clock.
 
 The learning-rate schedule of a worker follows the network's average local step count at the
@@ -336,7 +336,7 @@ def plan(step_s: Sequence[float], local_steps: Sequence[int], push_s: Sequence[f
     arrivals: list[Arrival] = []
     applied_steps = 0
     server_free = 0.0
-    ingress_free = 0.0  # the server's ingress port (lsgd.clock.network, Ports): one push at a time
+    ingress_free = 0.0  # the server's ingress port (lsgd.clock.ports): one push at a time
     while True:
         group = [heapq.heappop(heap)]  # (arrive, worker, finish) in (a, w) order
         r = max(max(group[0][2], ingress_free) + float(push_s[group[0][1]]), server_free)

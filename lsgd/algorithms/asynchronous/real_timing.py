@@ -1,6 +1,6 @@
 """Asynchronous Local-SGD in real timing (``algo=async_local_sgd algo.timing=real``): updates are
 applied in the order they arrive, and a worker's speed is emulated by stretching its local steps in
-wall time, for users who want true asynchrony (papers.md section 4; the issue's "real" mode).
+wall time, for users who want true asynchrony (docs/papers.md#asynchronous-local-sgd; the issue's "real" mode).
 :mod:`lsgd.algorithms.asynchronous.async_local_sgd` has the algorithm (tasks, pseudo-gradients, outer
 optimizers, staleness discount, ``max_staleness``, FedBuff); this module only replaces the
 virtual-time plan by messages.
@@ -10,8 +10,8 @@ Workers (ranks 1..W). Worker ``w`` runs tasks of ``H_w`` local steps (``algo.loc
 at least ``step_s[w] x algo.time_scale`` wall seconds (``step_s[w]``: the modeled seconds per step
 of worker w, ``cluster.compute=profile`` with ``cluster.speeds``; the worker sleeps the rest of the
 step after its real compute; a step whose compute takes longer is not shortened): the rule of the
-trainer's ``cluster.stretch`` for every method (:func:`lsgd.compute.model.stretch_step`, the same helper;
-:mod:`lsgd.compute.model`, "Wall-clock stretch"), with ``algo.time_scale`` for its scale, so
+trainer's ``cluster.stretch`` for every method (:func:`lsgd.compute.stretch.stretch_step`, the same helper;
+:mod:`lsgd.compute.stretch`), with ``algo.time_scale`` for its scale, so
 ``cluster.stretch=true`` with real timing is a ConfigError (the steps would be stretched twice).
 At the end of a task (in ``after_step`` of its last step, after that step's loss was accumulated) it pushes the
 pseudo-gradient ``g = theta_start - theta_end`` with its floating buffers on its own 2-rank group,
@@ -76,8 +76,8 @@ import torch
 
 from lsgd.algorithms.asynchronous.plan import dylu_steps
 from lsgd.algorithms.base import Algorithm
-from lsgd.compute.model import stretch_step, stretch_target_s
-from lsgd.comm.communicator import copy_back
+from lsgd.compute.stretch import stretch_step, stretch_target_s
+from lsgd.comm.collectives import copy_back
 from lsgd.core.errors import ConfigError
 
 log = logging.getLogger("lsgd")
@@ -126,7 +126,7 @@ class RealTiming:
 
     def __init__(self, algo):
         self.algo = algo
-        self.time_scale = float(algo.cfg.get("time_scale", 1.0))
+        self.time_scale = float(algo.config.time_scale)
         self.stopped = False
         # server
         self.versions: list[int] = []       # the model version the server last handed each worker (its arrival count)

@@ -11,7 +11,7 @@ not the method's). With ``algo.carry_settlement=true`` (default false) it sends 
 rides in the next step's bucket 0, appended to the gradients' SUM all-reduce as a one-hot block
 (rank r's values as the 16-bit pieces of their float64 bit patterns in a float32 bucket, in slot
 r, zeros elsewhere: the SUM is the all-gather, exactly;
-:class:`lsgd.comm.communicator.CarriedSettlement`), and applies at the next clock read, after that step's
+:class:`lsgd.comm.settlement.CarriedSettlement`), and applies at the next clock read, after that step's
 backward (DDP has waited for its buckets). Where the clock is read before a bucket took it (records,
 evaluation, checkpoints, :meth:`lsgd.comm.communicator.Communicator.quiesce`, the same step on every rank: DDP is
 in lockstep) the all-gather is made there. Both paths give the same values
@@ -32,7 +32,7 @@ broadcast from rank 0 after every step's backward (before the next forward), thr
 communicator so they are counted. DDP's own broadcast is disabled (``forward_sync_buffers=False``) to avoid doing it twice.
 
 Timing: a bucket's in-flight time goes to ``comm_time_s`` but is not subtracted from the step's
-measured ``compute_time_s`` (it overlaps backward). On the cluster clock (:mod:`lsgd.clock.network`) each
+measured ``compute_time_s`` (it overlaps backward). On the cluster clock (:mod:`lsgd.clock.worker_clock`) each
 bucket is an asynchronous all-reduce issued when DDP launches it: once its last gradient is
 computed, at the fraction of backward's FLOPs done by then (counted per parameter on the first
 batch, :meth:`lsgd.compute.model.ComputeModel.count_grad_ready`: the demo CNN's fc layers, 94% of its
@@ -63,9 +63,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from lsgd.algorithms.base import Algorithm
-from lsgd.comm.communicator import chunk_type
-from lsgd.core.checks import choice
+from dataclasses import dataclass
+
+from lsgd.algorithms.base import AlgoConfig, Algorithm
+from lsgd.comm.settlement import chunk_type
+from lsgd.core.typed_config import option
 
 
 def ready_fractions(model: nn.Module, by_flops: Mapping[str, float] | None) -> dict[int, float]:
@@ -130,20 +132,31 @@ class BackwardWait:
         self.comm.add_blocked(waited)
 
 
+@dataclass
+class DDPConfig(AlgoConfig):
+    """``algo=ddp``'s keys."""
+
+    name: str = "ddp"
+    bucket_cap_mb: float = option(25, above=0, doc="DDP's gradient bucket size, MiB")
+    carry_settlement: bool = option(
+        False, doc="true: the clock's per-step settlement travels in the next step's first gradient bucket (no "
+        "message of its own; the same modeled values, but the longer bucket moves gloo's ring chunk boundaries, so "
+        "on 3+ ranks the gradients are summed in another order: other last bits, another trajectory); false: its "
+        "own uncounted all-gather after backward, gradients summed as torch's DDP does")
+
+
 class DDP(Algorithm):
     """Minibatch SGD with bucketed, overlapped gradient all-reduce (the baseline)."""
 
     name = "ddp"
+    Config = DDPConfig
+    label = "DDP"
+    paper = "docs/papers.md#minibatch-sgd-ddp"
     grad_scaler = "synchronized"  # DDP all-reduces the (scaled) gradients inside backward
     #: the clock settlement travels in the next step's bucket 0 (plain ``ddp``'s hook only:
     #: :meth:`register_hook` sets it from ``algo.carry_settlement``; compression hooks keep the
     #: settlement's own all-gather)
     carries_settlement = False
-
-    @classmethod
-    def validate_config(cls, algo: dict, world_size: int) -> None:
-        if "carry_settlement" in algo:
-            choice(algo, "carry_settlement", (True, False), "algo.")
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, ctx=None) -> nn.Module:
         super().setup(model, optimizer, ctx)
@@ -158,7 +171,7 @@ class DDP(Algorithm):
             else {"broadcast_buffers": False}
         )
         self.ddp = DistributedDataParallel(
-            model, device_ids=device_ids, bucket_cap_mb=float(self.cfg.get("bucket_cap_mb", 25)), **no_buffer_sync
+            model, device_ids=device_ids, bucket_cap_mb=float(self.config.bucket_cap_mb), **no_buffer_sync
         )
         self._ready_fraction = ready_fractions(model, ctx.grad_ready_fraction if ctx is not None else None)
         self._launched = 0.0
@@ -192,7 +205,7 @@ class DDP(Algorithm):
     def register_hook(self, ddp: DistributedDataParallel) -> None:
         """Register the DDP comm hook (subclasses replace it: compression, PowerSGD); this one
         carries the clock settlement (``algo.carry_settlement``)."""
-        self.carries_settlement = bool(self.cfg.get("carry_settlement", False))
+        self.carries_settlement = bool(self.config.carry_settlement)
         self._riding = None            # the carried settlement whose block is in the carrier buffer
         self._carrier_buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         ddp.register_comm_hook(None, self._counting_allreduce_hook)
@@ -235,7 +248,7 @@ class DDP(Algorithm):
         """(carrier, its head, its tail): one tensor of ``buffer``'s dtype holding the bucket
         (``head``, ``buffer.numel()`` elements, for ``buffer / world``: DDP copies the gradients out
         of it as out of the bucket) then the settlement's one-hot block (``tail``,
-        :meth:`lsgd.comm.communicator.CarriedSettlement.ride`: a SUM of it is the all-gather, exactly), not
+        :meth:`lsgd.comm.settlement.CarriedSettlement.ride`: a SUM of it is the all-gather, exactly), not
         divided. Kept per layout; a settlement whose block is still in it is decoded first."""
         n = buffer.numel()
         key = (n, carried.payload.size, buffer.dtype, buffer.device)

@@ -1,5 +1,5 @@
 """``diloco``: DiLoCo (Douillard et al. 2023, "DiLoCo: Distributed Low-Communication Training of
-Language Models", Algorithm 1; papers.md section 1).
+Language Models", Algorithm 1; docs/papers.md#diloco).
 
 Inner optimizer: the run's ``optim`` (AdamW, lr 4e-4, weight decay 0.1, betas 0.9/0.95 in the
 paper; ``experiment`` bundles and ``algo=diloco`` docs select ``optim=adamw``), H =
@@ -17,28 +17,38 @@ from __future__ import annotations
 
 import torch
 
-from lsgd.algorithms.averaging.local_sgd import LocalSGD
+from dataclasses import dataclass
+
+from lsgd.algorithms.averaging.local_sgd import LocalSGDConfig
 from lsgd.algorithms.averaging.slowmo import SlowMo
-from lsgd.core.checks import choice, positive
+from lsgd.core.typed_config import option
 
 OUTER_OPTIMIZERS = ("sgd", "nesterov")
 
 
+@dataclass
+class DiLoCoConfig(LocalSGDConfig):
+    """``algo=diloco``'s keys: :class:`LocalSGDConfig`'s and the outer optimizer's."""
+
+    name: str = "diloco"
+    local_steps: int = option(500, at_least=1, doc="H: inner steps per round")
+    outer_optimizer: str = option("nesterov", choices=OUTER_OPTIMIZERS, doc="the outer step on the averaged pseudo-gradient")
+    outer_lr: float = option(0.7, above=0, doc="the outer learning rate")
+    outer_momentum: float = option(0.9, doc="mu: the outer Nesterov momentum")
+
+
 class DiLoCo(SlowMo):
-    """Keys: ``outer_optimizer`` (sgd | nesterov), ``outer_lr``, ``outer_momentum``."""
+    """DiLoCo: inner AdamW steps, an outer Nesterov step on the averaged pseudo-gradient."""
 
     name = "diloco"
-
-    @classmethod
-    def validate_config(cls, algo: dict, world_size: int) -> None:
-        LocalSGD.validate_config(algo, world_size)
-        choice(algo, "outer_optimizer", OUTER_OPTIMIZERS, "algo.")
-        positive(algo, "outer_lr", "algo.")
+    Config = DiLoCoConfig
+    label = "DiLoCo"
+    paper = "docs/papers.md#diloco"
 
     def build_outer_optimizer(self, groups):
-        lr = float(self.cfg.get("outer_lr", 0.7))
-        if self.cfg.get("outer_optimizer", "nesterov") == "nesterov":
-            return torch.optim.SGD(groups, lr=lr, momentum=float(self.cfg.get("outer_momentum", 0.9)), nesterov=True)
+        lr = float(self.config.outer_lr)
+        if self.config.outer_optimizer == "nesterov":
+            return torch.optim.SGD(groups, lr=lr, momentum=float(self.config.outer_momentum), nesterov=True)
         return torch.optim.SGD(groups, lr=lr)
 
     def metrics(self) -> dict:
@@ -52,4 +62,4 @@ class DiLoCo(SlowMo):
 
     def outer_lr(self, gamma: float) -> float:
         """``outer_lr``, independent of the inner learning rate."""
-        return float(self.cfg.get("outer_lr", 0.7))
+        return float(self.config.outer_lr)

@@ -1,5 +1,5 @@
 """``local_sgd``: H local steps, then exact parameter averaging (Stich 2019; Lin et al. 2020;
-Ortiz et al. 2021, papers.md section 1).
+Ortiz et al. 2021, docs/papers.md#local-sgd).
 
 Every ``algo.local_steps`` (H) completed local steps all workers replace their parameters by
 x_avg = mean_i x_i (one coalesced all-reduce of the model, counted as one round). With
@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import torch
 
-from lsgd.algorithms.base import DRIFT_AGREEMENT_LAG, Algorithm, float_buffers, model_tensors
-from lsgd.core.checks import choice, int_at_least
+from dataclasses import dataclass
+
+from lsgd.algorithms.base import DRIFT_AGREEMENT_LAG, AlgoConfig, Algorithm, float_buffers, model_tensors
+from lsgd.core.typed_config import option
 
 BUFFER_POLICIES = ("reset", "maintain", "average")
 #: ``algo.comm_dtype``: the dtype of the parameters' all-reduce (module docstring)
@@ -49,31 +51,37 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tens
     return out
 
 
-class LocalSGD(Algorithm):
-    """Local SGD with exact periodic averaging.
+@dataclass
+class LocalSGDConfig(AlgoConfig):
+    """``algo=local_sgd``'s keys (module docstring)."""
 
-    Config keys: ``local_steps`` (H >= 1), ``average_buffers`` (bool), ``buffer_policy``.
-    """
+    name: str = "local_sgd"
+    local_steps: int = option(8, at_least=1, doc="H: local steps between averagings")
+    average_buffers: bool = option(True, doc="average BatchNorm running statistics too")
+    buffer_policy: str = option("maintain", choices=BUFFER_POLICIES, doc="the base optimizer's state at a sync")
+    comm_dtype: str = option("fp32", choices=tuple(COMM_DTYPES), doc="dtype of the parameters' all-reduce "
+                             "(bf16 / fp16: the change since the last round)")
+
+
+class LocalSGD(Algorithm):
+    """Local SGD: H local steps, then exact parameter averaging."""
 
     name = "local_sgd"
+    Config = LocalSGDConfig
+    label = "local SGD"
+    paper = "docs/papers.md#local-sgd"
+    defining_keys = ("algo.local_steps",)
     agreement_lag = DRIFT_AGREEMENT_LAG  # workers drift apart for H steps (Algorithm.agreement_lag)
     grad_scaler = "flag"  # workers step on their own gradients (lsgd.training.accel); SlowMo, DiLoCo, post-local SGD inherit it
 
-    @classmethod
-    def validate_config(cls, algo: dict, world_size: int) -> None:
-        int_at_least(algo, "local_steps", 1, "algo.")
-        choice(algo, "buffer_policy", BUFFER_POLICIES, "algo.")
-        if algo.get("comm_dtype") is not None:
-            choice(algo, "comm_dtype", tuple(COMM_DTYPES), "algo.")
-
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
-        self.local_steps = int(cfg.get("local_steps", 1))
-        self.average_buffers = bool(cfg.get("average_buffers", True))
-        self.buffer_policy = cfg.get("buffer_policy", "maintain")
+        self.local_steps = int(self.config.local_steps)
+        self.average_buffers = bool(self.config.average_buffers)
+        self.buffer_policy = self.config.buffer_policy
         self.rounds = 0
         self._in_sync = True
-        self.comm_dtype = COMM_DTYPES[cfg.get("comm_dtype") or "fp32"]
+        self.comm_dtype = COMM_DTYPES[self.config.comm_dtype]
         self.anchor: list[torch.Tensor] | None = None  # the parameters after the last round (comm_dtype only)
 
     def setup(self, model, optimizer, ctx=None):

@@ -9,24 +9,32 @@ parameters are averaged every ``algo.local_steps`` steps counted from the end of
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from lsgd.algorithms.averaging.local_sgd import LocalSGD, LocalSGDConfig
 from lsgd.algorithms.base import float_buffers
-from lsgd.algorithms.averaging.local_sgd import LocalSGD
-from lsgd.core.checks import int_at_least
+from lsgd.core.typed_config import option
+
+
+@dataclass
+class PostLocalSGDConfig(LocalSGDConfig):
+    """``algo=post_local_sgd``'s keys: :class:`LocalSGDConfig`'s and the warm-up."""
+
+    name: str = "post_local_sgd"
+    warmup_steps: int = option(200, at_least=0, doc="fully synchronous steps before local SGD starts")
 
 
 class PostLocalSGD(LocalSGD):
-    """Config keys: ``warmup_steps`` (>= 0) plus those of :class:`LocalSGD`."""
+    """Post-local SGD: fully synchronous steps, then local SGD."""
 
     name = "post_local_sgd"
-
-    @classmethod
-    def validate_config(cls, algo: dict, world_size: int) -> None:
-        super().validate_config(algo, world_size)
-        int_at_least(algo, "warmup_steps", 0, "algo.")
+    Config = PostLocalSGDConfig
+    label = "post-local SGD"
+    paper = "docs/papers.md#post-local-sgd"
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
-        self.warmup_steps = int(cfg.get("warmup_steps", 0))
+        self.warmup_steps = int(self.config.warmup_steps)
 
     def after_backward(self, step: int) -> None:
         if step < self.warmup_steps:

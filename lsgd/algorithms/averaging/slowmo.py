@@ -1,5 +1,5 @@
 """``slowmo``: Slow Momentum (Wang, Tantia, Ballas, Rabbat, ICLR 2020, Algorithm 1), with local SGD
-as the base algorithm (papers.md section 1).
+as the base algorithm (docs/papers.md#slowmo).
 
 Every tau = ``algo.local_steps`` base steps, after exact averaging x_avg = mean_i x_i:
 
@@ -28,23 +28,31 @@ from __future__ import annotations
 
 import torch
 
-from lsgd.algorithms.averaging.local_sgd import LocalSGD
-from lsgd.core.checks import positive
-from lsgd.core.errors import ConfigError
+from dataclasses import dataclass
+
+from lsgd.algorithms.averaging.local_sgd import LocalSGD, LocalSGDConfig
+from lsgd.core.typed_config import option
+
+
+@dataclass
+class SlowMoConfig(LocalSGDConfig):
+    """``algo=slowmo``'s keys: :class:`LocalSGDConfig`'s and the slow step's."""
+
+    name: str = "slowmo"
+    local_steps: int = option(12, at_least=1, doc="tau: base steps between averagings")
+    slow_lr: float = option(1.0, above=0, doc="alpha: the slow learning rate")
+    slow_momentum: float = option(0.6, at_least=0, below=1, doc="beta: the slow momentum (the paper tunes 0.4-0.8)")
+    buffer_policy: str = option("reset", choices=("reset", "maintain", "average"),
+                                doc="the base optimizer's state at a sync (the paper resets Nesterov momentum)")
 
 
 class SlowMo(LocalSGD):
-    """Local SGD with an outer (slow) momentum step. Keys: ``slow_lr``, ``slow_momentum``."""
+    """SlowMo: local SGD with an outer (slow) momentum step."""
 
     name = "slowmo"
-
-    @classmethod
-    def validate_config(cls, algo: dict, world_size: int) -> None:
-        LocalSGD.validate_config(algo, world_size)
-        positive(algo, "slow_lr", "algo.")
-        m = algo.get("slow_momentum")
-        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m < 1:
-            raise ConfigError(f"algo.slow_momentum must be in [0, 1), got {m!r}")
+    Config = SlowMoConfig
+    label = "SlowMo"
+    paper = "docs/papers.md#slowmo"
 
     def setup(self, model, optimizer, ctx=None):
         model = super().setup(model, optimizer, ctx)
@@ -59,7 +67,7 @@ class SlowMo(LocalSGD):
     def build_outer_optimizer(self, groups: list[dict]) -> torch.optim.Optimizer:
         """The slow optimizer over ``groups`` (one per base parameter group): SGD with momentum
         beta (each group's lr is set at every round to alpha * gamma of that group)."""
-        return torch.optim.SGD(groups, lr=1.0, momentum=float(self.cfg.get("slow_momentum", 0.5)))
+        return torch.optim.SGD(groups, lr=1.0, momentum=float(self.config.slow_momentum))
 
     def pseudo_gradient_scale(self, gamma: float) -> float:
         """Factor applied to (x_prev - x_avg) of a group whose round learning rate is ``gamma``:
@@ -68,7 +76,7 @@ class SlowMo(LocalSGD):
 
     def outer_lr(self, gamma: float) -> float:
         """Slow learning rate of a group whose round learning rate is ``gamma``: alpha * gamma."""
-        return float(self.cfg.get("slow_lr", 1.0)) * gamma
+        return float(self.config.slow_lr) * gamma
 
     def optimizer_step(self) -> None:
         """The local step; remembers each group's learning rate (gamma of the round so far)."""

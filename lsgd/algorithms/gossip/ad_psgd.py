@@ -1,5 +1,5 @@
 """``ad_psgd``: asynchronous decentralized parallel SGD, Lian, Zhang, Zhang and Liu, "Asynchronous
-Decentralized Parallel Stochastic Gradient Descent", ICML 2018 (papers.md section 3).
+Decentralized Parallel Stochastic Gradient Descent", ICML 2018 (docs/papers.md#ad-psgd).
 
 Every worker computes its gradient at its model as it reads it; picks a random neighbour; the two
 atomically replace their models by their average, ``x_i = x_j = (x_i + x_j) / 2``; then the worker
@@ -37,7 +37,7 @@ Pairing (``algo.pairing``):
      active worker has the average at ``x + c`` (``c`` = the modeled cost of one message of the
      model on the pair's link, both directions at once), applies its gradient and starts its next
      step then. It never waits for the passive worker's compute. The passive worker's ports
-     (:mod:`lsgd.clock.network`, Ports) carry one averaging at a time (``network.ports`` lanes): a request
+     (:mod:`lsgd.clock.ports`) carry one averaging at a time (``network.ports`` lanes): a request
      reaching it while an earlier averaging holds them starts when that one ends (``s =
      max(x, ports free)``), and the active worker has the average at ``s + c``.
   3. The passive side answers when the request reaches it, whatever it is doing (in the paper a
@@ -80,12 +80,12 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from lsgd.algorithms.gossip.mixing import Gossip, flat_of, write_flat
+from lsgd.algorithms.gossip.mixing import Gossip, GossipConfig, flat_of, write_flat
 from lsgd.algorithms.gossip.virtual_pairing import check_plan_inputs, check_virtual_time_run
-from lsgd.core.checks import choice
+from lsgd.comm.topology import DYNAMIC, TOPOLOGIES, WEIGHTS, Topology
 from lsgd.core.errors import ConfigError
 from lsgd.core.seeding import derive_seed
-from lsgd.comm.topology import DYNAMIC, Topology
+from lsgd.core.typed_config import option
 
 PAIRINGS = ("lockstep", "virtual_time")
 
@@ -303,20 +303,38 @@ def virtual_plan(topology: Topology, seed: int, step_s: Sequence[float], cost_s:
     return plans
 
 
+@dataclass
+class ADPSGDConfig(GossipConfig):
+    """``algo=ad_psgd``'s keys: :class:`GossipConfig`'s and the pairing."""
+
+    name: str = "ad_psgd"
+    topology: str = option("ring", choices=TOPOLOGIES, doc="G: static; its edges between active and passive "
+                           "workers must connect them all")
+    weights: str = option("uniform", choices=WEIGHTS, doc="unused: pairs average 1/2 each")
+    seed: int | None = option(None, doc="the active workers' choice of neighbour per step (null: the run's seed)")
+    pairing: str = option("lockstep", choices=PAIRINGS, doc="lockstep: every worker's step t with the others' "
+                          "step t (the slowest sets the pace); virtual_time: asynchronous (cluster.compute=profile "
+                          "and cluster.speeds decide who averages when; fast workers take more steps, nobody waits "
+                          "for a straggler)")
+
+
 class ADPSGD(Gossip):
-    """AD-PSGD. Config keys: ``topology``, ``average_buffers``, ``pairing`` (lockstep |
-    virtual_time), ``seed``."""
+    """AD-PSGD: each step every active worker averages with a random passive neighbour."""
 
     name = "ad_psgd"
+    Config = ADPSGDConfig
+    label = "AD-PSGD"
+    paper = "docs/papers.md#ad-psgd"
+    defining_keys = ("algo.topology",)
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
         super().validate_config(algo, world_size)
+        config = cls.parse_config(algo)
         try:
-            check_bipartition(Topology(algo["topology"], world_size, algo.get("weights", "uniform"), 0))
+            check_bipartition(Topology(config.topology, world_size, config.weights, 0))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        choice({"pairing": algo.get("pairing", "lockstep")}, "pairing", PAIRINGS, "algo.")
 
     @classmethod
     def validate_run(cls, cfg: dict, world_size: int) -> None:
@@ -325,7 +343,7 @@ class ADPSGD(Gossip):
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
         self.step = 0
-        self.virtual = cfg.get("pairing", "lockstep") == "virtual_time"
+        self.virtual = self.config.pairing == "virtual_time"
         self.lockstep = not self.virtual
         self.plan: VirtualNode | None = None
 

@@ -1,5 +1,5 @@
 """``decentlam``: DecentLaM, Yuan, Chen, Huang, Zhang, Pan, Yin and Xu, "DecentLaM: Decentralized
-Momentum SGD for Large-batch Deep Training", ICCV 2021 (papers.md section 3).
+Momentum SGD for Large-batch Deep Training", ICCV 2021 (docs/papers.md#decentlam).
 
 Each step (``gamma`` = the learning rate in use, per parameter group; ``beta`` = ``algo.momentum``):
 
@@ -17,25 +17,33 @@ blocking; one round per step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from lsgd.algorithms.gossip.mixing import Gossip, flat_of, write_flat
-from lsgd.core.checks import in_interval
+from lsgd.algorithms.gossip.mixing import Gossip, GossipConfig, flat_of, write_flat
 from lsgd.core.errors import ConfigError
+from lsgd.core.typed_config import option
+
+
+@dataclass
+class DecentLaMConfig(GossipConfig):
+    """``algo=decentlam``'s keys: :class:`GossipConfig`'s and the momentum it applies itself."""
+
+    name: str = "decentlam"
+    momentum: float = option(0.9, at_least=0, below=1, doc="beta: the decentralized momentum "
+                             "(0: adapt-then-combine D-PSGD)")
+    average_buffers: bool = option(True, doc="BatchNorm buffers mixed with the half steps (false: kept local)")
 
 
 class DecentLaM(Gossip):
-    """DecentLaM. Config keys: ``topology``, ``weights``, ``momentum`` (beta in [0, 1)),
-    ``average_buffers``, ``seed``."""
+    """DecentLaM: decentralized momentum SGD without the momentum-induced bias."""
 
     name = "decentlam"
-
-    @classmethod
-    def validate_config(cls, algo: dict, world_size: int) -> None:
-        super().validate_config(algo, world_size)
-        in_interval(algo, "momentum", 0.0, 1.0, "algo.", lo_open=False)
-        if algo["momentum"] >= 1:
-            raise ConfigError(f"algo.momentum must be in [0, 1), got {algo['momentum']!r}")
+    Config = DecentLaMConfig
+    label = "DecentLaM"
+    paper = "docs/papers.md#decentlam"
+    defining_keys = ("algo.topology",)
 
     @classmethod
     def validate_run(cls, cfg: dict, world_size: int) -> None:
@@ -48,7 +56,7 @@ class DecentLaM(Gossip):
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
-        self.beta = float(cfg.get("momentum", 0.9))
+        self.beta = float(self.config.momentum)
         self.momentum: torch.Tensor | None = None  # m, flat over the parameters
         self.step = 0
 

@@ -1,5 +1,5 @@
 """``dpsgd``: decentralized parallel SGD, Lian, Zhang, Zhang, Hsieh, Zhang and Liu, "Can
-Decentralized Algorithms Outperform Centralized Algorithms?", NeurIPS 2017 (papers.md section 3).
+Decentralized Algorithms Outperform Centralized Algorithms?", NeurIPS 2017 (docs/papers.md#d-psgd).
 
 Each step every node mixes with its neighbours on ``algo.topology`` (weights ``W``, doubly
 stochastic for the undirected graphs) and takes its local optimizer step. Two orders
@@ -16,34 +16,43 @@ stochastic for the undirected graphs) and takes its local optimizer step. Two or
 
 Every step is one communication round (each node sends its model to each out-neighbour). A
 checkpoint saves the exchange in flight (``awc``) as it stands: the snapshot sent, what was received
-(the transfer is completed, :meth:`lsgd.comm.communicator.Handle.complete_data`) and the exchange's end on the
+(the transfer is completed, :meth:`lsgd.comm.handles.Handle.complete_data`) and the exchange's end on the
 cluster clock, moving no clock; the next optimizer step waits for it as in an uninterrupted run.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from lsgd.algorithms.gossip.mixing import Gossip, Mix, flat_of, load_mix, save_mix, write_flat
-from lsgd.core.checks import choice
+from lsgd.algorithms.gossip.mixing import Gossip, GossipConfig, Mix, flat_of, load_mix, save_mix, write_flat
+from lsgd.core.typed_config import option
 
 VARIANTS = ("awc", "atc")
 
 
+@dataclass
+class DPSGDConfig(GossipConfig):
+    """``algo=dpsgd``'s keys: :class:`GossipConfig`'s and the order of step and mixing."""
+
+    name: str = "dpsgd"
+    variant: str = option("awc", choices=VARIANTS, doc="awc: mix x(t) while computing the gradient at x(t) "
+                          "(overlapped); atc: the local step, then mix (module docstring)")
+
+
 class DPSGD(Gossip):
-    """D-PSGD. Config keys: ``topology``, ``weights``, ``variant`` (awc | atc), ``average_buffers``,
-    ``seed``."""
+    """D-PSGD: every step, mix the model with the neighbours on the topology."""
 
     name = "dpsgd"
-
-    @classmethod
-    def validate_config(cls, algo: dict, world_size: int) -> None:
-        super().validate_config(algo, world_size)
-        choice(algo, "variant", VARIANTS, "algo.")
+    Config = DPSGDConfig
+    label = "D-PSGD"
+    paper = "docs/papers.md#d-psgd"
+    defining_keys = ("algo.topology",)
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
-        self.variant = cfg.get("variant", "awc")
+        self.variant = self.config.variant
         self.pending: Mix | None = None        # awc: the exchange of x(t) in flight
         self.mixed: torch.Tensor | None = None  # awc: its correction, from an older checkpoint that waited for it
         self.step = 0

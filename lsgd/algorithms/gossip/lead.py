@@ -1,5 +1,5 @@
 """``lead``: LEAD, Liu, Li, Wang, Tang and Yan, "Linear Convergent Decentralized Optimization with
-Compression", ICLR 2021 (arXiv 2007.00232), Algorithm 1; papers.md section 3 gives the rule as it
+Compression", ICLR 2021 (arXiv 2007.00232), Algorithm 1; docs/papers.md#lead gives the rule as it
 was recalled, marked "[check against the paper]".
 
 Source check (what was and was not verified). The paper's text of Algorithm 1 could not be read
@@ -8,12 +8,12 @@ text dump of OpenReview id 84gjULz1t5 and the LaTeX source in the SPIQA data set
 only from its beginning: abstract, introduction, related work) stop before the algorithm, and no
 public code by the authors was found (Papers with Code lists none; searches of the stored GitHub
 index for the update rules, ``Compress(Y - H)``-style lines and LEAD classes found none). So the
-recursion below is papers.md's; its line numbers in Algorithm 1 are NOT checked, and nothing
+recursion below is docs/papers.md#lead's; its line numbers in Algorithm 1 are NOT checked, and nothing
 here claims them. What follows from the recursion itself, and is tested
 (tests/distributed/test_gossip.py): with ``H_w = W H`` at the start and ``y_hat_w = h_w + sum_j
 W_ij q_j``, ``h_w`` stays ``W h`` (the neighbours' mix of ``h`` that no node holds); with a doubly
 stochastic ``W`` and ``D = 0`` at the start, ``D`` moves along ``(I - W) y_hat`` and ``sum_i D_i``
-stays 0 (``D`` in the range of ``I - W``, the form ``D^1 = (I - W) Z`` papers.md's check asks
+stays 0 (``D`` in the range of ``I - W``, the form ``D^1 = (I - W) Z`` docs/papers.md#lead asks
 about, with ``Z = 0``). Both need one fixed ``W``, so time-varying topologies (``matching``) are
 rejected: with ``W_k`` changing every round, ``h_w`` stops being ``W_k h`` and ``y_hat_w`` stops
 being ``W_k y_hat``.
@@ -50,14 +50,16 @@ step (from step 1). Parameters only: BatchNorm buffers stay local.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from lsgd.algorithms.gossip.mixing import Gossip, flat_of, write_flat
+from lsgd.algorithms.gossip.mixing import Gossip, GossipConfig, flat_of, write_flat
+from lsgd.comm.topology import DIRECTED, DYNAMIC, TOPOLOGIES
 from lsgd.compression.bitpack import pack_bits, unpack_bits
-from lsgd.core.checks import choice, in_interval, positive
 from lsgd.core.errors import ConfigError
 from lsgd.core.seeding import derive_seed
-from lsgd.comm.topology import DIRECTED, DYNAMIC
+from lsgd.core.typed_config import option
 
 COMPRESSORS = ("none", "quantize")
 
@@ -89,31 +91,49 @@ def dequantize(levels: torch.Tensor, norm: torch.Tensor, bits: int) -> torch.Ten
     return levels.double() * (float(norm) / 2.0 ** (bits - 1))
 
 
+@dataclass
+class LEADConfig(GossipConfig):
+    """``algo=lead``'s keys: :class:`GossipConfig`'s, the steps' and the compressor's."""
+
+    name: str = "lead"
+    topology: str = option("ring", choices=TOPOLOGIES, doc="G: static undirected (ring, torus, hypercube or "
+                           "complete: one fixed symmetric mixing matrix)")
+    average_buffers: bool = option(False, doc="unused: LEAD mixes the parameters only (BatchNorm statistics "
+                                   "stay local)")
+    seed: int | None = option(None, doc="the quantizer's rounding (null: the run's seed)")
+    # a = 0.2, gamma = 0.5: 2-bit LEAD on the debug CNN was unstable at a = 0.5, gamma = 1 and learned here
+    alpha: float = option(0.2, above=0, at_most=1, doc="a: the compression-state step (h <- (1 - a) h + a y_hat)")
+    gamma: float = option(0.5, above=0, doc="the dual step: D <- D + gamma / (2 eta) (y_hat - y_hat_w)")
+    compressor: str = option("quantize", choices=COMPRESSORS, doc="quantize (LEAD's unbiased b-bit quantizer) "
+                             "or none")
+    bits: int = option(2, at_least=1, at_most=15, doc="b: 2^b + 1 levels, sent at b + 1 bits each (+ a float32 "
+                       "norm per tensor; compressor=quantize)")
+
+
 class LEAD(Gossip):
-    """LEAD. Config keys: ``topology``, ``weights``, ``alpha`` (a in (0, 1]), ``gamma`` (> 0),
-    ``compressor`` (none | quantize), ``bits``, ``seed``."""
+    """LEAD: compressed primal-dual decentralized SGD."""
 
     name = "lead"
+    Config = LEADConfig
+    label = "LEAD"
+    paper = "docs/papers.md#lead"
+    defining_keys = ("algo.topology",)
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
         super().validate_config(algo, world_size)
-        if algo.get("topology") in DIRECTED or algo.get("topology") in DYNAMIC:
-            kind = "directed" if algo["topology"] in DIRECTED else "time-varying"
-            raise ConfigError(f"algo.topology={algo['topology']} is {kind}; algo=lead needs one fixed symmetric mixing "
+        topology = cls.parse_config(algo).topology
+        if topology in DIRECTED or topology in DYNAMIC:
+            kind = "directed" if topology in DIRECTED else "time-varying"
+            raise ConfigError(f"algo.topology={topology} is {kind}; algo=lead needs one fixed symmetric mixing "
                               "matrix (module docstring): ring, torus, hypercube or complete")
-        in_interval(algo, "alpha", 0.0, 1.0, "algo.")
-        positive(algo, "gamma", "algo.")
-        choice(algo, "compressor", COMPRESSORS, "algo.")
-        if algo["compressor"] == "quantize":
-            choice(algo, "bits", tuple(range(1, 16)), "algo.")
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
-        self.alpha = float(cfg.get("alpha", 0.2))
-        self.gamma = float(cfg.get("gamma", 0.5))
-        self.compressor = cfg.get("compressor", "quantize")
-        self.bits = int(cfg.get("bits", 2))
+        self.alpha = float(self.config.alpha)
+        self.gamma = float(self.config.gamma)
+        self.compressor = self.config.compressor
+        self.bits = int(self.config.bits)
         self.average_buffers = False  # parameters only (module docstring)
         self.h = self.h_w = self.dual = None
         self.step = 0

@@ -1,5 +1,6 @@
-"""What the gossip methods share (``dpsgd``, ``decentlam``, ``sgp``): their topology and one round of
-neighbour exchange (papers.md section 3).
+"""What the gossip methods share (``dpsgd``, ``decentlam``, ``sgp``): their topology, their common
+keys (:class:`GossipConfig`, which every gossip method's config extends) and one round of neighbour
+exchange (docs/papers.md#decentralized-methods).
 
 A node sends one flat message (its model, or what the method mixes) to each out-neighbour of the
 round's graph and receives one from each in-neighbour (:meth:`lsgd.comm.communicator.Communicator.exchange`:
@@ -15,12 +16,14 @@ floating-point buffers: BatchNorm statistics mixed with the same weights; false 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from lsgd.algorithms.base import DRIFT_AGREEMENT_LAG, Algorithm, float_buffers
-from lsgd.core.checks import choice
+from lsgd.algorithms.base import DRIFT_AGREEMENT_LAG, AlgoConfig, Algorithm, float_buffers
+from lsgd.comm.topology import TOPOLOGIES, WEIGHTS, Topology, check
 from lsgd.core.errors import ConfigError
-from lsgd.comm.topology import Topology, check
+from lsgd.core.typed_config import option
 
 
 def flat_of(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -48,7 +51,7 @@ class Mix:
 def save_mix(mix: Mix | None) -> dict | None:
     """A checkpoint's copy of an exchange in flight, moving no clock: its round, the message sent,
     what was received (the transfer is completed) and its end on the cluster clock
-    (:meth:`lsgd.comm.communicator.Handle.state_dict`). None for None."""
+    (:meth:`lsgd.comm.handles.Handle.state_dict`). None for None."""
     if mix is None:
         return None
     if mix.handle is not None:
@@ -66,39 +69,51 @@ def load_mix(state: dict | None, comm) -> Mix | None:
     return Mix(state["round"], state["own"], dict(state["recvs"]), handle)
 
 
+@dataclass
+class GossipConfig(AlgoConfig):
+    """The keys every gossip method has (module docstring); each method's config extends it."""
+
+    topology: str = option("ring", choices=TOPOLOGIES, doc="G: the graph of who talks to whom (lsgd.comm.topology)")
+    weights: str = option("uniform", choices=WEIGHTS, doc="the mixing weights W: uniform (1/(degree+1)) or "
+                          "metropolis (Metropolis-Hastings)")
+    average_buffers: bool = option(True, doc="BatchNorm buffers mixed with the parameters (false: kept local)")
+    seed: int | None = option(None, doc="the topology's random matchings and the method's own draws "
+                              "(null: the run's seed)")
+
+
 class Gossip(Algorithm):
-    """Base of the gossip methods (not registered: it has no ``name``).
+    """Base of the gossip methods (not registered: it has no ``name``); its keys: :class:`GossipConfig`."""
 
-    Config keys: ``topology``, ``weights``, ``average_buffers`` (bool), ``seed``.
-    """
-
+    Config = GossipConfig
     agreement_lag = DRIFT_AGREEMENT_LAG  # workers wait only for their neighbours (Algorithm.agreement_lag)
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
+        super().validate_config(algo, world_size)
+        config = cls.parse_config(algo)
         try:
-            check(algo.get("topology"), world_size, algo.get("weights", "uniform"))
+            check(config.topology, world_size, config.weights)
         except ValueError as exc:
             raise ConfigError(f"{exc} (algo={algo.get('name')} with {world_size} workers)") from None
-        choice(algo, "average_buffers", (True, False), "algo.")
 
     @classmethod
     def describe(cls, algo: dict, world_size: int) -> dict:
-        topo = Topology(algo["topology"], world_size, algo.get("weights", "uniform"), int(algo.get("seed") or 0))
+        config = cls.parse_config(algo)
+        topo = Topology(config.topology, world_size, config.weights, int(config.seed or 0))
         return {"topology": topo.describe()}
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
-        self.average_buffers = bool(cfg.get("average_buffers", True))
+        self.average_buffers = bool(self.config.average_buffers)
         self.topology: Topology | None = None
         self.rounds = 0
 
     def setup(self, model, optimizer, ctx=None):
         out = super().setup(model, optimizer, ctx)
-        seed = self.cfg.get("seed")
+        seed = self.config.seed
         self.seed = int(seed if seed is not None else self.ctx.seed)
         self.node = self.comm.rank
-        self.topology = Topology(self.cfg["topology"], self.comm.world_size, self.cfg.get("weights", "uniform"), self.seed)
+        self.topology = Topology(self.config.topology, self.comm.world_size, self.config.weights, self.seed)
         return out
 
     def mixed_tensors(self) -> list[torch.Tensor]:

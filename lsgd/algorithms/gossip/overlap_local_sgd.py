@@ -1,6 +1,5 @@
 """``overlap_local_sgd``: Overlap-Local-SGD, Wang, Liang and Joshi, "Overlap Local-SGD: An
-Algorithmic Approach to Hide Communication Delays in Distributed SGD", ICASSP 2020 (papers.md
-section 3; the authors' code, JYWa/Overlap_Local_SGD, ``OverlapLocalSGD.average``).
+Algorithmic Approach to Hide Communication Delays in Distributed SGD", ICASSP 2020 (docs/papers.md#overlap-local-sgd; the authors' code, JYWa/Overlap_Local_SGD, ``OverlapLocalSGD.average``).
 
 Workers take local (momentum) SGD steps. Besides its model ``x`` each keeps an *anchor* ``z``
 (initially the shared initial model) whose all-reduce runs in the background. Every
@@ -17,38 +16,47 @@ schedule steps, as SlowMo's gamma); a round at ``lr = 0`` leaves ``v`` and ``z``
 sync at the run's last step starts no all-reduce (nothing would use it). One round per sync. The
 clock shows the overlap: an all-reduce costing less than tau steps of compute is hidden entirely.
 A checkpoint saves the all-reduce in flight without waiting for it on the clock: its result (the
-transfer is completed, :meth:`lsgd.comm.communicator.Handle.complete_data`) and its end on the cluster clock;
+transfer is completed, :meth:`lsgd.comm.handles.Handle.complete_data`) and its end on the cluster clock;
 the resumed run waits for it at the next sync, as the uninterrupted run does, so both take the same
 steps at the same modeled times. BatchNorm buffers are not pulled (each worker keeps its own).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from lsgd.algorithms.base import DRIFT_AGREEMENT_LAG, Algorithm
+from lsgd.algorithms.base import DRIFT_AGREEMENT_LAG, AlgoConfig, Algorithm
 from lsgd.algorithms.gossip.mixing import flat_of, write_flat
-from lsgd.core.checks import in_interval, int_at_least
+from lsgd.core.typed_config import option
+
+
+@dataclass
+class OverlapLocalSGDConfig(AlgoConfig):
+    """``algo=overlap_local_sgd``'s keys (module docstring)."""
+
+    name: str = "overlap_local_sgd"
+    local_steps: int = option(2, at_least=1, doc="tau: local steps between pulls")
+    pull: float = option(0.6, above=0, at_most=1, doc="a: x <- (1 - a) x + a z")
+    anchor_momentum: float = option(0.7, at_least=0, at_most=1, doc="gmf: the anchor's momentum")
 
 
 class OverlapLocalSGD(Algorithm):
-    """Overlap-Local-SGD. Config keys: ``local_steps`` (tau >= 1), ``pull`` (a in (0, 1]),
-    ``anchor_momentum`` (gmf in [0, 1])."""
+    """Overlap-Local-SGD: local steps, pulled every tau steps towards an anchor averaged in the background."""
 
     name = "overlap_local_sgd"
+    Config = OverlapLocalSGDConfig
+    label = "Overlap-Local-SGD"
+    paper = "docs/papers.md#overlap-local-sgd"
+    defining_keys = ("algo.local_steps",)
     agreement_lag = DRIFT_AGREEMENT_LAG  # workers drift apart for tau steps (Algorithm.agreement_lag)
-
-    @classmethod
-    def validate_config(cls, algo: dict, world_size: int) -> None:
-        int_at_least(algo, "local_steps", 1, "algo.")
-        in_interval(algo, "pull", 0.0, 1.0, "algo.")
-        in_interval(algo, "anchor_momentum", 0.0, 1.0, "algo.", lo_open=False)
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
-        self.tau = int(cfg.get("local_steps", 2))
-        self.pull = float(cfg.get("pull", 0.6))
-        self.gmf = float(cfg.get("anchor_momentum", 0.7))
+        self.tau = int(self.config.local_steps)
+        self.pull = float(self.config.pull)
+        self.gmf = float(self.config.anchor_momentum)
         self.anchor: torch.Tensor | None = None    # z (flat parameters); the all-reduce runs on it in place
         self.velocity: torch.Tensor | None = None  # v
         self.handle = None                         # the anchor's all-reduce in flight

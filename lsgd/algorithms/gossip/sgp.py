@@ -1,5 +1,5 @@
 """``sgp``: Stochastic Gradient Push, Assran, Loizou, Ballas and Rabbat, "Stochastic Gradient Push
-for Distributed Deep Learning", ICML 2019 (papers.md section 3), and its overlap variant.
+for Distributed Deep Learning", ICML 2019 (docs/papers.md#sgp), and its overlap variant.
 
 Push-sum over a directed graph. Node ``i`` keeps a numerator ``x_i`` and a weight ``w_i`` (initially
 1) and computes its gradients at the de-biased model ``z_i = x_i / w_i`` (what the model's
@@ -41,7 +41,7 @@ buffers, with ``algo.average_buffers``, are push-summed with the parameters.
   available where this was written: the order of its lines is not checked here.
 
 Checkpoints (``overlap``): :meth:`SGP.state_dict` saves the exchange in flight as it stands: the
-shares received (the transfer is completed, :meth:`lsgd.comm.communicator.Handle.complete_data`) and the
+shares received (the transfer is completed, :meth:`lsgd.comm.handles.Handle.complete_data`) and the
 exchange's end on the cluster clock, moving no clock; the next step waits for it and adds the shares
 as it would have, so an uninterrupted run, one with checkpoints and a resumed one take the same
 steps with the same numbers at the same modeled times.
@@ -49,26 +49,41 @@ steps with the same numbers at the same modeled times.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from lsgd.algorithms.gossip.mixing import Gossip, Mix, flat_of, load_mix, save_mix, write_flat
-from lsgd.core.checks import choice
+from lsgd.algorithms.gossip.mixing import Gossip, GossipConfig, Mix, flat_of, load_mix, save_mix, write_flat
+from lsgd.comm.topology import TOPOLOGIES, WEIGHTS
+from lsgd.core.typed_config import option
+
+
+@dataclass
+class SGPConfig(GossipConfig):
+    """``algo=sgp``'s keys: :class:`GossipConfig`'s and the overlap."""
+
+    name: str = "sgp"
+    topology: str = option("one_peer_exponential", choices=TOPOLOGIES, doc="G: the paper's rotating directed "
+                           "exponential graph (one peer per step); any topology works")
+    weights: str = option("uniform", choices=WEIGHTS, doc="unused: the out-degree fixes the push-sum shares "
+                          "1/(out-degree+1)")
+    average_buffers: bool = option(True, doc="BatchNorm buffers push-summed with the parameters (false: kept local)")
+    overlap: bool = option(False, doc="true: Overlap SGP, the shares sent at step k are added at step k + 1 "
+                           "(the exchange overlaps a step's compute)")
 
 
 class SGP(Gossip):
-    """SGP. Config keys: ``topology``, ``overlap`` (bool: Overlap SGP, messages one step late),
-    ``average_buffers``, ``seed``."""
+    """SGP: push-sum gossip on a directed graph, gradients at the de-biased model."""
 
     name = "sgp"
-
-    @classmethod
-    def validate_config(cls, algo: dict, world_size: int) -> None:
-        super().validate_config(algo, world_size)
-        choice(algo, "overlap", (True, False), "algo.")
+    Config = SGPConfig
+    label = "SGP"
+    paper = "docs/papers.md#sgp"
+    defining_keys = ("algo.topology",)
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
-        self.overlap = bool(cfg.get("overlap", False))
+        self.overlap = bool(self.config.overlap)
         self.weight = 1.0   # w_i, the push-sum weight
         self.step = 0
         self.pending: Mix | None = None                       # overlap: the shares sent last step, in flight

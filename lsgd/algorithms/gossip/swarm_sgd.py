@@ -1,5 +1,5 @@
 """``swarm_sgd``: SwarmSGD, Nadiradze, Sabour, Davies, Li and Alistarh, "Asynchronous Decentralized
-SGD with Quantized and Local Updates", NeurIPS 2021 (arXiv 1910.12308 v4; papers.md section 3).
+SGD with Quantized and Local Updates", NeurIPS 2021 (arXiv 1910.12308 v4; docs/papers.md#swarmsgd).
 
 Every node (worker) runs in *interaction rounds*. In its round ``r`` a node takes ``H_{i,r}`` local
 SGD steps (``algo.local_steps`` = H, fixed, or geometric with mean H: ``algo.local_steps_dist``),
@@ -12,7 +12,7 @@ round whatever the number of nodes. Nodes do not step in lock-step: a node waits
 partner (the cluster clock prices the wait: a message is received at ``max(ready, sender start +
 cost)``), so a fast node runs ahead of slow nodes it is not paired with.
 
-Averaging (papers.md section 3, the paper's update rules):
+Averaging (docs/papers.md#swarmsgd, the paper's update rules):
 
 * blocking (``algo.blocking=true``): both partners end with ``(Q(x_i) + Q(x_j)) / 2``;
 * non-blocking (``algo.blocking=false``): at the end of round ``r`` the node snapshots ``s_i = x_i``
@@ -39,7 +39,7 @@ count, the same on every node; with geometric H, ``H x`` completed rounds (the e
 so every node reaches each record at a round boundary and no exchange straddles a collective.
 A checkpoint saves an exchange in flight (non-blocking) as it stands: the partner, the snapshot
 sent (and its lattice points), what was received (the transfer is completed,
-:meth:`lsgd.comm.communicator.Handle.complete_data`) and the exchange's end on the cluster clock; it applies
+:meth:`lsgd.comm.handles.Handle.complete_data`) and the exchange's end on the cluster clock; it applies
 nothing. The resumed run applies it where the uninterrupted run does, at the end of the next round,
 so checkpoints change neither the trajectory nor the modeled time.
 
@@ -62,24 +62,25 @@ Pairing (``algo.pairing``):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 import torch
 
 from lsgd.algorithms.gossip import virtual_pairing
-from lsgd.algorithms.gossip.mixing import Gossip
+from lsgd.algorithms.gossip.mixing import Gossip, GossipConfig
+from lsgd.comm.topology import TOPOLOGIES, WEIGHTS, Topology, random_matching
 from lsgd.compression.lattice import (
+    BITS,
     CHECKSUM_BYTES,
     LatticeCode,
     LatticeQuantizer,
-    check_params,
     point_dtype,
 )
-from lsgd.core.checks import choice, int_at_least
 from lsgd.core.errors import ConfigError
 from lsgd.core.seeding import derive_seed
-from lsgd.comm.topology import Topology, random_matching
+from lsgd.core.typed_config import option
 
 QUANTIZERS = ("none", "lattice")
 STEP_DISTS = ("fixed", "geometric")
@@ -120,31 +121,49 @@ class _Exchange:
         self.recv = recv             # the receive buffer (uint8 message, or the flat model)
 
 
-class SwarmSGD(Gossip):
-    """SwarmSGD (see the module docstring).
+@dataclass
+class SwarmSGDConfig(GossipConfig):
+    """``algo=swarm_sgd``'s keys: :class:`GossipConfig`'s, the rounds', the quantizer's and the pairing."""
 
-    Config keys: ``topology``, ``weights`` (recorded; pairwise averaging weighs 1/2 each),
-    ``local_steps`` (H >= 1), ``local_steps_dist`` (fixed | geometric), ``blocking`` (bool),
-    ``quantizer`` (none | lattice), ``bits``, ``side``, ``average_buffers`` (bool), ``pairing``
-    (rounds | virtual_time), ``seed``.
+    name: str = "swarm_sgd"
+    topology: str = option("complete", choices=TOPOLOGIES, doc="G: the graph whose edges the matchings are drawn "
+                           "from (complete: the paper's uniform choice of an edge)")
+    weights: str = option("uniform", choices=WEIGHTS, doc="recorded with the spectral gap; pairs average 1/2 each")
+    average_buffers: bool = option(True, doc="BatchNorm buffers averaged with the partner (false: kept local)")
+    seed: int | None = option(None, doc="the matchings, geometric step counts and lattice rounding "
+                              "(null: the run's seed)")
+    local_steps: int = option(1, at_least=1, doc="H: local steps per round")
+    local_steps_dist: str = option("fixed", choices=STEP_DISTS, doc="fixed: H every round; geometric: mean H, "
+                                   "drawn per node and round")
+    blocking: bool = option(True, doc="false: the exchange overlaps the next round's steps; the local progress "
+                            "is re-added")
+    quantizer: str = option("none", choices=QUANTIZERS, doc="Q: none (exact averages) or lattice "
+                            "(lsgd.compression.lattice)")
+    bits: int = option(8, choices=BITS, doc="log2 q: lattice colours per element (quantizer=lattice)")
+    side: float = option(1.0e-4, above=0, doc="s: the lattice side (safe radius q s / 2 in every coordinate; "
+                         "quantizer=lattice)")
+    pairing: str = option("rounds", choices=PAIRINGS, doc="rounds: lock-step matchings; virtual_time: asynchronous "
+                          "(cluster.compute=profile and cluster.speeds decide who is free to pair; fast nodes "
+                          "take more steps)")
+
+
+class SwarmSGD(Gossip):
+    """SwarmSGD: local steps, then pairwise averaging with one random partner per round.
+
+    See the module docstring.
     """
 
     name = "swarm_sgd"
+    Config = SwarmSGDConfig
+    label = "SwarmSGD"
+    paper = "docs/papers.md#swarmsgd"
+    defining_keys = ("algo.topology", "algo.local_steps")
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
         super().validate_config(algo, world_size)
-        int_at_least(algo, "local_steps", 1, "algo.")
-        choice(algo, "local_steps_dist", STEP_DISTS, "algo.")
-        choice(algo, "blocking", (True, False), "algo.")
-        choice(algo, "quantizer", QUANTIZERS, "algo.")
-        if algo["quantizer"] == "lattice":
-            try:
-                check_params(algo.get("bits"), algo.get("side"))
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
-        choice({"pairing": algo.get("pairing", "rounds")}, "pairing", PAIRINGS, "algo.")
-        if algo.get("pairing") == "virtual_time" and not algo["blocking"] and algo["quantizer"] == "lattice":
+        config = cls.parse_config(algo)
+        if config.pairing == "virtual_time" and not config.blocking and config.quantizer == "lattice":
             raise ConfigError("algo.pairing=virtual_time with algo.blocking=false takes algo.quantizer=none: a "
                               "non-blocking lattice exchange needs both ends at one point of their schedules to "
                               "agree on resends (use algo.blocking=true with the lattice)")
@@ -155,16 +174,17 @@ class SwarmSGD(Gossip):
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
-        self.local_steps = int(cfg.get("local_steps", 1))
-        self.dist = cfg.get("local_steps_dist", "fixed")
-        self.blocking = bool(cfg.get("blocking", True))
-        self.quantizer = LatticeQuantizer(int(cfg["bits"]), float(cfg["side"])) if cfg.get("quantizer") == "lattice" else None
+        self.local_steps = int(self.config.local_steps)
+        self.dist = self.config.local_steps_dist
+        self.blocking = bool(self.config.blocking)
+        self.quantizer = (LatticeQuantizer(int(self.config.bits), float(self.config.side))
+                          if self.config.quantizer == "lattice" else None)
         self.round = 0            # this node's current interaction round
         self.steps_in_round = 0   # local steps taken in it
         self.round_steps = self.local_steps
         self.resent = 0           # tensors resent at full precision (lattice decode outside the radius)
         self.pending: _Exchange | None = None
-        self.virtual = cfg.get("pairing", "rounds") == "virtual_time"
+        self.virtual = self.config.pairing == "virtual_time"
         self.lockstep = not self.virtual
         self.plan: virtual_pairing.NodePlan | None = None
 

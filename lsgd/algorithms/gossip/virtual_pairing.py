@@ -1,6 +1,6 @@
 """Asynchronous SwarmSGD's schedule: who pairs with whom, and when, in virtual time.
 
-SwarmSGD (Nadiradze et al. 2021, papers.md section 3) is asynchronous: a node interacts when it has
+SwarmSGD (Nadiradze et al. 2021, docs/papers.md#swarmsgd) is asynchronous: a node interacts when it has
 done its local steps, with a neighbour that is free, and never waits for the rest of the network.
 On real processes "free first" is a race; lsgd decides it on the cluster clock instead, so a run is
 reproducible: every rank simulates the same schedule (:func:`plan`) from what all ranks know (the

@@ -1,5 +1,5 @@
 """``accordion``: Accordion (Agarwal, Wang, Lee, Venkataraman, Papailiopoulos, MLSys 2021), the
-adaptive baseline of the GraVAC study (papers.md section 2).
+adaptive baseline of the GraVAC study (docs/papers.md#accordion).
 
 Per layer (each parameter tensor, as in Accordion's code), every ``algo.switch_period`` epochs
 the norm of the gradient accumulated over the period (the averaged gradient every worker holds
@@ -35,45 +35,64 @@ Every step writes a compression row (``cf`` of the step, ``low_fraction``, ``sen
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from lsgd.algorithms.gradient_compression.compressed import Compressed, validate_compressor_keys
+from lsgd.algorithms.gradient_compression.compressed import Compressed, CompressionHookConfig
 from lsgd.compression.adaptive import AccordionController
+from lsgd.compression.options import PowerSGDHookOptions
 from lsgd.compression.powersgd import PowerSGD
-from lsgd.core.checks import choice, int_at_least, number_at_least, positive
+from lsgd.core.typed_config import option
 
 ACCORDION_COMPRESSORS = ("topk", "powersgd")
 
 
-class Accordion(Compressed):
-    """Accordion's critical-regime switching between two compression levels.
+@dataclass
+class AccordionConfig(PowerSGDHookOptions, CompressionHookConfig):
+    """``algo=accordion``'s keys: the two compression levels, the switch rule,
+    :class:`~lsgd.algorithms.gradient_compression.compressed.CompressionHookConfig`'s and the
+    settings its two PowerSGD states share (:class:`lsgd.compression.options.PowerSGDHookOptions`)."""
 
-    Config keys: ``compressor`` (topk | powersgd), ``cf_low``, ``cf_high``, ``rank_low``,
-    ``rank_high``, ``switch_period`` (epochs), ``eta``, ``error_feedback``, ``bucket_cap_mb``,
-    powersgd's ``start_iter``, ``warm_start``, ``min_compression_rate``.
+    name: str = "accordion"
+    compressor: str = option("topk", choices=ACCORDION_COMPRESSORS, doc="the compressor whose level switches")
+    cf_low: float = option(1 / 0.99, at_least=1, doc="topk: the compression factor in critical regimes (keep 99%)")
+    cf_high: float = option(10, at_least=1, doc="topk: the compression factor otherwise (keep 10%)")
+    rank_low: int = option(2, at_least=1, doc="powersgd: the rank in critical regimes")
+    rank_high: int = option(1, at_least=1, doc="powersgd: the rank otherwise")
+    switch_period: float = option(10, above=0, doc="epochs between decisions (the paper: 10 on CIFAR/ImageNet)")
+    eta: float = option(0.5, above=0, doc="eta: relative change of the accumulated gradient norm that marks a "
+                        "critical regime")
+
+
+class Accordion(Compressed):
+    """Accordion: per-layer switching between two compression levels on critical regimes.
+
+    Config keys (:class:`AccordionConfig`): ``compressor`` (topk | powersgd), ``cf_low``,
+    ``cf_high``, ``rank_low``, ``rank_high``, ``switch_period`` (epochs), ``eta``,
+    ``error_feedback``, ``bucket_cap_mb``, powersgd's ``start_iter``, ``warm_start``,
+    ``min_compression_rate``, ``seed``.
     """
 
     name = "accordion"
+    Config = AccordionConfig
+    label = "Accordion"
+    paper = "docs/papers.md#accordion"
+    defining_keys = ("algo.compressor",)
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
-        w = "algo."
-        choice(algo, "compressor", ACCORDION_COMPRESSORS, w)
-        number_at_least(algo, "cf_low", 1, w)
-        number_at_least(algo, "cf_high", 1, w)
-        int_at_least(algo, "rank_low", 1, w)
-        int_at_least(algo, "rank_high", 1, w)
-        positive(algo, "switch_period", w)
-        positive(algo, "eta", w)
-        validate_compressor_keys(algo)
+        """Each key against :class:`AccordionConfig` (:meth:`parse_config`); Compressed's check
+        across keys (DGC's clipping) does not apply."""
+        cls.parse_config(algo)
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
-        self.cf_low = float(cfg.get("cf_low", 1 / 0.99))
-        self.cf_high = float(cfg.get("cf_high", 10.0))
-        self.eta = float(cfg.get("eta", 0.5))
-        self.switch_period = float(cfg.get("switch_period", 10))
+        self.cf_low = float(self.config.cf_low)
+        self.cf_high = float(self.config.cf_high)
+        self.eta = float(self.config.eta)
+        self.switch_period = float(self.config.switch_period)
         self.decay_steps: frozenset[int] = frozenset()
         self._step_counters = (0, 0)
 
@@ -85,24 +104,21 @@ class Accordion(Compressed):
         self.controller = AccordionController(num_layers=len(params), eta=self.eta)
         self.accum = [torch.zeros_like(p) for p in params]
         self.period_steps = max(1, round(self.switch_period * (self.steps_per_epoch or 1)))
-        if self.compressor_name == "powersgd":
-            self.cfg["rank"] = int(self.cfg.get("rank_low", 2))
-        else:
-            self.cfg["cf"] = self.cf_high
         wrapped = super().setup(model, optimizer, ctx)
         if self.powersgd is not None:
             self.powersgd_low = self.powersgd
-            self.powersgd_high = PowerSGD(
-                self.comm,
-                rank=int(self.cfg.get("rank_high", 1)),
-                start_iter=int(self.cfg.get("start_iter", 10)),
-                error_feedback=self.error_feedback,
-                warm_start=bool(self.cfg.get("warm_start", True)),
-                min_compression_rate=float(self.cfg.get("min_compression_rate", 2.0)),
-                seed=int(self.cfg.get("seed", 0)),
-            )
+            self.powersgd_high = self.make_powersgd(int(self.config.rank_high))
             self.bucket_state: dict[int, PowerSGD] = {}
         return wrapped
+
+    def compressor_cf(self) -> float:
+        """topk's default compression factor: the high one (each tensor's own is :meth:`_cf`)."""
+        return self.cf_high
+
+    def powersgd_rank(self) -> int:
+        """The first PowerSGD state's rank: the low one (the second state, :attr:`powersgd_high`, has
+        the high one)."""
+        return int(self.config.rank_low)
 
     # -- compression at the level of each layer ---------------------------------------------------
     def compress_one(self, key, g):

@@ -1,5 +1,5 @@
 """``compressed``: data-parallel SGD with a static gradient compressor and error feedback, inside
-DDP comm hooks (papers.md section 2; the static baselines of the GraVAC study).
+DDP comm hooks (docs/papers.md#compressed; the static baselines of the GraVAC study).
 
 ``algo.compressor`` picks the compressor (``none``, ``fp16``, ``topk``, ``randomk``, ``dgc``,
 ``redsync``, ``qsgd``, ``powersgd``) and ``algo.cf`` its compression factor theta (dense size /
@@ -73,105 +73,97 @@ summed over the steps since the previous record on this worker (rank 0's value i
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from lsgd.algorithms.averaging.ddp import DDP
+from lsgd.algorithms.base import AlgoConfig
 from lsgd.compression import compressors as C
 from lsgd.compression.exchange import exchange
 from lsgd.compression.memory import DGCMemory, ErrorFeedback, NoMemory
+from lsgd.compression.options import (
+    DGCOptions,
+    LatticeOptions,
+    PowerSGDOptions,
+    QSGDOptions,
+    RandomKOptions,
+)
 from lsgd.compression.powersgd import PowerSGD
-from lsgd.core.checks import choice, in_interval, int_at_least, number_at_least, positive
 from lsgd.core.errors import ConfigError
-
-# compressor-specific keys of the algo group that are passed to lsgd.compression.build
-COMPRESSOR_PARAMS = {
-    "topk": (),
-    "randomk": ("seed",),
-    "dgc": ("sample_ratio", "warmup_epochs", "seed"),
-    "redsync": (),
-    "qsgd": ("levels", "seed"),
-    "lattice": ("bits", "side", "seed"),
-    "fp16": (),
-    "none": (),
-}
+from lsgd.core.typed_config import option
 
 
-def validate_compressor_keys(algo: dict) -> None:
-    """Checks shared by the compression algorithms: PowerSGD's start, QSGD's levels, DGC's sampling
-    and warm-up.
-
-    Raises:
-        ConfigError: the first invalid key with its allowed values.
-    """
-    compressor = algo.get("compressor")
-    if compressor == "powersgd":
-        int_at_least(algo, "start_iter", 0, "algo.")
-    if compressor == "qsgd":
-        levels = algo.get("levels")
-        if isinstance(levels, bool) or not isinstance(levels, int) or not 1 <= levels <= 127:
-            raise ConfigError(f"algo.levels must be an integer in [1, 127] (int8 payload), got {levels!r}")
-    if compressor == "lattice":
-        from lsgd.compression.lattice import check_params
-
-        try:
-            check_params(algo.get("bits", 8), algo.get("side", 1e-4))
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-    if compressor == "dgc" and algo.get("sample_ratio") is not None:
-        in_interval(algo, "sample_ratio", 0, 1, "algo.")
-    if compressor == "dgc" and algo.get("warmup_epochs") is not None:
-        int_at_least(algo, "warmup_epochs", 0, "algo.")
-
-
-def build_compressor(cfg: dict, cf: float | None = None, steps_per_epoch: int | None = None):
-    """The compressor named by ``cfg['compressor']`` with its parameters from the algo group
-    (``steps_per_epoch``: DGC's density warm-up, ``algo.warmup_epochs``)."""
-    name = cfg["compressor"]
-    params = {k: cfg[k] for k in COMPRESSOR_PARAMS.get(name, ()) if cfg.get(k) is not None}
-    if name in ("topk", "randomk", "dgc", "redsync"):
-        params["cf"] = float(cf if cf is not None else cfg.get("cf", 1.0))
+def build_compressor(config, *, cf: float | None = None, seed: int | None = None,
+                     steps_per_epoch: int | None = None) -> C.Compressor:
+    """The compressor named by ``config.compressor`` (an algo config) with its keys from ``config``:
+    those of its options dataclass that its constructor takes (:func:`lsgd.compression.compressors.config_params`)
+    and ``config`` declares (GraVAC's declares neither ``cf`` nor ``warmup_epochs``, Accordion's no
+    ``cf``); ``cf`` and ``seed`` replace ``algo.cf`` and ``algo.seed`` where given; ``steps_per_epoch``:
+    DGC's density warm-up, ``algo.warmup_epochs``."""
+    name = config.compressor
+    keys = C.config_params(name)
+    values = {k: getattr(config, k, None) for k in keys}
+    if seed is not None and "seed" in keys:
+        values["seed"] = seed
+    params = {k: v for k, v in values.items() if v is not None}
+    if name in C.SPARSIFIERS:
+        params["cf"] = float(cf if cf is not None else config.cf)
     if name == "dgc" and params.get("warmup_epochs"):
         params["steps_per_epoch"] = steps_per_epoch
     return C.build(name, **params)
 
 
-class Compressed(DDP):
-    """Static compression with error feedback through DDP comm hooks.
+@dataclass
+class CompressionHookConfig(AlgoConfig):
+    """The keys of the methods that compress in DDP comm hooks (``compressed``, ``accordion``): the
+    compressor, error feedback and DDP's bucket size."""
 
-    Config keys: ``compressor``, ``cf``, ``error_feedback`` (bool), ``bucket_cap_mb``; powersgd:
-    ``rank``, ``start_iter``, ``warm_start``, ``min_compression_rate``; qsgd: ``levels``; dgc:
-    ``momentum_correction``, ``clip_norm``, ``sample_ratio``, ``warmup_epochs``; randomk/dgc/qsgd
-    (and powersgd's initial Q): ``seed`` (the run's ``seed`` unless set).
+    compressor: str = option("topk", choices=tuple(C.COMPRESSORS), doc="the compressor (lsgd.compression.compressors)")
+    error_feedback: bool = option(True, doc="residual memory per tensor, in gradient units (saved in checkpoints)")
+    bucket_cap_mb: float = option(25, above=0, doc="DDP's gradient bucket size, MiB")
+
+
+@dataclass
+class CompressedConfig(PowerSGDOptions, LatticeOptions, QSGDOptions, DGCOptions, RandomKOptions, CompressionHookConfig):
+    """``algo=compressed``'s keys: :class:`CompressionHookConfig`'s and every compressor's options
+    (:mod:`lsgd.compression.options`)."""
+
+    name: str = "compressed"
+
+
+class Compressed(DDP):
+    """Static gradient compression with error feedback, in DDP comm hooks.
+
+    Config keys (:class:`CompressedConfig`): ``compressor``, ``cf``, ``error_feedback`` (bool),
+    ``bucket_cap_mb``; powersgd: ``rank``, ``start_iter``, ``warm_start``, ``min_compression_rate``;
+    qsgd: ``levels``; lattice: ``bits``, ``side``; dgc: ``momentum_correction``, ``clip_norm``,
+    ``sample_ratio``, ``warmup_epochs``; randomk/dgc/qsgd/lattice (and powersgd's initial Q): ``seed``
+    (the run's ``seed`` unless set).
     """
 
     name = "compressed"
+    Config = CompressedConfig
+    label = "compressed"
+    paper = "docs/papers.md#compressed"
+    defining_keys = ("algo.compressor",)
     grad_scaler = None  # error feedback would keep a skipped step's residual (lsgd.training.accel)
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
-        choice(algo, "compressor", C.COMPRESSORS, "algo.")
-        number_at_least(algo, "cf", 1, "algo.")
-        if algo.get("compressor") == "powersgd":
-            int_at_least(algo, "rank", 1, "algo.")
-        validate_compressor_keys(algo)
-        if "error_feedback" in algo:
-            choice(algo, "error_feedback", (True, False), "algo.")
-        if algo.get("compressor") == "dgc" and "momentum_correction" in algo:
-            choice(algo, "momentum_correction", (True, False), "algo.")
-        if algo.get("clip_norm") is not None:
-            if algo.get("compressor") != "dgc":
-                raise ConfigError(f"algo.clip_norm (DGC's local gradient clipping) applies to algo.compressor=dgc "
-                                  f"only, got algo.compressor={algo.get('compressor')!r}; allowed: null")
-            positive(algo, "clip_norm", "algo.")
+        super().validate_config(algo, world_size)
+        config = cls.parse_config(algo)
+        if config.clip_norm is not None and config.compressor != "dgc":
+            raise ConfigError(f"algo.clip_norm (DGC's local gradient clipping) applies to algo.compressor=dgc "
+                              f"only, got algo.compressor={config.compressor!r}; allowed: null")
 
     @classmethod
     def validate_run(cls, cfg: dict, world_size: int) -> None:
         """DGC's momentum correction takes over SGD's momentum: it needs ``optim.name=sgd``."""
-        algo = cfg["algo"]
-        if (algo.get("compressor") == "dgc" and algo.get("momentum_correction", True)
-                and algo.get("error_feedback", True) and cfg.get("optim", {}).get("name") != "sgd"):
+        config = cls.parse_config(cfg["algo"])
+        if (config.compressor == "dgc" and config.momentum_correction
+                and config.error_feedback and cfg.get("optim", {}).get("name") != "sgd"):
             raise ConfigError(
                 f"algo.momentum_correction=true (DGC) takes over SGD's momentum and weight decay and needs "
                 f"optim.name=sgd, got optim.name={cfg.get('optim', {}).get('name')!r}; allowed: optim=sgd, or "
@@ -179,8 +171,8 @@ class Compressed(DDP):
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
-        self.compressor_name = cfg.get("compressor", "none")
-        self.error_feedback = bool(cfg.get("error_feedback", True))
+        self.compressor_name = self.config.compressor
+        self.error_feedback = bool(self.config.error_feedback)
         self.local_step = 0          # completed local steps (the step seed of randomk / dgc)
         self.dense_bytes = 0         # gradient bytes a dense all-reduce would have sent (cumulative)
         self.sent_bytes = 0          # gradient payload bytes actually sent (cumulative)
@@ -194,9 +186,30 @@ class Compressed(DDP):
         self.step_compress_s = 0.0                 # modeled compression seconds of this step so far
 
     def compressor_seed(self) -> int:
-        """``algo.seed``, or the run's seed (``RunContext.seed``) when it is null or absent."""
-        seed = self.cfg.get("seed")
+        """``algo.seed``, or the run's seed (``RunContext.seed``) when it is null."""
+        seed = self.config.seed
         return int(seed) if seed is not None else int(self.ctx.seed)
+
+    def compressor_cf(self) -> float:
+        """The sparsifier's compression factor: ``algo.cf`` (Accordion: its high one)."""
+        return float(self.config.cf)
+
+    def powersgd_rank(self) -> int:
+        """The PowerSGD state's rank: ``algo.rank`` (Accordion: its low one)."""
+        return int(self.config.rank)
+
+    def make_powersgd(self, rank: int) -> PowerSGD:
+        """torch's PowerSGD hook and state of ``rank`` with the config's start, warm start, minimum
+        compression rate and seed (:meth:`compressor_seed`)."""
+        return PowerSGD(
+            self.comm,
+            rank=rank,
+            start_iter=int(self.config.start_iter),
+            error_feedback=self.error_feedback,
+            warm_start=bool(self.config.warm_start),
+            min_compression_rate=float(self.config.min_compression_rate),
+            seed=self.compressor_seed(),
+        )
 
     # -- setup ------------------------------------------------------------------------------
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, ctx=None) -> nn.Module:
@@ -205,22 +218,14 @@ class Compressed(DDP):
             self.ctx = ctx
             self.steps_per_epoch = ctx.steps_per_epoch
         self.param_index = {id(p): i for i, p in enumerate(model.parameters())}
-        cfg = {**self.cfg, "seed": self.compressor_seed()}
         if self.compressor_name == "powersgd":
-            self.powersgd = PowerSGD(
-                self.comm,
-                rank=int(cfg.get("rank", 1)),
-                start_iter=int(cfg.get("start_iter", 10)),
-                error_feedback=self.error_feedback,
-                warm_start=bool(cfg.get("warm_start", True)),
-                min_compression_rate=float(cfg.get("min_compression_rate", 2.0)),
-                seed=cfg["seed"],
-            )
+            self.powersgd = self.make_powersgd(self.powersgd_rank())
         else:
-            self.compressor = build_compressor(cfg, steps_per_epoch=self.steps_per_epoch)
+            self.compressor = build_compressor(self.config, cf=self.compressor_cf(), seed=self.compressor_seed(),
+                                               steps_per_epoch=self.steps_per_epoch)
             self.memory = self._make_memory(model, optimizer)
-            if self.compressor_name == "dgc" and self.cfg.get("clip_norm") is not None:
-                self.clip_norm = float(self.cfg["clip_norm"]) * math.sqrt(self.comm.world_size)
+            if self.compressor_name == "dgc" and self.config.clip_norm is not None:
+                self.clip_norm = float(self.config.clip_norm) * math.sqrt(self.comm.world_size)
         return super().setup(model, optimizer, ctx)
 
     def _make_memory(self, model: nn.Module, optimizer: torch.optim.Optimizer):
@@ -234,7 +239,7 @@ class Compressed(DDP):
         """
         if not self.error_feedback or not self.compressor.lossy:
             return NoMemory()
-        if self.compressor_name != "dgc" or not self.cfg.get("momentum_correction", True):
+        if self.compressor_name != "dgc" or not self.config.momentum_correction:
             return ErrorFeedback()
         if not isinstance(optimizer, torch.optim.SGD):
             raise TypeError(f"algo.momentum_correction=true (DGC) takes over SGD's momentum and needs optim.name=sgd, "

@@ -1,5 +1,5 @@
 """``gravac``: GraVAC's adaptive compression factor (Tyagi and Swany, IEEE CLOUD 2023, Algorithm 1,
-the paper's version; papers.md section 2).
+the paper's version; docs/papers.md#gravac).
 
 Every step, after backward, on the whole model (the decision needs the gain of all layers, so
 this runs after backward rather than per DDP bucket):
@@ -48,7 +48,7 @@ feedback (the gain is defined on ``g_ef = g + r``); DGC's momentum correction an
 belong to the static ``compressed`` algorithm, and the optimizer keeps its own momentum here.
 
 Every step writes a compression row (``cf``, ``cf_min``, ``cf_candidate``, ``gain_min``,
-``gain_candidate``, ``gain``, ``sent``) to metrics.jsonl (docs/run_format.md).
+``gain_candidate``, ``gain``, ``sent``) to metrics.jsonl (docs/results.md).
 
 Compression compute: compensating and compressing each tensor at both CFs (with their norms) goes
 on the clock, priced on the device roofline (:meth:`lsgd.compute.model.ComputeModel.counted_seconds`,
@@ -60,66 +60,89 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from lsgd.algorithms.base import Algorithm
-from lsgd.algorithms.gradient_compression.compressed import build_compressor, validate_compressor_keys
+from lsgd.algorithms.base import AlgoConfig, Algorithm
+from lsgd.algorithms.gradient_compression.compressed import build_compressor
 from lsgd.compression import compressors as C
 from lsgd.compression.adaptive import POLICIES, GraVACController
 from lsgd.compression.exchange import exchange
 from lsgd.compression.memory import ErrorFeedback, NoMemory
-from lsgd.core.checks import choice, in_interval, int_at_least, number_at_least
+from lsgd.compression.options import DGCSampling
 from lsgd.core.errors import ConfigError
+from lsgd.core.typed_config import option
 
 THROUGHPUT_TIMES = ("modeled", "measured")
 
 
-class GraVAC(Algorithm):
-    """Adaptive compression factor with error feedback (GraVAC, Algorithm 1).
+@dataclass
+class GraVACConfig(DGCSampling, AlgoConfig):
+    """``algo=gravac``'s keys (defaults: the paper's DGC setting), with the sparsifiers' ``seed`` and
+    DGC's ``sample_ratio`` (:class:`lsgd.compression.options.DGCSampling`)."""
 
-    Config keys: ``compressor`` (topk, dgc, redsync, randomk), ``epsilon``, ``cf_min``,
-    ``cf_max``, ``window``, ``omega``, ``policy``, ``ratio``, ``scale_start``, ``ewma``,
+    name: str = "gravac"
+    compressor: str = option("dgc", choices=C.SPARSIFIERS, doc="the sparsifier whose compression factor adapts")
+    epsilon: float = option(0.9, above=0, at_most=1,
+                            doc="epsilon: minimum (smoothed) compression gain to send a compressed gradient")
+    cf_min: float = option(10, at_least=1, doc="theta_min: the initial (lowest) compression factor")
+    cf_max: float = option(1000, at_least=1, doc="theta_max: the highest compression factor (>= cf_min)")
+    window: int = option(500, at_least=1, doc="steps between compression factor changes")
+    omega: float = option(0.01, at_least=0, doc="omega: gains / throughputs agree within this relative difference")
+    policy: str = option("exponential", choices=POLICIES, doc="the scaling of theta_s")
+    ratio: float = option(2.0, above=1, doc="the scaling ratio of the policy")
+    scale_start: float = option(2.0, above=1,
+                                doc="theta_s after a raise of theta_min (candidate = theta_min * theta_s)")
+    ewma: float = option(0.9, at_least=0, at_most=1, doc="smoothing of the gains (exponential moving average)")
+    error_feedback: bool = option(True, doc="residual memory per tensor, in gradient units (saved in checkpoints)")
+    throughput_time: str = option("modeled", choices=THROUGHPUT_TIMES, doc="t_iter of T_system: modeled (clock "
+                                  "compute profile + network model per CF; reproducible) | measured (paper: wall "
+                                  "time of the iterations that sent each CF)")
+
+
+class GraVAC(Algorithm):
+    """GraVAC: an adaptive compression factor from the compression gain with error feedback (Algorithm 1).
+
+    Config keys (:class:`GraVACConfig`): ``compressor`` (topk, dgc, redsync, randomk), ``epsilon``,
+    ``cf_min``, ``cf_max``, ``window``, ``omega``, ``policy``, ``ratio``, ``scale_start``, ``ewma``,
     ``error_feedback``, ``throughput_time``, plus the compressor's own keys (``seed``,
     ``sample_ratio``).
     """
 
     name = "gravac"
+    Config = GraVACConfig
+    label = "GraVAC"
+    paper = "docs/papers.md#gravac"
+    defining_keys = ("algo.compressor",)
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
-        w = "algo."
-        choice(algo, "compressor", C.SPARSIFIERS, w)
-        in_interval(algo, "epsilon", 0, 1, w)
-        number_at_least(algo, "cf_min", 1, w)
-        number_at_least(algo, "cf_max", float(algo["cf_min"]), w)
-        int_at_least(algo, "window", 1, w)
-        number_at_least(algo, "omega", 0, w)
-        choice(algo, "policy", POLICIES, w)
-        choice(algo, "throughput_time", THROUGHPUT_TIMES, w)
-        in_interval(algo, "ewma", 0, 1, w, lo_open=False)
-        if not float(algo.get("ratio", 2)) > 1 or not float(algo.get("scale_start", 2)) > 1:
-            raise ConfigError(f"algo.ratio and algo.scale_start must be > 1, got {algo.get('ratio')!r}, {algo.get('scale_start')!r}")
-        validate_compressor_keys(algo)
+        super().validate_config(algo, world_size)
+        config = cls.parse_config(algo)
+        if not config.cf_max >= config.cf_min:
+            raise ConfigError(f"algo.cf_max must be a number >= {float(config.cf_min):g}, got {config.cf_max!r}")
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
+        config = self.config
         self.controller = GraVACController(
-            cf_min=float(cfg.get("cf_min", 10.0)),
-            cf_max=float(cfg.get("cf_max", 1000.0)),
-            epsilon=float(cfg.get("epsilon", 0.9)),
-            window=int(cfg.get("window", 500)),
-            omega=float(cfg.get("omega", 0.01)),
-            policy=cfg.get("policy", "exponential"),
-            ratio=float(cfg.get("ratio", 2.0)),
-            scale_start=float(cfg.get("scale_start", 2.0)),
-            ewma=float(cfg.get("ewma", 0.9)),
+            cf_min=float(config.cf_min),
+            cf_max=float(config.cf_max),
+            epsilon=float(config.epsilon),
+            window=int(config.window),
+            omega=float(config.omega),
+            policy=config.policy,
+            ratio=float(config.ratio),
+            scale_start=float(config.scale_start),
+            ewma=float(config.ewma),
         )
-        self.compressor = build_compressor({**cfg, "warmup_epochs": 0}, cf=float(cfg.get("cf_min", 10.0)))
+        # DGC's density warm-up belongs to the static method: GraVACConfig declares no warmup_epochs
+        self.compressor = build_compressor(config, cf=float(config.cf_min))
         self.dense = C.build("none")
-        self.memory = ErrorFeedback() if cfg.get("error_feedback", True) else NoMemory()
-        self.modeled = cfg.get("throughput_time", "modeled") == "modeled"
+        self.memory = ErrorFeedback() if config.error_feedback else NoMemory()
+        self.modeled = config.throughput_time == "modeled"
         # measured mode: (cf sent, its smoothed gain, observation count, local seconds) of the
         # previous iteration, whose time joins this iteration's all-reduce
         self.pending: tuple[float, float, int, float] | None = None
@@ -257,7 +280,7 @@ class GraVAC(Algorithm):
         return True
 
     def metrics(self) -> dict:
-        """``cf`` since the previous record (docs/run_format.md), and the last step's ``cf_min``,
+        """``cf`` since the previous record (docs/results.md), and the last step's ``cf_min``,
         ``cf_candidate`` and ``gain``."""
         (dense, sent), (d0, s0) = self.byte_counts, self.recorded_counts
         self.recorded_counts = self.byte_counts
