@@ -9,7 +9,7 @@ FMNIST_DEB := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 LOCK   := requirements.lock
 UV_VERSION := 0.13.8
 
-.PHONY: install lock debs data browser demo test bench clean
+.PHONY: install lock debs data browser demo test bench docs clean
 
 install: $(STAMP)
 
@@ -128,6 +128,12 @@ test:
 # bench scripts one after another and prints a table figure | goal | now | met from their BENCH lines.
 bench: install
 	$(PY) scripts/bench_all.py
+
+# The documentation site (MkDocs, Material theme, mkdocstrings for the API reference; mkdocs.yml) into
+# site/. --strict: a broken link between pages, a missing anchor or a reference to a symbol that no
+# longer exists fails the build (tests/unit/test_docs.py builds it the same way).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d site
 
 clean:
 	rm -rf $(VENV) build *.egg-info

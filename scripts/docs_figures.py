@@ -1,0 +1,288 @@
+"""Draw the figures of the study pages (docs/studies/*.md) as small SVG files.
+
+    python scripts/docs_figures.py [--out docs/studies/figures] [--only clock_validation ...]
+
+Each figure is drawn from the numbers in its page's table, copied here next to the page they come
+from (the studies' runs are hours of work on shared machines and are not rerun by this script).
+When a page's table changes, change the numbers here and rerun the script; commit the SVG files.
+Text stays text in the SVG (``svg.fonttype: none``), and the files carry no date and a fixed hash
+salt, so the same numbers give the same bytes. Every file stays well under 60 KB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_OUT = os.path.join(HERE, "..", "docs", "studies", "figures")
+
+STYLE = {
+    "svg.fonttype": "none",     # text as text: small files, searchable labels
+    "svg.hashsalt": "lsgd-docs",
+    "font.size": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "legend.frameon": False,
+}
+
+
+def save(fig, out: str, name: str) -> str:
+    path = os.path.join(out, f"{name}.svg")
+    fig.savefig(path, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    return path
+
+
+# docs/studies/local-vs-minibatch.md: final test loss per arm, seed 0 and the mean over seeds 0-2
+def local_vs_minibatch(out: str) -> str:
+    arms = ["minibatch_kb\n(batch K b, R steps)", "local_sgd_k\n(H = K, K R steps)", "minibatch_b\n(batch b, R steps)"]
+    seed0 = [0.509, 0.482, 0.553]
+    mean3 = [0.525, 0.493, 0.635]
+    fig, ax = plt.subplots(figsize=(5.2, 2.8))
+    x = range(len(arms))
+    ax.bar([i - 0.18 for i in x], seed0, width=0.36, label="seed 0", color="#4c72b0")
+    ax.bar([i + 0.18 for i in x], mean3, width=0.36, label="mean of seeds 0-2", color="#dd8452")
+    for i in x:
+        ax.text(i - 0.18, seed0[i] + 0.01, f"{seed0[i]:.3f}", ha="center", fontsize=7)
+        ax.text(i + 0.18, mean3[i] + 0.01, f"{mean3[i]:.3f}", ha="center", fontsize=7)
+    ax.set_xticks(list(x), arms, fontsize=8)
+    ax.set_ylabel("final test loss (nats)")
+    ax.set_ylim(0, 0.72)
+    ax.legend(loc="upper left")
+    return save(fig, out, "local_vs_minibatch")
+
+
+# docs/studies/gravac.md: the compression gain GraVAC's controller saw, by compression factor
+def gravac(out: str) -> str:
+    cf = [10, 20, 160, 1000]
+    cnn_low, cnn_high = [0.69, 0.45, 0.2, 0.1], [0.77, 0.45, 0.2, 0.1]
+    cnn_mid = [(a + b) / 2 for a, b in zip(cnn_low, cnn_high)]
+    lstm_cf = [10, 20, 40, 160, 1000]
+    lstm = [0.77, 0.70, 0.72, 0.63, 0.18]   # LSTM, eps 0.7, medians (docs/studies/gravac-lstm.md)
+    fig, ax = plt.subplots(figsize=(5.2, 2.8))
+    ax.plot(cf, cnn_mid, "o-", color="#4c72b0", label="CNN, Fashion-MNIST (about)")
+    ax.vlines(cf[0], cnn_low[0], cnn_high[0], color="#4c72b0", lw=3, alpha=0.5)
+    ax.plot(lstm_cf, lstm, "s--", color="#c44e52", label="LSTM, Austen text, eps 0.7 (median)")
+    ax.set_xscale("log")
+    ax.set_xticks([10, 20, 40, 160, 1000], ["10x", "20x", "40x", "160x", "1000x"])
+    ax.set_xlabel("compression factor (theta_min = 10x, then the candidates)")
+    ax.set_ylabel("compression gain (smoothed)")
+    ax.set_ylim(0, 1)
+    ax.legend(loc="lower left")
+    return save(fig, out, "gravac")
+
+
+# docs/studies/gravac-lstm.md: final test perplexity vs bytes relative to dense (3 seeds, 95% interval)
+GRAVAC_LSTM = [  # arm, final ppl, half-width, bytes vs dense
+    ("DDP (dense)", 6.57, 1.42, 1.0),
+    ("DGC 10x", 5.89, 0.62, 0.197),
+    ("DGC 1000x", 6.23, 0.17, 0.00207),
+    ("top-k 10x", 6.01, 0.29, 0.2),
+    ("top-k 1000x", 6.47, 0.67, 0.00203),
+    ("GraVAC eps 0.5", 6.07, 1.15, 0.16),
+    ("GraVAC eps 0.7", 6.15, 1.13, 0.224),
+    ("GraVAC eps 0.9", 6.24, 0.68, 0.654),
+    ("Accordion top-k", 6.20, 1.41, 0.6),
+]
+
+
+def gravac_lstm(out: str) -> str:
+    fig, ax = plt.subplots(figsize=(5.6, 3.2))
+    colors = plt.get_cmap("tab10")
+    for i, (arm, ppl, h, b) in enumerate(GRAVAC_LSTM):
+        ax.errorbar(b, ppl, yerr=h, fmt="o", color=colors(i), capsize=3, label=arm)
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes sent relative to the dense run (log scale)")
+    ax.set_ylabel("final test perplexity (per byte)")
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
+    return save(fig, out, "gravac_lstm")
+
+
+# docs/studies/adasum.md: Adasum / all-reduce time, latest make bench run (docs/benchmarks.md)
+def adasum(out: str) -> str:
+    lists = ["ResNet-50 list\n(161 tensors, 25.6M floats)", "1M-float list\n(57 tensors)"]
+    w4, w8, goals = [1.15, 1.53], [1.16, 1.29], [1.3, 1.8]
+    fig, ax = plt.subplots(figsize=(5.0, 2.8))
+    x = range(len(lists))
+    ax.bar([i - 0.18 for i in x], w4, width=0.36, label="4 ranks", color="#4c72b0")
+    ax.bar([i + 0.18 for i in x], w8, width=0.36, label="8 ranks", color="#dd8452")
+    for i in x:
+        ax.hlines(goals[i], i - 0.42, i + 0.42, color="k", linestyles="dashed", lw=1)
+        ax.text(i + 0.44, goals[i], f"goal <= {goals[i]}", va="center", fontsize=7)
+        ax.text(i - 0.18, w4[i] + 0.03, f"{w4[i]:.2f}", ha="center", fontsize=7)
+        ax.text(i + 0.18, w8[i] + 0.03, f"{w8[i]:.2f}", ha="center", fontsize=7)
+    ax.set_xticks(list(x), lists, fontsize=8)
+    ax.set_ylabel("Adasum time / all-reduce time")
+    ax.set_ylim(0, 2.0)
+    ax.set_xlim(-0.6, 1.9)
+    ax.legend(loc="upper left")
+    return save(fig, out, "adasum")
+
+
+# docs/studies/swarmsgd.md: speedup of modeled time to T over DDP, swarm_fmnist at 1 Gbps
+def swarmsgd(out: str) -> str:
+    n = [4, 8, 16]
+    arms = [("SwarmSGD, complete, H=4", [16.5, 19.8, 22.2]), ("SwarmSGD, complete, H=1", [5.38, 6.45, 7.29]),
+            ("D-PSGD, ring", [0.79, 0.94, 1.07])]
+    fig, ax = plt.subplots(figsize=(5.0, 2.8))
+    for (arm, s), m in zip(arms, "os^"):
+        ax.plot(n, s, m + "-", label=arm)
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.text(16.3, 1.0, "DDP", va="center", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xticks(n)
+    ax.set_xlabel("workers n")
+    ax.set_ylabel("speedup over DDP\n(modeled time to T, log scale)")
+    ax.legend(loc="center right", fontsize=7)
+    return save(fig, out, "swarmsgd")
+
+
+# docs/studies/gossip.md: D-PSGD on a ring, speedup over DDP, the clock before and after ports
+def gossip(out: str) -> str:
+    n = [4, 8, 16]
+    before, after = [1.55, 1.86, 2.11], [0.79, 0.94, 1.07]
+    fig, ax = plt.subplots(figsize=(5.0, 2.6))
+    ax.plot(n, before, "o--", color="#999999", label="clock without ports (before)")
+    ax.plot(n, after, "o-", color="#4c72b0", label="clock with ports, roofline (now)")
+    ax.axhline(1.0, color="k", lw=0.8, ls=":")
+    ax.text(16.3, 1.0, "DDP", va="center", fontsize=7)
+    ax.set_xticks(n)
+    ax.set_ylim(0, 2.4)
+    ax.set_xlabel("workers n")
+    ax.set_ylabel("D-PSGD (ring) speedup over DDP\n(modeled time to T)")
+    ax.legend(loc="upper left", fontsize=7)
+    return save(fig, out, "gossip")
+
+
+# docs/studies/async-local-sgd.md: async_text, DN + DyLU against synchronous DiLoCo by heterogeneity
+def async_local_sgd(out: str) -> str:
+    levels = ["none", "slight", "moderate", "very"]
+    t_async, t_sync = [30, 40, 50, 61], [30, 45, 90, 180]
+    delta, half = [-0.01, 0.20, -0.62, -2.26], [0.01, 4.44, 2.49, 1.63]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(7.0, 2.7))
+    x = range(len(levels))
+    a1.bar([i - 0.18 for i in x], t_sync, width=0.36, label="sync DiLoCo", color="#999999")
+    a1.bar([i + 0.18 for i in x], t_async, width=0.36, label="async DN + DyLU", color="#4c72b0")
+    a1.set_xticks(list(x), levels)
+    a1.set_xlabel("heterogeneity level")
+    a1.set_ylabel("modeled time of the run (s)")
+    a1.legend(loc="upper left", fontsize=7)
+    a2.errorbar(list(x), delta, yerr=half, fmt="o", color="#4c72b0", capsize=3)
+    a2.axhline(0, color="k", lw=0.8, ls="--")
+    a2.set_xticks(list(x), levels)
+    a2.set_xlabel("heterogeneity level")
+    a2.set_ylabel("final test ppl, DN + DyLU\nminus sync DiLoCo (paired)")
+    fig.tight_layout()
+    return save(fig, out, "async_local_sgd")
+
+
+# docs/studies/adsaga.md: suboptimality reached by each arm (seed 0, 96,000 gradients per arm)
+def adsaga(out: str) -> str:
+    arms = ["ADSAGA\n(async)", "async SGD", "sync SAGA"]
+    subopt = [3.2e-7, 1.1e-2, 1.1e-6]
+    fig, ax = plt.subplots(figsize=(4.6, 2.8))
+    bars = ax.bar(arms, subopt, color=["#4c72b0", "#999999", "#dd8452"])
+    ax.set_yscale("log")
+    ax.set_ylim(1e-8, 1e-1)
+    for b, v in zip(bars, subopt):
+        ax.text(b.get_x() + b.get_width() / 2, v * 1.6, f"{v:.1e}", ha="center", fontsize=7)
+    ax.set_ylabel("final f - f* (log scale)")
+    return save(fig, out, "adsaga")
+
+
+# docs/studies/clock-validation.md: modeled vs measured time over the window, 30 runs
+CLOCK_VALIDATION = {  # arm: [(Mbit/s, measured s, modeled s)]
+    "DDP": [(50, 9.844, 9.783), (200, 3.424, 3.170), (1000, 1.560, 1.349)],
+    "local SGD, H=8": [(50, 4.521, 4.348), (200, 2.348, 2.182), (1000, 1.842, 1.656)],
+    "SlowMo, H=8": [(50, 4.240, 4.098), (200, 2.432, 2.259), (1000, 1.916, 1.701)],
+    "top-k, CF=10": [(50, 5.120, 4.976), (200, 2.553, 2.263), (1000, 1.910, 1.536)],
+    "D-PSGD, ring": [(50, 12.613, 11.708), (200, 3.647, 3.069), (1000, 1.236, 0.981)],
+    "D-PSGD, complete": [(50, 14.920, 13.961), (200, 4.523, 3.650), (1000, 1.178, 0.915)],
+    "SwarmSGD, blocking": [(50, 6.602, 6.558), (200, 2.507, 2.343), (1000, 1.339, 1.228)],
+    "SwarmSGD, non-blocking": [(50, 6.461, 5.910), (200, 2.421, 1.871), (1000, 1.194, 1.007)],
+    "parameter server": [(50, 18.151, 18.492), (200, 5.442, 4.649), (1000, 1.137, 0.962)],
+    "async local SGD (DN), real": [(50, 4.629, 4.298), (200, 3.368, 3.308), (1000, 2.960, 2.894)],
+}
+
+
+def clock_validation(out: str) -> str:
+    fig, ax = plt.subplots(figsize=(5.8, 4.0))
+    colors = {50: "#c44e52", 200: "#dd8452", 1000: "#4c72b0"}
+    markers = "osD^v<>ph*"
+    lo, hi = 0.7, 25
+    ax.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="#dddddd", alpha=0.6,
+                    label="within 25%")
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="modeled = measured")
+    for (arm, runs), m in zip(CLOCK_VALIDATION.items(), markers):
+        for bw, meas, mod in runs:
+            ax.plot(meas, mod, m, color=colors[bw], ms=5, mec="k", mew=0.3)
+        ax.plot([], [], m, color="#777777", label=arm)
+    for bw, c in colors.items():
+        ax.plot([], [], "s", color=c, label=f"{bw} Mbit/s")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("measured time over the window (s, log scale)")
+    ax.set_ylabel("modeled time (s, log scale)")
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
+    return save(fig, out, "clock_validation")
+
+
+# docs/studies/time-claims.md: time to target, measured on the 100 Mbit/s emulated link and modeled
+def time_claims(out: str) -> str:
+    demo = [("DDP, s0", 26.5, 20.8), ("DDP, s1", 32.8, 26.0), ("local SGD, s0", 8.4, 3.3),
+            ("local SGD, s1", 6.4, 2.6), ("SlowMo, s0", 7.2, 2.2), ("SlowMo, s1", 6.8, 2.2)]
+    asyn = [("async DN+DyLU, 1", 43.1, 42.6), ("async DN+DyLU, 2", 43.3, 42.6),
+            ("sync DiLoCo, 1", 137.5, 120.9), ("sync DiLoCo, 2", 123.0, 120.9)]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(7.2, 2.9), gridspec_kw={"width_ratios": [3, 2]})
+    for ax, rows, title in ((a1, demo, "fmnist_demo: to test accuracy 0.85"),
+                            (a2, asyn, "async_text, level very: to perplexity 14")):
+        x = range(len(rows))
+        ax.bar([i - 0.18 for i in x], [r[1] for r in rows], width=0.36, label="measured", color="#4c72b0")
+        ax.bar([i + 0.18 for i in x], [r[2] for r in rows], width=0.36, label="modeled", color="#dd8452")
+        ax.set_xticks(list(x), [r[0] for r in rows], rotation=35, ha="right", fontsize=7)
+        ax.set_ylabel("time to target (s)")
+        ax.set_title(title, fontsize=8)
+    a1.legend(loc="upper right", fontsize=7)
+    fig.tight_layout()
+    return save(fig, out, "time_claims")
+
+
+FIGURES = {
+    "local_vs_minibatch": local_vs_minibatch,
+    "gravac": gravac,
+    "gravac_lstm": gravac_lstm,
+    "adasum": adasum,
+    "swarmsgd": swarmsgd,
+    "gossip": gossip,
+    "async_local_sgd": async_local_sgd,
+    "adsaga": adsaga,
+    "clock_validation": clock_validation,
+    "time_claims": time_claims,
+}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=DEFAULT_OUT, help="folder of the SVG files (default docs/studies/figures)")
+    ap.add_argument("--only", nargs="+", choices=sorted(FIGURES), help="draw only these figures")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    plt.rcParams.update(STYLE)
+    for name in args.only or FIGURES:
+        path = FIGURES[name](args.out)
+        print(f"{os.path.relpath(path)}: {os.path.getsize(path) / 1024:.1f} KB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
