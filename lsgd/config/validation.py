@@ -306,10 +306,14 @@ def check_override_keys(overrides: list[str]) -> None:
 
 
 def _check_typed_values(cfg, keys: list) -> None:
-    """Check each key override's value (each value of a sweep) against the typed config that holds
-    the key in the composed config ``cfg`` (an algorithm's ``Config``, Hydra's schema of its group:
-    :mod:`lsgd.config.schemas`): its type, choices and bounds, as :func:`lsgd.core.typed_config.parse`
-    checks a whole block, without composing the config again.
+    """Check that each key override's value (each value of a sweep) fits the type of the typed
+    config that holds the key in the composed config ``cfg`` (an algorithm's ``Config``, Hydra's
+    schema of its group: :mod:`lsgd.config.schemas`), as Hydra will when it composes each job, but
+    before any job starts and without composing again: the value is set on a fresh node of the
+    schema, with OmegaConf's own conversions (``1`` for a float, ``yes`` for a bool). Allowed values
+    and bounds are not checked here: an arm of a sweep outside them is validated, recorded failed
+    and skipped on its own (:func:`validate`), while a value of the wrong type would stop the whole
+    sweep in Hydra.
 
     Raises:
         ConfigError: the first value a typed field rejects (``algo.local_steps must be an integer,
@@ -319,8 +323,9 @@ def _check_typed_values(cfg, keys: list) -> None:
     import typing
 
     from omegaconf import OmegaConf
+    from omegaconf.errors import ValidationError
 
-    from lsgd.core.typed_config import check_value
+    from lsgd.core.typed_config import _type_name
 
     for o, _ in keys:
         leaf = o.key_or_group.split(".")[-1]
@@ -330,15 +335,18 @@ def _check_typed_values(cfg, keys: list) -> None:
         schema = OmegaConf.get_type(node) if OmegaConf.is_dict(node) else None
         if schema is None or not dataclasses.is_dataclass(schema):
             continue
-        fields = {f.name: f for f in dataclasses.fields(schema)}
-        if leaf not in fields:
+        if leaf not in {f.name for f in dataclasses.fields(schema)}:
             continue  # not declared there: the unknown-key check covers it
-        hint = typing.get_type_hints(schema)[leaf]
+        fresh = OmegaConf.structured(schema)
         values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
         for value in values:
             if isinstance(value, str) and value.startswith("${"):
                 continue  # an interpolation: resolved later, validated with the whole config
-            check_value(o.key_or_group, value, fields[leaf], hint)
+            try:
+                fresh[leaf] = value
+            except ValidationError:
+                wanted = _type_name(typing.get_type_hints(schema)[leaf])
+                raise ConfigError(f"{o.key_or_group} must be {wanted}, got {value!r}") from None
 
 
 def typed_value_error(exc: BaseException, unknown_keys: bool = True) -> ConfigError | None:
