@@ -46,14 +46,20 @@ from torch import nn
 
 from lsgd.clock.worker_clock import Clock
 from lsgd.comm.communicator import Communicator
+from lsgd.compression.compressors import COMPRESSORS
 from lsgd.core.errors import ConfigError
+from lsgd.core.labels import flatten, format_value, is_missing
 from lsgd.core.registry import Registry
-from lsgd.core.typed_config import option, parse
+from lsgd.core.typed_config import fields, option, parse
 
 ROLES = ("worker", "server")
 
 #: every registered algorithm, by ``algo.name`` (filled by Algorithm.__init_subclass__).
 ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm", "algo.name")
+
+#: registries whose members an ``algo.*`` key names (its value is written as the member's label, and
+#: a defining key of this kind brings the member's ``strength_key``): the compressors.
+NAMED_BY_KEY: dict[str, Registry] = {COMPRESSORS.key: COMPRESSORS}
 
 
 @dataclass
@@ -285,6 +291,49 @@ class Algorithm:
         Raises:
             lsgd.core.errors.ConfigError: naming the key and the allowed values.
         """
+
+    @classmethod
+    def label_facts(cls, cfg: Mapping) -> dict:
+        """How the report's labels and the loggers' run names write a run of this method
+        (``labels.json``, :mod:`lsgd.core.labels`), from the registries: ``values`` (the method's
+        registered label; for each key of :attr:`Config` whose ``symbol`` is ``""`` or a pair of
+        words, or that names a compressor, the run's value as written: ``"top-k"``, ``"ring"``,
+        ``"non-blocking"``), ``symbols`` (the keys with a name of their own: ``{"algo.local_steps":
+        "H"}``) and ``defining_keys`` (:attr:`defining_keys`, each key that names a compressor
+        followed by that compressor's ``strength_key`` where this method's Config declares it:
+        ``algo.cf`` of compressed top-k, none of GraVAC, whose CF adapts).
+
+        Args:
+            cfg: the run's config, nested (as config.yaml) or flattened; keys it leaves out are
+                left out of ``values`` (nothing is validated here).
+        """
+        flat = flatten(cfg)
+        declared = fields(cls.Config)
+        values = {"algo.name": ALGORITHMS.entry(cls.name).label if cls.name in ALGORITHMS else cls.name}
+        symbols: dict[str, str] = {}
+        for name, field in declared.items():
+            key, symbol, value = f"algo.{name}", field.metadata.get("symbol"), flat.get(f"algo.{name}")
+            named = NAMED_BY_KEY.get(key)
+            if isinstance(symbol, str) and symbol:
+                symbols[key] = symbol
+            elif is_missing(value):
+                continue
+            elif named is not None:
+                known = isinstance(value, str) and value in named
+                values[key] = named.entry(value).label if known else format_value(value)
+            elif symbol == "":
+                values[key] = format_value(value)
+            elif isinstance(symbol, tuple) and isinstance(value, bool):
+                values[key] = symbol[0] if value else symbol[1]
+        defining: list[str] = []
+        for key in cls.defining_keys:
+            defining.append(key)
+            named, member = NAMED_BY_KEY.get(key), flat.get(key)
+            if named is not None and isinstance(member, str) and member in named:
+                strength = named.entry(member).extra.get("strength_key")
+                if strength and strength.removeprefix("algo.") in declared:
+                    defining.append(strength)
+        return {"values": values, "symbols": symbols, "defining_keys": defining}
 
     @classmethod
     def describe(cls, algo: dict, world_size: int) -> dict:

@@ -10,7 +10,7 @@
     differing_keys(runs)                            # e.g. ['algo.name', 'algo.local_steps', 'seed']
     arm_keys(runs)                                  # the same without the seeds: ['algo.name', 'algo.local_steps']
     arm_labels(runs)                                # {run_dir: 'local SGD, H=8'}: runs differing only in seed share one
-    config_label(cfg, extra=["seed"])               # one run from its config: 'local SGD, H=8, seed=1'
+    config_label(runs.iloc[0], extra=["seed"])      # one run from its row (config + labels.json): 'local SGD, H=8, seed=1'
     write_report("results/fmnist_demo", "out", width="one")   # report.md, report.html, figures 3.25 in wide
     aggregate_seeds(runs)                           # one row per arm: n, <col>_mean, <col>_ci (95% t), <col>_sd, ...
     aggregate_seeds(runs, by=["algo.name"], values=["final_test_acc"])   # your own grouping

@@ -9,55 +9,39 @@ Labels are for people: ``"local SGD, H=8"`` rather than ``"algo.name=local_sgd,
 algo.local_steps=8"``. :func:`arm_labels` writes the keys needed to tell the arms apart
 (:func:`label_keys`) and, for each run, the keys that define its method even where every arm has
 the same value (:func:`defining_keys`: H of local SGD, SlowMo and DiLoCo, the compressor and its CF
-of ``compressed``, the topology of the gossip methods), each as :data:`KEY_NAMES` and
-:data:`VALUE_NAMES` say. :func:`config_label` labels one run from its config alone (a logger's run
-name).
+of ``compressed``, the topology of the gossip methods). The words are not kept here: each run
+folder's ``labels.json`` holds them (its method's and compressor's written names, its keys'
+symbols, its defining keys; :mod:`lsgd.core.labels`, written by the launcher from the registries),
+read into the frames' :data:`lsgd.analysis.load.LABELS_COLUMN`. A run without it (made before lsgd
+wrote it) is written as plain ``key=value`` parts with no defining keys: ``local_sgd``,
+``local steps=8``. :func:`config_label` labels one run from its config alone.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import numbers
 from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
 
-from lsgd.analysis.load import DEFAULT_IGNORED_KEYS, _hashable, config_columns, differing_keys, flatten_config
-from lsgd.core.labels import format_value, label_part
+from lsgd.analysis.load import (
+    DEFAULT_IGNORED_KEYS,
+    LABELS_COLUMN,
+    _hashable,
+    config_columns,
+    differing_keys,
+    flatten_config,
+)
+from lsgd.core.labels import NAME_KEYS, format_value, key_name, label_part, merged_symbols, written_alone
+from lsgd.core.labels import config_label as _config_label
+from lsgd.core.labels import defining_keys as _defining_keys
 from lsgd.core.labels import is_missing as _is_missing
 
 #: Keys tried first when choosing the keys of a label (then ``algo.*``, then the rest).
-LABEL_KEY_PRIORITY = ("algo.name", "study.arm")
-
-#: Config keys that define a method (``algo.name``): written in its label whatever the other arms
-#: hold, so "local SGD" never hides its H nor "compressed" its compressor and CF. The symbols of
-#: the methods' papers (docs/glossary.md): H (tau) for the periodic-averaging family, the
-#: compressor and theta for static compression, the graph G for gossip.
-DEFINING_KEYS = {
-    "local_sgd": ("algo.local_steps",),
-    "post_local_sgd": ("algo.local_steps",),
-    "slowmo": ("algo.local_steps",),
-    "diloco": ("algo.local_steps",),
-    "async_local_sgd": ("algo.local_steps",),
-    "overlap_local_sgd": ("algo.local_steps",),
-    "compressed": ("algo.compressor",),
-    "gravac": ("algo.compressor",),
-    "accordion": ("algo.compressor",),
-    "swarm_sgd": ("algo.topology", "algo.local_steps"),
-    "dpsgd": ("algo.topology",),
-    "decentlam": ("algo.topology",),
-    "sgp": ("algo.topology",),
-    "ad_psgd": ("algo.topology",),
-    "lead": ("algo.topology",),
-}
-
-#: The key that sets how strongly each static compressor (``algo.compressor`` of ``compressed``)
-#: compresses, written after it: CF for the sparsifiers, s levels for QSGD, bits for the lattice,
-#: the rank for PowerSGD (none for ``none`` and ``fp16``).
-COMPRESSOR_KEYS = {
-    "topk": "algo.cf", "randomk": "algo.cf", "dgc": "algo.cf", "redsync": "algo.cf",
-    "qsgd": "algo.levels", "lattice": "algo.bits", "powersgd": "algo.rank",
-}  # fmt: skip
+LABEL_KEY_PRIORITY = NAME_KEYS
 
 
 def is_seed_key(key: str) -> bool:
@@ -119,48 +103,68 @@ def label_keys(frame: pd.DataFrame, keys: list[str] | None = None) -> list[str]:
     return chosen
 
 
-def defining_keys(row: Mapping) -> list[str]:
-    """The config keys that define the method of one run (``row``: its flattened config, e.g. a
-    row of :func:`lsgd.analysis.load_summaries`), in label order: :data:`DEFINING_KEYS` of its
-    ``algo.name``, and for a compressor the key that sets its strength (:data:`COMPRESSOR_KEYS`:
-    ``algo.cf`` for top-k, none for ``fp16``); only keys the run sets. ``[]`` for a method that
-    none defines (DDP) or a row without ``algo.name``."""
-    name = row.get("algo.name")
-    if _is_missing(name):
-        return []
-    keys: list[str] = []
-    for key in DEFINING_KEYS.get(str(name), ()):
-        keys.append(key)
-        if key == "algo.compressor" and str(name) == "compressed":
-            strength = COMPRESSOR_KEYS.get(format_value(row.get(key)))
-            if strength:
-                keys.append(strength)
-    return [k for k in keys if k in row and not _is_missing(row.get(k))]
+@functools.lru_cache(maxsize=4096)
+def _parse_facts(text: str) -> dict | None:
+    facts = json.loads(text)
+    return facts if isinstance(facts, dict) else None
 
 
-def _label(row: Mapping, keys: Iterable[str], names: Iterable[str]) -> str:
-    parts = [label_part(k, row[k], names) for k in keys if k in row]
+def label_facts(row: Mapping) -> dict | None:
+    """The label facts of one run (``row``: a row of :func:`lsgd.analysis.load_summaries` or
+    ``load_runs``, or a mapping with :data:`~lsgd.analysis.load.LABELS_COLUMN`): its ``labels.json``
+    (:mod:`lsgd.core.labels`), or None for a run without one."""
+    cell = row.get(LABELS_COLUMN)
+    if isinstance(cell, Mapping):
+        return dict(cell)
+    if not isinstance(cell, str) or not cell:
+        return None
+    return _parse_facts(cell)
+
+
+def defining_keys(row: Mapping, facts: Mapping | None = None) -> list[str]:
+    """The config keys that define the method of one run (``row``: its flattened config with its
+    label facts, e.g. a row of :func:`lsgd.analysis.load_summaries`), in label order, as its
+    ``labels.json`` names them (:func:`lsgd.core.labels.defining_keys`): ``algo.local_steps`` of
+    local SGD, ``algo.compressor`` and ``algo.cf`` of compressed top-k; only keys the run sets.
+    ``[]`` for a method that none defines (DDP) or a run without label facts. ``facts``: the
+    facts to use instead of the row's."""
+    return _defining_keys(row, facts if facts is not None else label_facts(row))
+
+
+def _symbols(runs: pd.DataFrame) -> dict[str, str]:
+    """The key names of every run of ``runs`` (:func:`lsgd.core.labels.merged_symbols`)."""
+    if LABELS_COLUMN not in runs:
+        return {}
+    return merged_symbols(label_facts(row) for _, row in runs.iterrows())
+
+
+def _label(row: Mapping, keys: Iterable[str], names: Iterable[str], symbols: Mapping[str, str],
+           facts: Mapping | None) -> str:
+    parts = [label_part(k, row[k], names, facts, symbols) for k in keys if k in row]
     return ", ".join(p for p in parts if p)
 
 
-def _run_keys(row: Mapping, chosen: list[str]) -> list[str]:
+def _run_keys(row: Mapping, chosen: list[str], facts: Mapping | None = None) -> list[str]:
     """The keys of one run's label: ``algo.name``, ``study.arm``, the run's :func:`defining_keys`,
     then the other ``chosen`` keys (:func:`label_keys`), each once, in that order."""
     first = [k for k in LABEL_KEY_PRIORITY if k in chosen or (k == "algo.name" and k in row)]
     rest = [k for k in chosen if k not in first]
-    return list(dict.fromkeys([*first, *defining_keys(row), *rest]))
+    return list(dict.fromkeys([*first, *defining_keys(row, facts), *rest]))
 
 
 def arm_labels(frame: pd.DataFrame, keys: list[str] | None = None, among: list[str] | None = None) -> dict[str, str]:
     """``{run_dir: readable label}``: one label per arm, shared by the arm's runs (its seeds).
 
-    A label joins :func:`label_part` of the keys that tell the arms apart and of the keys that
-    define the run's method, e.g. ``"local SGD, H=8"`` next to ``"DDP"`` and ``"SlowMo, H=12"``
-    (H written although no two arms of one method differ in it), ``"compressed, top-k, CF=100"``:
-    ``algo.name``, then ``study.arm``, the run's :func:`defining_keys`, then the other keys of
-    :func:`label_keys` (those that still split arms); a key a run does not set is left out of its
-    label. ``"all runs"`` when that is empty. If two arms would still get one label (two values
-    written alike), the label is the arm's ``key=value`` list over every arm key instead.
+    A label joins :func:`lsgd.core.labels.label_part` of the keys that tell the arms apart and of
+    the keys that define the run's method, e.g. ``"local SGD, H=8"`` next to ``"DDP"`` and
+    ``"SlowMo, H=12"`` (H written although no two arms of one method differ in it),
+    ``"compressed, top-k, CF=100"``: ``algo.name``, then ``study.arm``, the run's
+    :func:`defining_keys`, then the other keys of :func:`label_keys` (those that still split arms);
+    a key a run does not set is left out of its label. Each key is written as the arm's label facts
+    say (those of its first run that has them: :func:`label_facts`; an arm without them gets plain
+    ``key=value`` parts and no defining keys). ``"all runs"`` when that is empty. If two arms would
+    still get one label (two values written alike), the label is the arm's ``key=value`` list over
+    every arm key instead.
 
     Args:
         frame: one or more rows per run (:func:`lsgd.analysis.load_summaries`, ``load_runs``).
@@ -172,13 +176,19 @@ def arm_labels(frame: pd.DataFrame, keys: list[str] | None = None, among: list[s
     runs = _per_run(frame)
     chosen = label_keys(frame, every) if keys is None else list(keys)
     rows = {row["run_dir"]: row for _, row in runs.iterrows()}
-    per_run = {d: (chosen if keys is not None else _run_keys(row, chosen)) for d, row in rows.items()}
-    names = list(dict.fromkeys(k for ks in per_run.values() for k in ks))
-    out: dict[str, str] = {}
-    arm_of: dict[str, tuple] = {}
+    arm_of = {d: tuple(_hashable(row[k]) if k in row else None for k in every) for d, row in rows.items()}
+    facts_of: dict[tuple, dict] = {}  # an arm's runs share one label: the facts of its first run that has them
     for d, row in rows.items():
-        out[d] = _label(row, per_run[d], names) or "all runs"
-        arm_of[d] = tuple(_hashable(row[k]) if k in row else None for k in every)
+        f = label_facts(row)
+        if f is not None:
+            facts_of.setdefault(arm_of[d], f)
+    facts = {d: facts_of.get(arm_of[d]) for d in rows}
+    per_run = {d: (chosen if keys is not None else _run_keys(row, chosen, facts[d])) for d, row in rows.items()}
+    names = list(dict.fromkeys(k for ks in per_run.values() for k in ks))
+    symbols = _symbols(runs)
+    out: dict[str, str] = {}
+    for d, row in rows.items():
+        out[d] = _label(row, per_run[d], names, symbols, facts[d]) or "all runs"
     arms_per_label: dict[str, set] = {}
     for d, lab in out.items():
         arms_per_label.setdefault(lab, set()).add(arm_of[d])
@@ -199,21 +209,38 @@ def written_label_keys(frame: pd.DataFrame, among: list[str] | None = None) -> l
     return list(dict.fromkeys(keys))
 
 
-def config_label(config: Mapping, extra: Iterable[str] = ()) -> str:
-    """The label of one run from its config alone (no other arms to tell apart), e.g. for a
-    logger's run name: ``algo.name`` and its :func:`defining_keys` (``"local SGD, H=8"``,
-    ``"compressed, top-k, CF=100"``, ``"DDP"``), ``study.arm`` where set, then ``extra`` keys
-    (e.g. ``["seed"]`` gives ``"local SGD, H=8, seed=1"``).
+def label_key_names(frame: pd.DataFrame, among: list[str] | None = None) -> dict[str, str]:
+    """``{key: its name}`` for the keys of :func:`written_label_keys` that the labels write as
+    ``name=value`` under a name other than the key itself (``{"algo.local_steps": "H"}``): the
+    report's "In the labels" line. Keys written as their value alone (``algo.name``, a
+    compressor, a topology, a bool's word) are left out."""
+    runs = _per_run(frame)
+    keys = written_label_keys(frame, among)
+    facts = [label_facts(row) for _, row in runs.iterrows()] if LABELS_COLUMN in runs else []
+    symbols = merged_symbols(facts)
+    names = {k: key_name(k, keys, symbols) for k in keys if not written_alone(k, facts)}
+    return {k: name for k, name in names.items() if name != k}
+
+
+def config_label(config: Mapping, extra: Iterable[str] = (), facts: Mapping | None = None) -> str:
+    """The label of one run from its config alone (no other arms to tell apart): ``algo.name`` and
+    its :func:`defining_keys` (``"local SGD, H=8"``, ``"compressed, top-k, CF=100"``, ``"DDP"``),
+    ``study.arm`` where set, then ``extra`` keys (e.g. ``["seed"]`` gives ``"local SGD, H=8,
+    seed=1"``); :func:`lsgd.core.labels.config_label`.
 
     Args:
         config: the run's config, nested (``{"algo": {"name": ...}}``, as config.yaml) or
-            flattened (``{"algo.name": ...}``).
+            flattened (``{"algo.name": ...}``), or a row of :func:`lsgd.analysis.load_summaries`.
         extra: further dotted keys to write where the config sets them.
+        facts: the run's label facts (its ``labels.json``, :mod:`lsgd.core.labels`); default: the
+            config's :data:`~lsgd.analysis.load.LABELS_COLUMN`, else none (plain ``key=value``
+            parts).
     """
     flat = flatten_config(config)  # a flattened config stays as it is
-    keys = [k for k in LABEL_KEY_PRIORITY if not _is_missing(flat.get(k))]
-    keys = list(dict.fromkeys([*keys, *defining_keys(flat), *extra]))
-    return _label(flat, keys, keys) or "all runs"
+    if facts is None:
+        facts = label_facts(flat)
+    flat.pop(LABELS_COLUMN, None)
+    return _config_label(flat, facts, extra)
 
 
 def order_key(value) -> tuple:

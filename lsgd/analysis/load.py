@@ -12,6 +12,11 @@ Config keys become columns with dotted names (``algo.name``, ``algo.local_steps`
 becomes the ``env.*`` columns of :func:`load_summaries` (:data:`ENV_COLUMNS`), never config columns:
 runs that differ only in their environment stay one arm. Runs without the file have None there.
 
+``labels.json`` (how the labels write the run: its method's and compressor's written names, its
+keys' symbols, the keys that define its method; :mod:`lsgd.core.labels`, written by the launcher from
+the registries) becomes the :data:`LABELS_COLUMN` of both frames, one JSON object per run (None for a
+run made before lsgd wrote it), never a config column: :mod:`lsgd.analysis.arms` reads it.
+
 ``metrics.jsonl`` also holds rows marked with a ``kind`` key (``"kind": "compression"``: one per step
 of an adaptive compression algorithm). The regular records (:func:`load_runs`, summaries, tables,
 figures) skip every row that has a ``kind``; :func:`load_compression` returns the compression rows.
@@ -30,11 +35,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from lsgd.core.labels import format_value
-from lsgd.core.labels import is_missing as _is_missing
 import yaml
 
-from lsgd.core.run_files import CONFIG_FILE, ENVIRONMENT_FILE, METRICS_FILE, SUMMARY_FILE
+from lsgd.core.labels import flatten, format_value
+from lsgd.core.labels import is_missing as _is_missing
+from lsgd.core.run_files import CONFIG_FILE, ENVIRONMENT_FILE, LABELS_FILE, METRICS_FILE, SUMMARY_FILE
 
 PathLike = str | os.PathLike
 
@@ -44,6 +49,10 @@ ENV_COLUMNS = ("env.commit", "env.lsgd", "env.torch", "env.cpu_capability", "env
 
 #: Prefix of the environment columns (never config keys).
 ENV_PREFIX = "env."
+
+#: Column of both frames holding each run's label facts (``labels.json`` as a JSON string; None:
+#: the run has none). Not a config key: runs that differ only in it stay one arm.
+LABELS_COLUMN = "label_facts"
 
 #: ``status`` of a run folder with no ``summary.json`` (still running, or killed before the end).
 RUNNING = "running"
@@ -112,6 +121,7 @@ class RunData:
     records: list[dict] = field(default_factory=list)  # regular records (rows without "kind")
     compression: list[dict] = field(default_factory=list)  # rows with "kind": "compression"
     environment: dict | None = None  # environment.json; None: the run has none (made before lsgd wrote it)
+    labels: dict | None = None  # labels.json; None: the run has none (made before lsgd wrote it)
 
     @property
     def run_id(self) -> str:
@@ -215,14 +225,7 @@ def flatten_config(cfg: Mapping, prefix: str = "") -> dict:
     >>> flatten_config({"algo": {"name": "slowmo", "speeds": [1.0, 0.5]}, "world_size": 4})
     {'algo.name': 'slowmo', 'algo.speeds': '[1.0, 0.5]', 'world_size': 4}
     """
-    out: dict = {}
-    for key, value in cfg.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(flatten_config(value, prefix=f"{name}."))
-        else:
-            out[name] = _scalar(value)
-    return out
+    return {key: _scalar(value) for key, value in flatten(cfg, prefix).items()}
 
 
 def read_config(run_dir: PathLike) -> dict:
@@ -260,21 +263,33 @@ def read_summary(run_dir: PathLike) -> dict | None:
     return {k: _scalar(v) for k, v in summary.items()}
 
 
-def read_environment(run_dir: PathLike) -> dict | None:
-    """The run's ``environment.json`` (docs/results.md), or None when it has none. An unreadable
-    one is reported with a warning and read as none: the numbers of a report do not depend on it."""
-    path = Path(run_dir) / ENVIRONMENT_FILE
+def _read_json_object(path: Path) -> dict | None:
+    """The JSON object in ``path``, or None when there is none; an unreadable one is reported with
+    a warning and read as none."""
     if not path.exists():
         return None
     try:
-        env = json.loads(path.read_text())
+        obj = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        warnings.warn(f"{path}: unreadable, ignored: {e}", stacklevel=2)
+        warnings.warn(f"{path}: unreadable, ignored: {e}", stacklevel=3)
         return None
-    if not isinstance(env, dict):
-        warnings.warn(f"{path}: expected a JSON object, got {type(env).__name__}; ignored", stacklevel=2)
+    if not isinstance(obj, dict):
+        warnings.warn(f"{path}: expected a JSON object, got {type(obj).__name__}; ignored", stacklevel=3)
         return None
-    return env
+    return obj
+
+
+def read_environment(run_dir: PathLike) -> dict | None:
+    """The run's ``environment.json`` (docs/results.md), or None when it has none. An unreadable
+    one is reported with a warning and read as none: the numbers of a report do not depend on it."""
+    return _read_json_object(Path(run_dir) / ENVIRONMENT_FILE)
+
+
+def read_labels(run_dir: PathLike) -> dict | None:
+    """The run's label facts (``labels.json``, :mod:`lsgd.core.labels`), or None when it has none
+    (a run made before lsgd wrote them: its labels are plain ``key=value`` parts). An unreadable one
+    is reported with a warning and read as none."""
+    return _read_json_object(Path(run_dir) / LABELS_FILE)
 
 
 def _commit_text(session: dict) -> str | None:
@@ -411,6 +426,7 @@ def read_run(run_dir: PathLike) -> RunData:
         records=[r for r in rows if "kind" not in r],
         compression=[r for r in rows if r.get("kind") == COMPRESSION_KIND],
         environment=read_environment(run_dir),
+        labels=read_labels(run_dir),
     )
 
 
@@ -464,14 +480,19 @@ def _rows_frame(runs: list[RunData], attr: str) -> pd.DataFrame:
         ids = pd.DataFrame({k: [v] * n for k, v in run.id_columns().items()})
         cfg = _config_part(run, list(metrics.columns) + list(ID_COLUMNS))
         cfg_frame = pd.DataFrame({k: [v] * n for k, v in cfg.items()})
+        facts = pd.DataFrame({LABELS_COLUMN: [_labels_cell(run)] * n}, dtype=object)
         config_keys.append(["run_id", "experiment_name", *cfg])
-        frames.append(pd.concat([ids, metrics.reset_index(drop=True), cfg_frame], axis=1))
+        frames.append(pd.concat([ids, metrics.reset_index(drop=True), cfg_frame, facts], axis=1))
     nonempty = [f for f in frames if len(f)]
     if nonempty:
         frame = pd.concat(nonempty, ignore_index=True)
     else:
         frame = pd.DataFrame(columns=_ordered_union(f.columns for f in frames) or list(ID_COLUMNS))
     return _with_config_keys(frame, _ordered_union(config_keys))
+
+
+def _labels_cell(run: RunData) -> str | None:
+    return json.dumps(run.labels, sort_keys=True) if run.labels is not None else None
 
 
 def _progress_from_records(run: RunData) -> dict:
@@ -508,6 +529,7 @@ def summaries_frame(runs: list[RunData]) -> pd.DataFrame:
         cfg = _config_part(run, row)
         row.update(cfg)
         row.update(environment_fields(run.environment))
+        row[LABELS_COLUMN] = _labels_cell(run)
         config_keys.append(["run_id", "experiment_name", *cfg])
         rows.append(row)
     frame = pd.DataFrame.from_records(rows, columns=_ordered_union(rows) or list(ID_COLUMNS))
@@ -522,8 +544,9 @@ def load_runs(paths: PathLike | Iterable[PathLike]) -> pd.DataFrame:
     as written (``step``; ``comm_bytes``/``wire_bytes`` in bytes; ``*_time_s`` in seconds;
     eval-only metrics such as ``test_acc`` are NaN on records without an evaluation), then the
     run's flattened config (``algo.name``, ``algo.local_steps``, ``optim.lr``, ``world_size``, ...;
-    lists and mappings as JSON strings). A config key equal to a metric name is renamed
-    ``config.<key>``. ``frame.attrs["config_keys"]`` lists the config columns.
+    lists and mappings as JSON strings), then :data:`LABELS_COLUMN` (the run's ``labels.json``). A
+    config key equal to a metric name is renamed ``config.<key>``. ``frame.attrs["config_keys"]``
+    lists the config columns.
 
     Records are in file order per run, runs sorted by folder; a run with no records yet adds no
     row (it does appear in :func:`load_summaries`).
@@ -545,7 +568,8 @@ def load_summaries(paths: PathLike | Iterable[PathLike]) -> pd.DataFrame:
     docs/results.md (``comm_bytes`` in bytes, ``*_time_s`` in seconds, ``steps`` in steps...),
     then the flattened config keys as in :func:`load_runs`, then the :data:`ENV_COLUMNS` from
     ``environment.json`` (``env.commit``, ``env.torch``, ``env.cpu_capability``, ... ; None for a
-    run without one; :func:`environment_fields`). A summary field whose name is also a
+    run without one; :func:`environment_fields`), then :data:`LABELS_COLUMN` (the run's
+    ``labels.json`` as a JSON string; None for a run without one). A summary field whose name is also a
     config key (``world_size``, ``epochs``, ``target_acc``) is stored as ``summary.<key>``, so the
     plain name is always the config value (e.g. ``epochs`` requested vs ``summary.epochs`` done).
 
@@ -587,12 +611,12 @@ def config_columns(frame: pd.DataFrame) -> list[str]:
 
     Uses ``frame.attrs["config_keys"]``; when an operation dropped the attrs, every column that
     is not an identity column, a run-format metric, compression-row key or summary field,
-    ``summary.*`` or ``env.*``.
+    :data:`LABELS_COLUMN`, ``summary.*`` or ``env.*``.
     """
     keys = frame.attrs.get("config_keys")
     if keys is not None:
         return [k for k in keys if k in frame.columns]
-    known = set(ID_COLUMNS) | set(METRIC_KEYS) | set(SUMMARY_KEYS) | set(COMPRESSION_KEYS)
+    known = set(ID_COLUMNS) | set(METRIC_KEYS) | set(SUMMARY_KEYS) | set(COMPRESSION_KEYS) | {LABELS_COLUMN}
     return [c for c in frame.columns if c not in known and not str(c).startswith(("summary.", ENV_PREFIX))]
 
 

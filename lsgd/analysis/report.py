@@ -34,7 +34,6 @@ from lsgd.analysis.plots import check_width, plot_frames, safe_name
 from lsgd.analysis.stats import CONFIDENCE
 from lsgd.analysis.tables import BASELINE_ALGO, ExperimentTable, batch_scaling_table, tables_from_frames
 from lsgd.core.files import write_atomic
-from lsgd.core.labels import BOOL_NAMES, VALUE_ONLY_KEYS, key_name
 
 REPORT_FILE = "report.md"
 HTML_FILE = "report.html"
@@ -86,9 +85,7 @@ def _differences_text(t: ExperimentTable) -> list[str]:
         )
     else:
         lines.append("Config differences: none (one configuration).")
-    names = t.label_keys or []
-    short = [f"{key_name(k, names)} = `{k}`" for k in names
-             if k not in VALUE_ONLY_KEYS and k not in BOOL_NAMES and key_name(k, names) != k]  # fmt: skip
+    short = [f"{name} = `{k}`" for k, name in (t.label_names or {}).items()]
     if short:
         lines.append("In the labels: " + ", ".join(short) + ".")
     return [" ".join(lines)]

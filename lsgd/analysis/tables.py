@@ -75,6 +75,7 @@ from lsgd.analysis.arms import (
     arm_keys,
     arm_labels,
     config_differences,
+    label_key_names,
     order_key,
     seed_keys,
     select_runs,
@@ -198,6 +199,8 @@ class ExperimentTable:
         differences: :func:`lsgd.analysis.arms.config_differences` of the runs (what differs,
             seeds included).
         label_keys: the keys written in the arm labels (:func:`lsgd.analysis.arms.written_label_keys`).
+        label_names: ``{key: its name in the labels}`` of those written as ``name=value`` under a
+            name of their own (``{"algo.local_steps": "H"}``; :func:`lsgd.analysis.arms.label_key_names`).
     """
 
     experiment: str
@@ -211,6 +214,7 @@ class ExperimentTable:
     baseline: str = BASELINE_ALGO
     differences: dict[str, list[str]] | None = None
     label_keys: list[str] | None = None
+    label_names: dict[str, str] | None = None
     threshold_given: bool = False
     collapsed_runs: list[str] = field(default_factory=list)
 
@@ -430,6 +434,7 @@ def experiment_table(
         baseline=str(baseline),
         differences=config_differences(summaries, keys),
         label_keys=written_label_keys(summaries, keys),
+        label_names=label_key_names(summaries, keys),
     )
 
 

@@ -45,7 +45,8 @@ class CompressorSeed:
 class SparsifierOptions:
     """``topk``, ``redsync`` (and the other sparsifiers): the compression factor."""
 
-    cf: float = option(10, at_least=1, doc="theta: dense size / compressed size (sparsifiers keep ceil(n / cf))")
+    cf: float = option(10, at_least=1, doc="theta: dense size / compressed size (sparsifiers keep ceil(n / cf))",
+                       symbol="CF")
 
 
 @dataclass

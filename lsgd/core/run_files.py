@@ -13,3 +13,6 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 #: what produced the run: code, software, machine (:mod:`lsgd.training.provenance`)
 ENVIRONMENT_FILE = "environment.json"
+#: how the report's labels and the loggers write the run (``"local SGD, H=8"``): the words of its
+#: method's and compressor's registry entries (:mod:`lsgd.core.labels`), written by the launcher
+LABELS_FILE = "labels.json"

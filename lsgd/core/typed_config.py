@@ -35,7 +35,8 @@ from lsgd.core.errors import ConfigError
 
 def option(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, at_least: float | None = None,
            above: float | None = None, at_most: float | None = None, below: float | None = None,
-           doc: str = "", default_factory: Any = dataclasses.MISSING) -> Any:
+           doc: str = "", symbol: str | tuple[str, str] | None = None,
+           default_factory: Any = dataclasses.MISSING) -> Any:
     """A field of a typed config block with its default and constraints.
 
     Args:
@@ -43,9 +44,14 @@ def option(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, 
         choices: the allowed values (strings, or any values compared with ``==``).
         at_least, above, at_most, below: bounds of a number (``>=``, ``>``, ``<=``, ``<``).
         doc: what the key means (its symbol in the paper, its unit); shown in the docs.
+        symbol: how the report's labels and the loggers' run names write the key
+            (:meth:`lsgd.algorithms.base.Algorithm.label_facts`): a name, ``"H"`` (``H=8``; the
+            symbols of docs/glossary.md); ``""``: the value alone (``ring``); for a bool, the words
+            for true and false, ``("blocking", "non-blocking")``. None (the default): the key's
+            name with spaces for ``_`` (``buffer policy=reset``).
     """
     meta = {"choices": tuple(choices) if choices is not None else None, "at_least": at_least, "above": above,
-            "at_most": at_most, "below": below, "doc": doc}
+            "at_most": at_most, "below": below, "doc": doc, "symbol": symbol}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)

@@ -26,6 +26,7 @@ import yaml
 
 from lsgd.core.errors import ConfigError
 from lsgd.core.files import write_atomic
+from lsgd.core.run_files import CONFIG_FILE, LABELS_FILE
 from lsgd.launch.environment import LaunchEnv, detect_launch_env
 from lsgd.launch.resume import defaults_config, find_resume_dir, resumed_config, run_folder
 from lsgd.launch.signals import MainSignals, RunInterrupted
@@ -117,14 +118,7 @@ def run(cfg_node) -> dict | None:
     run_dir = run_folder(cfg, hydra_dir)  # fresh, resumed, or a requeued SLURM job's own
     cfg["run_id"] = run_dir.name
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not (run_dir / "config.yaml").exists() or not cfg.get("resume"):
-        saved = dict(cfg)
-        saved["world_size"] = launch_env.world_size if launch_env else int(cfg["launcher"]["nproc_per_node"])
-        from lsgd.algorithms import ALGORITHMS
-
-        algo_cls = ALGORITHMS[cfg["algo"]["name"]]
-        saved.update(algo_cls.describe(cfg["algo"], algo_cls.roles(saved["world_size"]).count("worker")))
-        write_atomic(run_dir / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
+    write_run_config(run_dir, cfg, launch_env.world_size if launch_env else int(cfg["launcher"]["nproc_per_node"]))
     from lsgd.data import prepare
     from lsgd.training.preemption import StopFlag
 
@@ -177,6 +171,23 @@ def run(cfg_node) -> dict | None:
         exit_if_stopped(result, cfg, None, run_dir)
     print(f"lsgd: {job_tag()}{(result or {}).get('status', 'ended')}: {run_dir}", file=sys.stderr, flush=True)
     return result
+
+
+def write_run_config(run_dir: Path, cfg: dict, world_size: int) -> None:
+    """Write the run folder's ``config.yaml`` (``cfg`` with ``world_size`` and the algorithm's
+    :meth:`~lsgd.algorithms.base.Algorithm.describe` facts) and ``labels.json`` (how the report's
+    labels write the run: :meth:`~lsgd.algorithms.base.Algorithm.label_facts`, from the registries;
+    :mod:`lsgd.core.labels`). A resumed run keeps the files it has (one made before lsgd wrote
+    labels.json gets it)."""
+    from lsgd.algorithms import ALGORITHMS
+
+    algo_cls = ALGORITHMS[cfg["algo"]["name"]]
+    if not (run_dir / CONFIG_FILE).exists() or not cfg.get("resume"):
+        saved = {**cfg, "world_size": world_size}
+        saved.update(algo_cls.describe(cfg["algo"], algo_cls.roles(world_size).count("worker")))
+        write_atomic(run_dir / CONFIG_FILE, yaml.safe_dump(saved, sort_keys=False))
+    if not (run_dir / LABELS_FILE).exists() or not cfg.get("resume"):
+        write_atomic(run_dir / LABELS_FILE, json.dumps(algo_cls.label_facts(cfg), indent=1) + "\n")
 
 
 def _join_mode(cfg_node) -> bool:

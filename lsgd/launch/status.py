@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from lsgd.core.files import write_atomic
+from lsgd.core.run_files import LABELS_FILE
 from lsgd.training import provenance
 
 
@@ -99,6 +100,11 @@ def record_invalid(cfg_node, run_dir: Path, exc: BaseException) -> None:
         return  # the folder holds a run already (the error is about it): leave its files alone
     run_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(run_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
+    from lsgd.algorithms import ALGORITHMS
+
+    name = (cfg.get("algo") or {}).get("name")
+    if isinstance(name, str) and name in ALGORITHMS:  # the report labels the failed arm as the others (labels.json)
+        write_atomic(run_dir / LABELS_FILE, json.dumps(ALGORITHMS.entry(name).obj.label_facts(cfg), indent=1) + "\n")
     provenance.write_environment(run_dir, provenance.collect(provenance.launch_facts(cfg)), resume=False)
     mark_failed(run_dir, cfg, exc)
 

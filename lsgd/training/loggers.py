@@ -44,23 +44,20 @@ def logger_names(logger_cfg: dict) -> list[str]:
 
 def run_label(cfg: dict) -> str:
     """A run's name for people, as the report labels its arm plus the seed: ``"local SGD, H=8,
-    seed 1"``, ``"compressed, top-k, CF=10, seed 0"`` (:func:`lsgd.core.labels.label_part` writes
-    each of :data:`RUN_LABEL_KEYS` the run sets; the report keeps only the keys that differ
-    between arms, a single run cannot know them, so these are the keys that usually do)."""
-    from lsgd.core.labels import label_part
+    seed 1"``, ``"compressed, top-k, CF=10, seed 0"`` (:func:`lsgd.core.labels.config_label_parts`: the
+    method, the study arm, the keys that define the method, with the words of the registries,
+    :meth:`lsgd.algorithms.base.Algorithm.label_facts`; the report adds the keys that differ between
+    arms, which a single run cannot know). ``seed`` is written last, as ``seed 1``."""
+    from lsgd.algorithms import ALGORITHMS
+    from lsgd.core.labels import config_label_parts, flatten
 
-    flat = _flatten(cfg)
-    parts = [label_part(k, flat[k], RUN_LABEL_KEYS) for k in RUN_LABEL_KEYS if k in flat]
+    flat = flatten(cfg)
+    name = flat.get("algo.name")
+    facts = ALGORITHMS.entry(name).obj.label_facts(flat) if isinstance(name, str) and name in ALGORITHMS else None
     # a study arm named as its algorithm ("adsaga" beside the method's name "ADSAGA"): once
     seen: set[str] = set()
-    parts = [p for p in parts if p and not (p.casefold() in seen or seen.add(p.casefold()))]
+    parts = [p for p in config_label_parts(flat, facts) if not (p.casefold() in seen or seen.add(p.casefold()))]
     return ", ".join([*parts, f"seed {cfg.get('seed')}"])
-
-
-#: the config keys of :func:`run_label`, in order (the algorithm, the study arm, then what most
-#: often tells arms of one algorithm apart)
-RUN_LABEL_KEYS = ("algo.name", "study.arm", "algo.compressor", "algo.cf", "algo.topology", "algo.quantizer",
-                  "algo.local_steps")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

@@ -5,7 +5,9 @@ Every fake run logs every LOG_EVERY steps and evaluates every EVAL_EVERY steps u
     wall_time_s(step)    = wall * step
     modeled_time_s(step) = modeled * step
     comm_bytes(step)     = (step // H) * PARAM_BYTES   (H = 1 for ddp)
-so times to a threshold and speedups can be worked out by hand below. Runs written with
+so times to a threshold and speedups can be worked out by hand below. Each run folder has the
+labels.json a launch writes (its label facts, from the registry: Algorithm.label_facts) unless
+written with labels=False, as a run made before lsgd wrote them. Runs written with
 alpha_beta=True also log the alpha-beta terms of a ring all-reduce of PARAM_BYTES per round
 (model_alpha_terms = 2 (p-1) rounds, model_beta_bytes = 2 (p-1)/p PARAM_BYTES rounds), and runs
 written with compression=f log f(step) as a per-step compression row before each step's record.
@@ -40,9 +42,11 @@ from lsgd.analysis import (
     time_to_threshold,
     write_report,
 )
+from lsgd.algorithms import ALGORITHMS
 from lsgd.analysis.formats import markdown_table
-from lsgd.analysis.load import read_metrics
+from lsgd.analysis.load import LABELS_COLUMN, read_metrics
 from lsgd.cli import main as lsgd_cli
+from lsgd.core.run_files import LABELS_FILE
 
 STEPS, LOG_EVERY, EVAL_EVERY = 100, 5, 10
 PARAM_BYTES = 4_000_000
@@ -78,8 +82,10 @@ def write_run(
     optim=None,
     network=None,
     seed=0,
+    labels=True,
 ):
-    """Write <root>/<experiment>/<run_id>/{config.yaml, metrics.jsonl, summary.json}; return the folder."""
+    """Write <root>/<experiment>/<run_id>/{config.yaml, labels.json, metrics.jsonl, summary.json}; return
+    the folder (``labels=False``: no labels.json, as a run made before lsgd wrote it)."""
     run_dir = root / experiment / run_id
     run_dir.mkdir(parents=True)
     H = algo.get("local_steps", 1)
@@ -109,6 +115,8 @@ def write_run(
         "network": network or {"name": "ethernet", "bandwidth_gbps": 10.0, "latency_us": 50.0},
     }
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    if labels:  # as the launcher writes it: the label facts of the registry
+        (run_dir / LABELS_FILE).write_text(json.dumps(ALGORITHMS[algo["name"]].label_facts(config)))
     records = []
     for step in range(LOG_EVERY, steps + 1, LOG_EVERY):
         rounds = step // H
@@ -1061,6 +1069,15 @@ def test_baseline_option(results, tmp_path, no_figures):
     assert "baseline `local SGD, H=8`: 1 run." in text
 
 
+def with_label_facts(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` (one row per run, a flattened config) with each run's label facts as a launch
+    writes them to labels.json and load_summaries reads them (the registry's: Algorithm.label_facts)."""
+    facts = [json.dumps(ALGORITHMS[row["algo.name"]].label_facts(row.to_dict())) for _, row in frame.iterrows()]
+    out = frame.assign(**{LABELS_COLUMN: facts})
+    out.attrs = dict(frame.attrs)
+    return out
+
+
 def test_readable_labels():
     frame = pd.DataFrame(
         {
@@ -1074,7 +1091,7 @@ def test_readable_labels():
         }
     )
     frame.attrs["config_keys"] = ["algo.name", "algo.compressor", "algo.cf", "algo.blocking", "seed"]
-    assert arm_labels(frame) == {
+    assert arm_labels(with_label_facts(frame)) == {
         "a": "compressed, top-k, CF=10", "b": "compressed, top-k, CF=100", "c": "GraVAC, DGC", "d": "SwarmSGD, blocking",
         "e": "SwarmSGD, non-blocking", "f": "DDP",
     }  # fmt: skip
@@ -1102,6 +1119,7 @@ def test_labels_show_what_defines_each_method():
         }
     )
     frame.attrs["config_keys"] = [c for c in frame.columns if c != "run_dir"]
+    frame = with_label_facts(frame)
     assert arm_labels(frame) == {
         "a": "DDP", "b": "local SGD, H=8", "c": "SlowMo, H=12", "d": "compressed, top-k, CF=100",
         "e": "compressed, PowerSGD, rank=2", "f": "D-PSGD, ring", "g": "compressed, fp16",
@@ -1112,9 +1130,83 @@ def test_labels_show_what_defines_each_method():
     two = frame.iloc[[1, 1]].assign(run_dir=["x", "y"], **{"optim.lr": [0.1, 0.2]})
     assert arm_labels(two) == {"x": "local SGD, H=8, lr=0.1", "y": "local SGD, H=8, lr=0.2"}
     # one run from its config alone (a logger's run name): the method and what defines it
-    assert config_label({"algo": {"name": "local_sgd", "local_steps": 8}, "seed": 1}, extra=["seed"]) == "local SGD, H=8, seed=1"
-    assert config_label({"algo.name": "compressed", "algo.compressor": "topk", "algo.cf": 100}) == "compressed, top-k, CF=100"
-    assert config_label({"algo": {"name": "ddp", "bucket_cap_mb": 25}}) == "DDP"
+    local = {"algo": {"name": "local_sgd", "local_steps": 8}, "seed": 1}
+    topk = {"algo.name": "compressed", "algo.compressor": "topk", "algo.cf": 100}
+    ddp = {"algo": {"name": "ddp", "bucket_cap_mb": 25}}
+    assert config_label(local, extra=["seed"], facts=ALGORITHMS["local_sgd"].label_facts(local)) == "local SGD, H=8, seed=1"
+    assert config_label(topk, facts=ALGORITHMS["compressed"].label_facts(topk)) == "compressed, top-k, CF=100"
+    assert config_label(ddp, facts=ALGORITHMS["ddp"].label_facts(ddp)) == "DDP"
+    # without facts (a run made before lsgd wrote them): plain parts, no defining keys
+    assert config_label(local, extra=["seed"]) == "local_sgd, seed=1"
+    # a row of load_summaries carries its facts
+    assert config_label(frame.iloc[1], extra=["seed"]) == "local SGD, H=8, seed=0"
+
+
+def test_a_launched_run_is_labelled_with_the_words_of_the_registry(tmp_path):
+    """Issue 37: the labels come from the one registry. The launcher writes each run's label facts
+    (labels.json, Algorithm.label_facts) beside its config; the report's labels read them: each
+    method's registered label, its defining keys with their symbols (H, CF) and the compressor's
+    registered label, so no table of method names is kept in lsgd.analysis."""
+    from lsgd.config.validation import compose_config
+    from lsgd.launch.launcher import write_run_config
+
+    arms = {"ddp": ["algo=ddp"], "h8": ["algo=local_sgd", "algo.local_steps=8"],
+            "topk": ["algo=compressed", "algo.compressor=topk", "algo.cf=100"],
+            "swarm": ["algo=swarm_sgd", "algo.topology=ring", "algo.blocking=false"]}  # fmt: skip
+    for run_id, overrides in arms.items():
+        cfg = {**compose_config([*overrides, "experiment_name=launched"], check=False), "run_id": run_id}
+        run_dir = tmp_path / "launched" / run_id
+        run_dir.mkdir(parents=True)
+        write_run_config(run_dir, cfg, world_size=4)
+        (run_dir / "summary.json").write_text(json.dumps({"status": "completed", "run_id": run_id}))
+        facts = json.loads((run_dir / LABELS_FILE).read_text())
+        assert facts == ALGORITHMS[cfg["algo"]["name"]].label_facts(cfg)
+    summaries = load_summaries(tmp_path / "launched")
+    by_id = dict(zip(summaries["run_dir"], summaries["run_id"]))
+    labels = {by_id[d]: lab for d, lab in arm_labels(summaries).items()}
+    entry = {name: ALGORITHMS.entry(name).label for name in ("ddp", "local_sgd", "compressed", "swarm_sgd")}
+    topk = ALGORITHMS["compressed"].label_facts({"algo": {"name": "compressed", "compressor": "topk"}})
+    assert labels == {"ddp": entry["ddp"], "h8": f"{entry['local_sgd']}, H=8",
+                      "topk": f"{entry['compressed']}, {topk['values']['algo.compressor']}, CF=100",
+                      "swarm": f"{entry['swarm_sgd']}, ring, H=1"}  # fmt: skip
+    assert labels == {"ddp": "DDP", "h8": "local SGD, H=8", "topk": "compressed, top-k, CF=100", "swarm": "SwarmSGD, ring, H=1"}
+    # the facts are no config column: they split no arm and are no differing key
+    assert LABELS_COLUMN not in summaries.attrs["config_keys"] and LABELS_COLUMN not in arm_keys(summaries)
+    # a resumed run keeps its config.yaml and labels.json; one made before labels.json gets it
+    h8 = tmp_path / "launched" / "h8"
+    (h8 / LABELS_FILE).unlink()
+    before = (h8 / "config.yaml").read_text()
+    cfg = {**compose_config(["algo=local_sgd", "algo.local_steps=8", "experiment_name=launched"], check=False),
+           "run_id": "h8", "resume": str(h8), "seed": 5}
+    write_run_config(h8, cfg, world_size=4)
+    assert (h8 / "config.yaml").read_text() == before and (h8 / LABELS_FILE).exists()
+
+
+def test_a_run_made_before_labels_json_is_labelled_with_plain_key_value_parts(tmp_path):
+    """A run folder without labels.json (made before lsgd wrote it): its labels are plain parts, the
+    method's name as it is and every key as its last dotted part, and no defining keys; an arm that
+    has a run with facts is labelled by them (its seeds share one label)."""
+    root = tmp_path / "results"
+    for run in (DDP, H8, H16):
+        write_run(root, *run, labels=False)
+    s = load_summaries(root)
+    assert s[LABELS_COLUMN].isna().all()
+    labels = {r: lab for r, lab in zip(s["run_id"], s["run_dir"].map(arm_labels(s)))}
+    assert labels == {"run_ddp": "ddp", "run_h8": "local_sgd, local steps=8", "run_h16": "local_sgd, local steps=16"}
+    t = experiment_tables(root)[EXP]
+    assert sorted(t.arms["arm"]) == ["ddp", "local_sgd, local steps=16", "local_sgd, local steps=8"]
+    assert t.label_names == {"algo.local_steps": "local steps"}
+    # no defining keys without facts: local SGD's H is written only where it tells arms apart
+    only = tmp_path / "one"
+    write_run(only, *H8, labels=False)
+    write_run(only, *DDP, labels=False)
+    assert sorted(arm_labels(load_summaries(only)).values()) == ["ddp", "local_sgd"]
+    # a second seed of H8 made after the change: the arm keeps one label, the facts' words
+    write_run(root, "run_h8_s1", H8[1], *H8[2:], seed=1)
+    s = load_summaries(root)
+    labels = {r: lab for r, lab in zip(s["run_id"], s["run_dir"].map(arm_labels(s)))}
+    assert labels["run_h8"] == labels["run_h8_s1"] == "local SGD, H=8"
+    assert labels["run_ddp"] == "ddp" and labels["run_h16"] == "local_sgd, H=16"  # the key's name: the report's symbol
 
 
 # -- environment.json: what produced the runs ------------------------------------------------------

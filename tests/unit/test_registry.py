@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import yaml
 
 from lsgd.algorithms import ALGORITHMS
 from lsgd.algorithms.base import AlgoConfig, Algorithm
+from lsgd.compression.compressors import COMPRESSORS
 from lsgd.config.validation import check_override_keys, compose_config
 from lsgd.core.errors import ConfigError
 from lsgd.core.registry import Registry
@@ -134,3 +136,50 @@ def test_an_algorithm_must_declare_its_own_config():
         type("MyMethod", (ALGORITHMS["local_sgd"],), {"name": "my_method"})
     assert "my_method" not in ALGORITHMS
     assert issubclass(ALGORITHMS["ddp"], Algorithm)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS.names())
+def test_an_algorithms_label_facts_come_from_its_entry_and_its_typed_config(name):
+    """Issue 37: the report's labels (labels.json) and the loggers' run names read the registry:
+    the method's registered label, its defining keys (declared keys of its config), the symbols of
+    its config's fields (``option(symbol=...)``) and, for a key naming a compressor, that
+    compressor's registered label."""
+    entry = ALGORITHMS.entry(name)
+    cfg = compose_config([f"algo={name}"], check=False)
+    facts = entry.obj.label_facts(cfg)
+    assert set(facts) == {"values", "symbols", "defining_keys"}
+    assert facts["values"]["algo.name"] == entry.label
+    declared = {f"algo.{k}" for k in defaults(entry.config)}
+    assert set(facts["defining_keys"]) <= declared and set(entry.defining_keys) <= set(facts["defining_keys"])
+    assert set(facts["symbols"]) | set(facts["values"]) <= declared | {"algo.name"}
+    assert not set(facts["symbols"]) & set(facts["values"])  # a key is written one way
+    if cfg["algo"].get("compressor") in COMPRESSORS:  # (LEAD's compressors are its own: "quantize")
+        assert facts["values"]["algo.compressor"] == COMPRESSORS.entry(cfg["algo"]["compressor"]).label
+    assert json.loads(json.dumps(facts)) == facts  # what labels.json holds
+
+
+@pytest.mark.parametrize("compressor", COMPRESSORS.names())
+def test_compressed_writes_each_compressor_by_its_label_and_strength_key(compressor):
+    """``compressed`` with each compressor: its label from the compressors' registry, then the key
+    its entry names as its strength (CF of the sparsifiers, rank of PowerSGD; none for fp16)."""
+    entry = COMPRESSORS.entry(compressor)
+    cfg = compose_config(["algo=compressed", f"algo.compressor={compressor}"], check=False)
+    facts = ALGORITHMS["compressed"].label_facts(cfg)
+    strength = entry.extra["strength_key"]
+    assert facts["values"]["algo.compressor"] == entry.label
+    assert facts["defining_keys"] == ["algo.compressor", *([strength] if strength else [])]
+    assert strength is None or strength[len("algo."):] in defaults(ALGORITHMS["compressed"].Config)
+
+
+def test_a_fields_symbol_is_how_labels_write_it():
+    from lsgd.core.typed_config import fields
+
+    assert fields(ALGORITHMS["local_sgd"].Config)["local_steps"].metadata["symbol"] == "H"
+    assert fields(_Toy)["n"].metadata["symbol"] is None  # default: the key's own name
+    swarm = ALGORITHMS["swarm_sgd"]
+    facts = swarm.label_facts({"algo": {"name": "swarm_sgd", "topology": "ring", "blocking": False, "local_steps": 2}})
+    assert facts == {"values": {"algo.name": "SwarmSGD", "algo.topology": "ring", "algo.blocking": "non-blocking"},
+                     "symbols": {"algo.local_steps": "H"}, "defining_keys": ["algo.topology", "algo.local_steps"]}
+    # GraVAC's CF adapts: its compressor defines it, no strength key follows (its config declares no cf)
+    assert ALGORITHMS["gravac"].label_facts({"algo": {"name": "gravac", "compressor": "topk"}})["defining_keys"] == \
+        ["algo.compressor"]

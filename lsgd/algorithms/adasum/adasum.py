@@ -435,21 +435,24 @@ def _combine_(own: Tensor, other: Tensor, c_own: Tensor, c_other: Tensor, segs, 
 _SCRATCH: dict[tuple[str, torch.dtype, torch.device], Tensor] = {}
 
 
-def _scratch(numel: int, dtype: torch.dtype, device: torch.device, role: str = "recv") -> Tensor:
+def _scratch(numel: int, dtype: torch.dtype, device: torch.device, role: str = "recv",
+             store: dict | None = None) -> Tensor:
     """A buffer of ``numel`` elements kept between calls, one per ``role`` (``recv``: the receive
     buffer; ``flat``: the concatenated tensors), as Horovod keeps its fusion and receive buffers: a
     fresh large CPU allocation costs a page fault per 4 KiB on first touch, about as much as the copy
     itself (ResNet-50's 102 MB: the concatenation took 64-68 ms into fresh memory on 4 ranks sharing
-    2 cores). Grow-only, one per (role, dtype, device); not thread-safe."""
-    buf = _SCRATCH.get((role, dtype, device))
+    2 cores). Grow-only, one per (role, dtype, device) in ``store`` (the worker's own: an
+    :class:`Adasum` keeps one; None: this process's, for direct calls); not thread-safe."""
+    store = _SCRATCH if store is None else store
+    buf = store.get((role, dtype, device))
     if buf is None or buf.numel() < numel:
-        buf = _SCRATCH[(role, dtype, device)] = torch.empty(numel, dtype=dtype, device=device)
+        buf = store[(role, dtype, device)] = torch.empty(numel, dtype=dtype, device=device)
     return buf[:numel]
 
 
 @torch.no_grad()
 def _adasum_flat_(flat: Tensor, layout: _Layout, comm: Communicator, base: int = 0,
-                  local: Communicator | None = None) -> None:
+                  local: Communicator | None = None, scratch: dict | None = None) -> None:
     """Adasum over ``comm`` of a 1-D contiguous buffer (in place).
 
     ``flat`` holds the region ``[base, base + flat.numel())`` of a buffer whose tensors ``layout``
@@ -495,16 +498,16 @@ def _adasum_flat_(flat: Tensor, layout: _Layout, comm: Communicator, base: int =
     # message once its receive is announced, so a receive posted only when it is needed costs a
     # round trip per message (Communicator.post_recv). Each needs its own buffer.
     sizes = ([m] if folds else []) + [keep[1] - keep[0] for keep, _ in history]
-    scratch = _scratch(sum(sizes), flat.dtype, flat.device)
+    inbox = _scratch(sum(sizes), flat.dtype, flat.device, store=scratch)
     theirs = torch.empty(levels * (levels + 1) // 2, 3 * num, dtype=torch.float64, device=flat.device)
     posted, offset, row = [], 0, 0
     if folds:
-        posted.append(comm.post_recv(scratch[:m], rank + q))
+        posted.append(comm.post_recv(inbox[:m], rank + q))
         offset = m
     level_recvs = []
     for k, (keep, _) in enumerate(history):
         size = keep[1] - keep[0]
-        half = comm.post_recv(scratch[offset : offset + size], rank ^ (1 << k))
+        half = comm.post_recv(inbox[offset : offset + size], rank ^ (1 << k))
         offset += size
         dots = [comm.post_recv(theirs[row + j], rank ^ (1 << j)) for j in range(k + 1)]
         row += k + 1
@@ -581,7 +584,7 @@ def _copy_back(flat: Tensor, group: Sequence[Tensor]) -> None:
 
 
 @torch.no_grad()
-def adasum_reduce_(tensors: list[Tensor], comm: Communicator | None = None) -> None:
+def adasum_reduce_(tensors: list[Tensor], comm: Communicator | None = None, scratch: dict | None = None) -> None:
     """In place on every rank of ``comm``'s group: each tensor becomes the Adasum over ranks of that tensor.
 
     The result is the tree of the module docstring (fold of ranks ``q..p-1``, then pairs ``(2i,
@@ -637,6 +640,8 @@ def adasum_reduce_(tensors: list[Tensor], comm: Communicator | None = None) -> N
             :class:`Communicator` of the default group whose counts are discarded (nothing happens
             without an initialized default group). With a group of one rank nothing happens.
 
+    ``scratch``: where the buffers kept between calls live (:func:`_scratch`; a dict per worker).
+
     Raises:
         ValueError: tensors on different devices.
         TypeError: a tensor that is not float16/bfloat16/float32/float64.
@@ -649,14 +654,15 @@ def adasum_reduce_(tensors: list[Tensor], comm: Communicator | None = None) -> N
     if comm.world_size == 1:
         return
     for same in _by_dtype(tensors):
-        flat = _scratch(sum(t.numel() for t in same), same[0].dtype, same[0].device, "flat")
+        flat = _scratch(sum(t.numel() for t in same), same[0].dtype, same[0].device, "flat", scratch)
         torch.cat([t.detach().reshape(-1) for t in same], out=flat)
-        _adasum_flat_(flat, _Layout([t.numel() for t in same]), comm)
+        _adasum_flat_(flat, _Layout([t.numel() for t in same]), comm, scratch=scratch)
         _copy_back(flat, same)
 
 
 @torch.no_grad()
-def adasum_reduce_hierarchical_(tensors: list[Tensor], local: Communicator, cross: Communicator) -> None:
+def adasum_reduce_hierarchical_(tensors: list[Tensor], local: Communicator, cross: Communicator,
+                                scratch: dict | None = None) -> None:
     """Horovod's GPU hierarchy (in place): each tensor becomes ``Adasum_over_nodes(mean_over_node(tensor))``.
 
     Per dtype, with ``n`` elements of ``b`` bytes, ``p_l = local.world_size`` ranks per node and
@@ -711,11 +717,11 @@ def adasum_reduce_hierarchical_(tensors: list[Tensor], local: Communicator, cros
         pieces = [t.detach().reshape(-1) for t in same]
         if pad:
             pieces.append(same[0].new_zeros(pad))
-        flat = torch.cat(pieces, out=_scratch(s * p_l, same[0].dtype, same[0].device, "flat"))
+        flat = torch.cat(pieces, out=_scratch(s * p_l, same[0].dtype, same[0].device, "flat", scratch))
         shard = flat.new_empty(s)
         local.reduce_scatter(shard, flat)
         shard.div_(p_l)
-        _adasum_flat_(shard, layout, cross, base=local.rank * s, local=local)
+        _adasum_flat_(shard, layout, cross, base=local.rank * s, local=local, scratch=scratch)
         local.all_gather_into(flat, shard)
         _copy_back(flat, same)
 
@@ -770,7 +776,7 @@ class AdasumConfig(AlgoConfig):
     target: str = option("delta", choices=TARGETS, doc="gradient: replaces the gradient all-reduce; delta: "
                          "Horovod's way (local step, Adasum of the parameter delta)")
     hierarchical: bool = option(False, doc="average inside a node, Adasum across nodes (Horovod on GPUs); needs "
-                                ">= 2 nodes")
+                                ">= 2 nodes", symbol=("hierarchical", "flat"))
     local_size: int | None = option(None, at_least=1, doc="workers per node for hierarchical (null: the launch's "
                                     "LOCAL_WORLD_SIZE; must divide the world size)")
     average_buffers: bool = option(True, doc="average BatchNorm running statistics every step")
@@ -832,6 +838,7 @@ class Adasum(Algorithm):
         self.average_buffers = bool(self.config.average_buffers)
         self._x_old: list[Tensor] | None = None
         self._groups = None
+        self._scratch: dict = {}  # this worker's fusion and receive buffers (_scratch)
 
     def setup(self, model, optimizer, ctx=None):
         model = super().setup(model, optimizer, ctx)
@@ -844,9 +851,9 @@ class Adasum(Algorithm):
     def reduce_(self, tensors: list[Tensor]) -> None:
         """Adasum of ``tensors`` over the workers, in place (hierarchical if configured)."""
         if self._groups is not None:
-            adasum_reduce_hierarchical_(tensors, *self._groups)
+            adasum_reduce_hierarchical_(tensors, *self._groups, scratch=self._scratch)
         else:
-            adasum_reduce_(tensors, self.comm)
+            adasum_reduce_(tensors, self.comm, scratch=self._scratch)
 
     def after_backward(self, step: int) -> None:
         params = [p for p in self.model.parameters() if p.requires_grad]

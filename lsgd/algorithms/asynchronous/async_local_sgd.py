@@ -170,15 +170,16 @@ class AsyncLocalSGDConfig(AlgoConfig):
                          "emulated in wall time (records on the server only, no checkpoints)")
     time_scale: float = option(1.0, above=0, doc="real timing: a local step lasts at least its modeled seconds x "
                                "time_scale of wall time")
-    local_steps: int = option(50, at_least=1, doc="H: local steps per task (the paper's default)")
+    local_steps: int = option(50, at_least=1, doc="H: local steps per task (the paper's default)", symbol="H")
     dylu: bool = option(False, doc="dynamic local updates: H_w = max(1, floor(v_w / max v * H)), v = worker speed")
     outer_optimizer: str = option("delayed_nesterov", choices=OUTER_OPTIMIZERS, doc="the server's outer step: sgd, "
                                   "nesterov (per arrival: naive async DiLoCo) or delayed_nesterov")
     outer_lr: float = option(0.7, above=0, doc="eps: the outer learning rate")
     outer_momentum: float = option(0.9, at_least=0, below=1, doc="beta: the outer momentum")
     dn_buffer: int = option(4, at_least=1, doc="N: arrivals per momentum update (delayed_nesterov; about the "
-                            "number of workers)")
-    dn_c: float = option(0.0, at_least=0, doc="c: momentum activation between momentum updates (delayed_nesterov)")
+                            "number of workers)", symbol="N")
+    dn_c: float = option(0.0, at_least=0, doc="c: momentum activation between momentum updates (delayed_nesterov)",
+                         symbol="c")
     staleness_exponent: float = option(0.0, at_least=0, doc="a: scale g by ((1 + staleness_avg) / (1 + "
                                        "staleness))^a (0: no discount)")
     staleness_avg: float = option(0.0, at_least=0, doc="the staleness whose weight is 1 (FLSim's avg_staleness)")

@@ -31,7 +31,7 @@ class DiLoCoConfig(LocalSGDConfig):
     """``algo=diloco``'s keys: :class:`LocalSGDConfig`'s and the outer optimizer's."""
 
     name: str = "diloco"
-    local_steps: int = option(500, at_least=1, doc="H: inner steps per round")
+    local_steps: int = option(500, at_least=1, doc="H: inner steps per round", symbol="H")
     outer_optimizer: str = option("nesterov", choices=OUTER_OPTIMIZERS, doc="the outer step on the averaged pseudo-gradient")
     outer_lr: float = option(0.7, above=0, doc="the outer learning rate")
     outer_momentum: float = option(0.9, doc="mu: the outer Nesterov momentum")

@@ -56,9 +56,10 @@ class LocalSGDConfig(AlgoConfig):
     """``algo=local_sgd``'s keys (module docstring)."""
 
     name: str = "local_sgd"
-    local_steps: int = option(8, at_least=1, doc="H: local steps between averagings")
+    local_steps: int = option(8, at_least=1, doc="H: local steps between averagings", symbol="H")
     average_buffers: bool = option(True, doc="average BatchNorm running statistics too")
-    buffer_policy: str = option("maintain", choices=BUFFER_POLICIES, doc="the base optimizer's state at a sync")
+    buffer_policy: str = option("maintain", choices=BUFFER_POLICIES, doc="the base optimizer's state at a sync",
+                                symbol="buffers")
     comm_dtype: str = option("fp32", choices=tuple(COMM_DTYPES), doc="dtype of the parameters' all-reduce "
                              "(bf16 / fp16: the change since the last round)")
 

@@ -21,7 +21,8 @@ class PostLocalSGDConfig(LocalSGDConfig):
     """``algo=post_local_sgd``'s keys: :class:`LocalSGDConfig`'s and the warm-up."""
 
     name: str = "post_local_sgd"
-    warmup_steps: int = option(200, at_least=0, doc="fully synchronous steps before local SGD starts")
+    warmup_steps: int = option(200, at_least=0, doc="fully synchronous steps before local SGD starts",
+                               symbol="warm-up steps")
 
 
 class PostLocalSGD(LocalSGD):

@@ -39,11 +39,13 @@ class SlowMoConfig(LocalSGDConfig):
     """``algo=slowmo``'s keys: :class:`LocalSGDConfig`'s and the slow step's."""
 
     name: str = "slowmo"
-    local_steps: int = option(12, at_least=1, doc="tau: base steps between averagings")
-    slow_lr: float = option(1.0, above=0, doc="alpha: the slow learning rate")
-    slow_momentum: float = option(0.6, at_least=0, below=1, doc="beta: the slow momentum (the paper tunes 0.4-0.8)")
+    local_steps: int = option(12, at_least=1, doc="tau: base steps between averagings", symbol="H")
+    slow_lr: float = option(1.0, above=0, doc="alpha: the slow learning rate", symbol="alpha")
+    slow_momentum: float = option(0.6, at_least=0, below=1, doc="beta: the slow momentum (the paper tunes 0.4-0.8)",
+                                  symbol="beta")
     buffer_policy: str = option("reset", choices=("reset", "maintain", "average"),
-                                doc="the base optimizer's state at a sync (the paper resets Nesterov momentum)")
+                                doc="the base optimizer's state at a sync (the paper resets Nesterov momentum)",
+                                symbol="buffers")
 
 
 class SlowMo(LocalSGD):

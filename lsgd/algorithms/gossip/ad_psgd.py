@@ -309,7 +309,7 @@ class ADPSGDConfig(GossipConfig):
 
     name: str = "ad_psgd"
     topology: str = option("ring", choices=TOPOLOGIES, doc="G: static; its edges between active and passive "
-                           "workers must connect them all")
+                           "workers must connect them all", symbol="")
     weights: str = option("uniform", choices=WEIGHTS, doc="unused: pairs average 1/2 each")
     seed: int | None = option(None, doc="the active workers' choice of neighbour per step (null: the run's seed)")
     pairing: str = option("lockstep", choices=PAIRINGS, doc="lockstep: every worker's step t with the others' "

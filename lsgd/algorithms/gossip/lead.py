@@ -97,7 +97,7 @@ class LEADConfig(GossipConfig):
 
     name: str = "lead"
     topology: str = option("ring", choices=TOPOLOGIES, doc="G: static undirected (ring, torus, hypercube or "
-                           "complete: one fixed symmetric mixing matrix)")
+                           "complete: one fixed symmetric mixing matrix)", symbol="")
     average_buffers: bool = option(False, doc="unused: LEAD mixes the parameters only (BatchNorm statistics "
                                    "stay local)")
     seed: int | None = option(None, doc="the quantizer's rounding (null: the run's seed)")

@@ -73,7 +73,8 @@ def load_mix(state: dict | None, comm) -> Mix | None:
 class GossipConfig(AlgoConfig):
     """The keys every gossip method has (module docstring); each method's config extends it."""
 
-    topology: str = option("ring", choices=TOPOLOGIES, doc="G: the graph of who talks to whom (lsgd.comm.topology)")
+    topology: str = option("ring", choices=TOPOLOGIES, doc="G: the graph of who talks to whom (lsgd.comm.topology)",
+                           symbol="")
     weights: str = option("uniform", choices=WEIGHTS, doc="the mixing weights W: uniform (1/(degree+1)) or "
                           "metropolis (Metropolis-Hastings)")
     average_buffers: bool = option(True, doc="BatchNorm buffers mixed with the parameters (false: kept local)")

@@ -37,7 +37,7 @@ class OverlapLocalSGDConfig(AlgoConfig):
     """``algo=overlap_local_sgd``'s keys (module docstring)."""
 
     name: str = "overlap_local_sgd"
-    local_steps: int = option(2, at_least=1, doc="tau: local steps between pulls")
+    local_steps: int = option(2, at_least=1, doc="tau: local steps between pulls", symbol="H")
     pull: float = option(0.6, above=0, at_most=1, doc="a: x <- (1 - a) x + a z")
     anchor_momentum: float = option(0.7, at_least=0, at_most=1, doc="gmf: the anchor's momentum")
 

@@ -64,7 +64,7 @@ class SGPConfig(GossipConfig):
 
     name: str = "sgp"
     topology: str = option("one_peer_exponential", choices=TOPOLOGIES, doc="G: the paper's rotating directed "
-                           "exponential graph (one peer per step); any topology works")
+                           "exponential graph (one peer per step); any topology works", symbol="")
     weights: str = option("uniform", choices=WEIGHTS, doc="unused: the out-degree fixes the push-sum shares "
                           "1/(out-degree+1)")
     average_buffers: bool = option(True, doc="BatchNorm buffers push-summed with the parameters (false: kept local)")

@@ -127,18 +127,18 @@ class SwarmSGDConfig(GossipConfig):
 
     name: str = "swarm_sgd"
     topology: str = option("complete", choices=TOPOLOGIES, doc="G: the graph whose edges the matchings are drawn "
-                           "from (complete: the paper's uniform choice of an edge)")
+                           "from (complete: the paper's uniform choice of an edge)", symbol="")
     weights: str = option("uniform", choices=WEIGHTS, doc="recorded with the spectral gap; pairs average 1/2 each")
     average_buffers: bool = option(True, doc="BatchNorm buffers averaged with the partner (false: kept local)")
     seed: int | None = option(None, doc="the matchings, geometric step counts and lattice rounding "
                               "(null: the run's seed)")
-    local_steps: int = option(1, at_least=1, doc="H: local steps per round")
+    local_steps: int = option(1, at_least=1, doc="H: local steps per round", symbol="H")
     local_steps_dist: str = option("fixed", choices=STEP_DISTS, doc="fixed: H every round; geometric: mean H, "
                                    "drawn per node and round")
     blocking: bool = option(True, doc="false: the exchange overlaps the next round's steps; the local progress "
-                            "is re-added")
+                            "is re-added", symbol=("blocking", "non-blocking"))
     quantizer: str = option("none", choices=QUANTIZERS, doc="Q: none (exact averages) or lattice "
-                            "(lsgd.compression.lattice)")
+                            "(lsgd.compression.lattice)", symbol="")
     bits: int = option(8, choices=BITS, doc="log2 q: lattice colours per element (quantizer=lattice)")
     side: float = option(1.0e-4, above=0, doc="s: the lattice side (safe radius q s / 2 in every coordinate; "
                          "quantizer=lattice)")

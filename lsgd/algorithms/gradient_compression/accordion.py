@@ -57,8 +57,9 @@ class AccordionConfig(PowerSGDHookOptions, CompressionHookConfig):
 
     name: str = "accordion"
     compressor: str = option("topk", choices=ACCORDION_COMPRESSORS, doc="the compressor whose level switches")
-    cf_low: float = option(1 / 0.99, at_least=1, doc="topk: the compression factor in critical regimes (keep 99%)")
-    cf_high: float = option(10, at_least=1, doc="topk: the compression factor otherwise (keep 10%)")
+    cf_low: float = option(1 / 0.99, at_least=1, doc="topk: the compression factor in critical regimes (keep 99%)",
+                           symbol="CF low")
+    cf_high: float = option(10, at_least=1, doc="topk: the compression factor otherwise (keep 10%)", symbol="CF high")
     rank_low: int = option(2, at_least=1, doc="powersgd: the rank in critical regimes")
     rank_high: int = option(1, at_least=1, doc="powersgd: the rank otherwise")
     switch_period: float = option(10, above=0, doc="epochs between decisions (the paper: 10 on CIFAR/ImageNet)")

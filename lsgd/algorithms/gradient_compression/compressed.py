@@ -121,7 +121,8 @@ class CompressionHookConfig(AlgoConfig):
     compressor, error feedback and DDP's bucket size."""
 
     compressor: str = option("topk", choices=tuple(C.COMPRESSORS), doc="the compressor (lsgd.compression.compressors)")
-    error_feedback: bool = option(True, doc="residual memory per tensor, in gradient units (saved in checkpoints)")
+    error_feedback: bool = option(True, doc="residual memory per tensor, in gradient units (saved in checkpoints)",
+                                  symbol=("error feedback", "no error feedback"))
     bucket_cap_mb: float = option(25, above=0, doc="DDP's gradient bucket size, MiB")
 
 

@@ -86,9 +86,11 @@ class GraVACConfig(DGCSampling, AlgoConfig):
     name: str = "gravac"
     compressor: str = option("dgc", choices=C.SPARSIFIERS, doc="the sparsifier whose compression factor adapts")
     epsilon: float = option(0.9, above=0, at_most=1,
-                            doc="epsilon: minimum (smoothed) compression gain to send a compressed gradient")
-    cf_min: float = option(10, at_least=1, doc="theta_min: the initial (lowest) compression factor")
-    cf_max: float = option(1000, at_least=1, doc="theta_max: the highest compression factor (>= cf_min)")
+                            doc="epsilon: minimum (smoothed) compression gain to send a compressed gradient",
+                            symbol="eps")
+    cf_min: float = option(10, at_least=1, doc="theta_min: the initial (lowest) compression factor", symbol="CF min")
+    cf_max: float = option(1000, at_least=1, doc="theta_max: the highest compression factor (>= cf_min)",
+                           symbol="CF max")
     window: int = option(500, at_least=1, doc="steps between compression factor changes")
     omega: float = option(0.01, at_least=0, doc="omega: gains / throughputs agree within this relative difference")
     policy: str = option("exponential", choices=POLICIES, doc="the scaling of theta_s")
@@ -96,7 +98,8 @@ class GraVACConfig(DGCSampling, AlgoConfig):
     scale_start: float = option(2.0, above=1,
                                 doc="theta_s after a raise of theta_min (candidate = theta_min * theta_s)")
     ewma: float = option(0.9, at_least=0, at_most=1, doc="smoothing of the gains (exponential moving average)")
-    error_feedback: bool = option(True, doc="residual memory per tensor, in gradient units (saved in checkpoints)")
+    error_feedback: bool = option(True, doc="residual memory per tensor, in gradient units (saved in checkpoints)",
+                                  symbol=("error feedback", "no error feedback"))
     throughput_time: str = option("modeled", choices=THROUGHPUT_TIMES, doc="t_iter of T_system: modeled (clock "
                                   "compute profile + network model per CF; reproducible) | measured (paper: wall "
                                   "time of the iterations that sent each CF)")
