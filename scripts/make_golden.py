@@ -4,6 +4,7 @@
     python scripts/make_golden.py --only ddp gravac_dense
     python scripts/make_golden.py --check          # compare with the stored files, write nothing
     python scripts/make_golden.py --list           # the cases, their world sizes and overrides
+    python scripts/make_golden.py --check --inprocess   # the ranks as in-process workers
     ATEN_CPU_CAPABILITY=avx2 python scripts/make_golden.py --check   # another kernel family
 
 The goldens record per-step training losses, the final record's counters and a fingerprint of the
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only these cases (default: all)")
     parser.add_argument("--check", action="store_true", help="compare with the stored files; write nothing")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    parser.add_argument("--inprocess", action="store_true",
+                        help="run the ranks as an in-process cluster's workers (lsgd.comm.inprocess), not gloo processes")
     parser.add_argument("--json", metavar="PATH", help="also write this run's records ({case: record}) to PATH")
     parser.add_argument("--rtol", type=float, default=cases.RTOL,
                         help=f"relative tolerance of the comparison (default {cases.RTOL:g}; 0: exact)")
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     names = args.only or [c.name for c in cases.CASES]
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lsgd-golden-") as work:
-        results = cases.run_cases(names, Path(work), log=print)
+        results = cases.run_cases(names, Path(work), log=print, inprocess=args.inprocess)
     print(f"ran {len(results)} case(s) in {time.perf_counter() - t0:.1f} s\n")
     if args.json:
         Path(args.json).write_text(json.dumps(results))

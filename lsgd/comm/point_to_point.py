@@ -24,7 +24,7 @@ import torch.distributed as dist
 from lsgd.comm import p2p_trace
 from lsgd.comm.accounting import tensor_bytes
 from lsgd.comm.handles import Done, Handle, PostedRecv
-from lsgd.comm.process_group import initialized
+from lsgd.comm.process_group import UNBATCHED_BACKENDS, initialized
 
 if TYPE_CHECKING:
     from lsgd.comm.communicator import _Shared
@@ -51,7 +51,7 @@ class PointToPoint:
 
     @property
     def _batched(self) -> bool:
-        return initialized() and dist.get_backend(self.group) != "gloo"
+        return initialized() and dist.get_backend(self.group) not in UNBATCHED_BACKENDS
 
     def post_recv(self, tensor: torch.Tensor, peer: int, count: bool = True) -> PostedRecv:
         """Post the transport receive of ``tensor`` from group rank ``peer`` now, ahead of the

@@ -10,6 +10,11 @@ import torch.distributed as dist
 REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or getattr(dist, "reduce_scatter_tensor", None)
 ALL_GATHER_INTO = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
 
+#: Backends whose point-to-point calls go one by one (gloo; the in-process cluster's, which has gloo's
+#: semantics, lsgd.comm.inprocess.backend); the others (NCCL) batch them, and need every rank of a
+#: group in the group's first call.
+UNBATCHED_BACKENDS = ("gloo", "lsgd_inprocess")
+
 
 def initialized() -> bool:
     """Whether torch.distributed is available and its default process group initialized."""

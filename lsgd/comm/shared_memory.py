@@ -31,7 +31,8 @@ Why our own code: torch.distributed's CPU backends (gloo, MPI) have no shared-me
 resource tracker process per rank (Python 3.11 cannot opt out) and warn about segments the
 creator unlinks, so the file is mapped with :mod:`mmap` directly. Where some rank cannot open the
 file (another host, no ``/dev/shm``), :meth:`Board.create` returns None on every rank and the
-callers keep the gloo all-gather. ``LSGD_BOARD=0`` turns it off.
+callers keep the gloo all-gather. ``LSGD_BOARD=0`` turns it off; the in-process cluster
+(:mod:`lsgd.comm.inprocess`) needs none (and a reader spinning on the board would hold its baton).
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ class Board:
                 itself is host memory either way.
         """
         if not (dist.is_available() and dist.is_initialized()) or not enabled():
+            return None
+        if dist.get_backend(group) == "lsgd_inprocess":  # one process: its all-gather is a copy already
             return None
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         src = dist.get_global_rank(group, 0) if group is not None else 0

@@ -121,7 +121,15 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
     num_workers = cls.roles(world).count("worker")
     choice(launcher, "backend", ("auto", "gloo", "nccl"), "launcher.")
     device = resolve_device(cfg)
-    if device == "cuda":
+    inprocess = launcher.get("inprocess", False)
+    if not isinstance(inprocess, bool):
+        raise ConfigError(f"launcher.inprocess={inprocess!r} must be true or false")
+    if inprocess:
+        check_inprocess(cfg, world_size)
+    if device == "cuda" and inprocess:  # the workers share one device
+        if not cuda_available():
+            raise ConfigError("device=cuda but no CUDA device is visible; use device=cpu or device=auto")
+    elif device == "cuda":
         if not cuda_available():
             raise ConfigError("device=cuda but no CUDA device is visible; use device=cpu or device=auto")
         n_gpu = torch.cuda.device_count()
@@ -156,6 +164,36 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
             f"exceeds the {info.num_train} training samples of dataset.name={info.name}; lower batch_size"
         )
     check_available(cfg["dataset"])
+
+
+def check_inprocess(cfg: dict, world_size: int | None = None) -> None:
+    """What an in-process cluster (``launcher.inprocess=true``, :mod:`lsgd.launch.inprocess`) cannot
+    run: time measured on this process's wall clock stands for no worker's.
+
+    Raises:
+        ConfigError: joining an external launch (torchrun / srun), ``launcher.emulate``,
+            ``cluster.compute=measured``, ``cluster.stretch``, an asynchronous method with
+            ``algo.timing=real``, ``launcher.backend=nccl``.
+    """
+    launcher, cluster, algo = cfg["launcher"], cfg.get("cluster") or {}, cfg["algo"]
+    if world_size is not None:
+        raise ConfigError("launcher.inprocess=true runs every worker in this process: it cannot join a "
+                          "torchrun / srun launch of several tasks (run one task, or set launcher.inprocess=false)")
+    if launcher.get("emulate", False) is not False:
+        raise ConfigError("launcher.inprocess=true cannot run on the emulated cluster (launcher.emulate): its "
+                          "workers are threads of one process; allowed: launcher.emulate=false")
+    if cluster.get("compute", "profile") != "profile":
+        raise ConfigError(f"cluster.compute={cluster.get('compute')} is not allowed with launcher.inprocess=true: "
+                          "one process's wall time is not a worker's; allowed: cluster.compute=profile")
+    if cluster.get("stretch"):
+        raise ConfigError("cluster.stretch=true is not allowed with launcher.inprocess=true (the workers run one "
+                          "at a time); allowed: cluster.stretch=false")
+    if algo.get("timing", "virtual") == "real":
+        raise ConfigError(f"algo.timing=real is not allowed with launcher.inprocess=true ({algo['name']} would "
+                          "wait on wall time while one worker runs at a time); allowed: algo.timing=virtual")
+    if launcher.get("backend", "auto") not in ("auto", "gloo"):
+        raise ConfigError(f"launcher.backend={launcher['backend']} is not allowed with launcher.inprocess=true "
+                          "(its workers talk through lsgd's in-process backend); allowed: auto")
 
 
 def compose_config(overrides: list[str], *, check: bool = True, throw_on_missing: bool = False) -> dict:

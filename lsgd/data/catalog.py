@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -410,8 +412,28 @@ def prepare(dataset_cfg: dict) -> None:
         ) from exc
 
 
+#: The data sets loaded once and handed to every caller while :func:`sharing` is on (None: off).
+_SHARED: dict | None = None
+#: The data sets that are read-only once loaded (in memory; a streaming C4 set keeps its position).
+SHAREABLE = ("fashion_mnist", "cifar10", "cifar100", "synthetic", "text", "wmt17")
+
+
+@contextlib.contextmanager
+def sharing() -> Iterator[None]:
+    """Within the block, :func:`build_datasets` loads each read-only data set (:data:`SHAREABLE`)
+    once and gives every caller the same objects: the workers of an in-process cluster
+    (:mod:`lsgd.launch.inprocess`) hold one copy of Fashion-MNIST, not one each."""
+    global _SHARED
+    before, _SHARED = _SHARED, {} if _SHARED is None else _SHARED
+    try:
+        yield
+    finally:
+        _SHARED = before
+
+
 def build_datasets(dataset_cfg: dict, seed: int) -> tuple[Any, Any]:
-    """Load the (train, test) sets of the configured dataset.
+    """Load the (train, test) sets of the configured dataset (the same objects for every caller
+    inside :func:`sharing`, for the data sets that allow it).
 
     Returns:
         fashion_mnist / cifar10 / cifar100 / synthetic: two in-memory
@@ -429,6 +451,15 @@ def build_datasets(dataset_cfg: dict, seed: int) -> tuple[Any, Any]:
     """
     check_available(dataset_cfg)
     cfg = resolve(dataset_cfg)
+    if _SHARED is not None and cfg["name"] in SHAREABLE:
+        key = (repr(sorted(cfg.items())), seed)
+        if key not in _SHARED:
+            _SHARED[key] = _build(cfg, seed)
+        return _SHARED[key]
+    return _build(cfg, seed)
+
+
+def _build(cfg: dict, seed: int) -> tuple[Any, Any]:
     name, root = cfg["name"], cfg["root"]
     if name == "fashion_mnist":
         from lsgd.data.vision import load_fashion_mnist

@@ -7,7 +7,8 @@ process:
    :mod:`lsgd.launch.environment`), this process *is* one worker: join the group and train (no
    spawning);
 3. otherwise start ``launcher.nproc_per_node`` workers on this machine (:mod:`lsgd.launch.spawn`),
-   the main process owning Ctrl-C / SIGTERM (:mod:`lsgd.launch.signals`);
+   or run them in this process (``launcher.inprocess``: :mod:`lsgd.launch.inprocess`), the main
+   process owning Ctrl-C / SIGTERM (:mod:`lsgd.launch.signals`);
 4. say how the run ended (:mod:`lsgd.launch.status`: the console line, the exit of a stopped run,
    ``summary.json`` where the workers could not write it).
 """
@@ -149,8 +150,11 @@ def run(cfg_node) -> dict | None:
 
                 exit_if_stopped(worker_main(cfg, str(run_dir)), cfg, 0, run_dir)
             else:
+                start = spawn_local
+                if cfg["launcher"].get("inprocess", False):
+                    from lsgd.launch.inprocess import run_inprocess as start
                 try:
-                    spawn_local(cfg, run_dir, signals if isinstance(signals, MainSignals) else None)
+                    start(cfg, run_dir, signals if isinstance(signals, MainSignals) else None)
                 except RunInterrupted as exc:  # no worker started, or one was killed: interrupted, not failed
                     mark_interrupted(run_dir, cfg, exc.signum)
                     exit_if_stopped(json.loads((run_dir / "summary.json").read_text()), cfg, None, run_dir)

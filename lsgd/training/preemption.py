@@ -153,10 +153,13 @@ class PreemptionWatch:
     :class:`StopFlag` (a local launch), read as a signal received here.
 
     Use as a context manager around the training loop; the previous handlers come back on exit.
+    ``handlers`` False: none are installed, and ``stop`` is the only source of signals (the workers
+    of an in-process cluster are threads; the launcher's main thread owns the signals).
     """
 
-    def __init__(self, mode: str, interrupts: bool = False, stop: StopFlag | None = None):
+    def __init__(self, mode: str, interrupts: bool = False, stop: StopFlag | None = None, handlers: bool = True):
         self.mode = mode
+        self.handlers = handlers
         self.interrupts = interrupts
         self.stop = stop
         self.signal: int | None = None  # the first signal received
@@ -195,6 +198,8 @@ class PreemptionWatch:
             file_log.warning("got %s: checkpointing at the next step, then stopping", signal.Signals(signum).name)
 
     def __enter__(self):
+        if not self.handlers:
+            return self
         sigs = set(SIGNALS) if self.enabled else set()
         if self.interrupts:
             sigs.update(INTERRUPT_SIGNALS)

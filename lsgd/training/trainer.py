@@ -44,6 +44,7 @@ from lsgd.compute.workers import resolve_speeds
 from lsgd.clock.network import Network
 from lsgd.clock.worker_clock import Clock
 from lsgd.comm.communicator import Communicator
+from lsgd.comm.inprocess.scheduler import Aborted
 from lsgd.core.devices import default_dtype, resolve_backend, resolve_device, threads_per_worker
 from lsgd.data import ShardedLoader, build_datasets, dataset_info, resolve
 from lsgd.data.pipeline import BatchPipeline
@@ -64,15 +65,24 @@ _PROCESS_RUNS = itertools.count()  # runs this process has joined (a -m sweep jo
 # --------------------------------------------------------------------------------------------
 # process setup
 # --------------------------------------------------------------------------------------------
-def setup_logging(run_dir: Path | None, rank: int) -> None:
-    """Rank-prefixed log lines to stderr (rank 0, or every rank at WARNING) and to run_dir/train.log."""
-    fmt = logging.Formatter(f"[rank {rank}] %(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
+def setup_logging(run_dir: Path | None, rank: int | None) -> None:
+    """Rank-prefixed log lines to stderr (rank 0, or every rank at WARNING) and to run_dir/train.log.
+
+    ``rank`` None: one setup for all the workers of an in-process cluster (threads of this
+    process), each line prefixed with the rank of the worker that logs it (``dist.get_rank()`` in
+    its thread; ``main`` outside the workers)."""
+    prefix = f"[rank {rank}]" if rank is not None else "[rank %(lsgd_rank)s]"
+    fmt = logging.Formatter(f"{prefix} %(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
     log.handlers.clear()
     log.setLevel(logging.INFO)
     log.propagate = False
     console = logging.StreamHandler(sys.stderr)
     console.setFormatter(fmt)
-    console.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    if rank is not None:
+        console.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    else:
+        console.addFilter(_worker_rank)
+        console.addFilter(lambda record: record.levelno >= logging.WARNING or record.lsgd_rank in (0, "main"))
     log.addHandler(console)
     file_log = logging.getLogger("lsgd.file")  # train.log only (the step lines under a progress bar)
     file_log.handlers.clear()
@@ -82,8 +92,16 @@ def setup_logging(run_dir: Path | None, rank: int) -> None:
         # O_APPEND: whole lines from all ranks interleave without clobbering each other.
         handler = logging.FileHandler(Path(run_dir) / "train.log", mode="a")
         handler.setFormatter(fmt)
+        if rank is None:
+            handler.addFilter(_worker_rank)
         log.addHandler(handler)
         file_log.addHandler(handler)
+
+
+def _worker_rank(record: logging.LogRecord) -> bool:
+    """A log filter: the record's ``lsgd_rank``, the logging worker's rank (``main`` outside one)."""
+    record.lsgd_rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else "main"
+    return True
 
 
 @record
@@ -105,7 +123,6 @@ def worker_main(cfg: dict, run_dir: str | None, stop: StopFlag | None = None) ->
         RuntimeError: this rank cannot see the run folder rank 0 created (no shared filesystem).
     """
     from lsgd.core.devices import cuda_device_index
-    from lsgd.training.failures import check_shared_run_dir, record_failure
 
     device = resolve_device(cfg)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -134,22 +151,38 @@ def worker_main(cfg: dict, run_dir: str | None, stop: StopFlag | None = None) ->
             rank=rank, world_size=world, timeout=timeout,
             device_id=torch.device("cuda", device_index) if device_index is not None else None,
         )
-        rank = dist.get_rank()
         try:
-            box = [run_dir, cfg.get("resume")]
-            dist.broadcast_object_list(box, src=0)
-            run_dir, cfg["resume"] = box
-            check_shared_run_dir(Path(run_dir), rank, device)
-            setup_logging(Path(run_dir), rank)
-            record_workers(Path(run_dir), rank, dist.get_world_size(), local_world)  # environment.json: threads, nodes
-            summary = Trainer(cfg, Path(run_dir), device, watch).fit()
-            dist.barrier()  # nobody tears the group down while a peer's last messages are in flight
-            return summary
-        except BaseException as exc:
-            record_failure(Path(run_dir) if run_dir else None, rank, exc)
-            raise
+            return train_in_group(cfg, run_dir, device, watch, local_world)
         finally:
             dist.destroy_process_group()
+
+
+def train_in_group(cfg: dict, run_dir: str | None, device: str, watch: PreemptionWatch, local_world: int,
+                   logging_set: bool = False) -> dict:
+    """The part of a worker's run inside its joined process group: learn the run folder and the
+    ``resume`` decision from rank 0, set up logging (unless ``logging_set``: the in-process
+    launcher sets it once for all its workers), record the nodes, train, and wait for every rank
+    before returning this rank's summary. A failure is recorded in ``failures/rank<r>.json``
+    (:func:`lsgd.training.failures.record_failure`) and raised."""
+    from lsgd.training.failures import check_shared_run_dir, record_failure
+
+    rank = dist.get_rank()
+    try:
+        box = [run_dir, cfg.get("resume")]
+        dist.broadcast_object_list(box, src=0)
+        run_dir, cfg["resume"] = box
+        check_shared_run_dir(Path(run_dir), rank, device)
+        if not logging_set:
+            setup_logging(Path(run_dir), rank)
+        record_workers(Path(run_dir), rank, dist.get_world_size(), local_world)  # environment.json: threads, nodes
+        summary = Trainer(cfg, Path(run_dir), device, watch).fit()
+        dist.barrier()  # nobody tears the group down while a peer's last messages are in flight
+        return summary
+    except Aborted:  # an in-process worker stopped because another failed: that one's record says why
+        raise
+    except BaseException as exc:
+        record_failure(Path(run_dir) if run_dir else None, rank, exc)
+        raise
 
 
 # --------------------------------------------------------------------------------------------

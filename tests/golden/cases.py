@@ -249,17 +249,23 @@ def state_fingerprint(model) -> dict[str, list]:
     return out
 
 
-def _worker(rank: int, world_size: int, jobs: list[tuple[str, dict]], work: str) -> None:
+def _worker(rank: int, world_size: int, jobs: list[tuple[str, dict]], work: str, inprocess: bool = False) -> None:
     """One rank: run every ``(name, cfg)`` of ``jobs`` in order with a fresh Trainer, write
-    ``work/<name>.rank<r>.json`` (checksums); rank 0 writes the run folder ``work/<name>/``."""
+    ``work/<name>.rank<r>.json`` (checksums); rank 0 writes the run folder ``work/<name>/``.
+    ``inprocess``: a worker of an in-process cluster (a thread: the process's environment and
+    stdout are its caller's, each case's config its own copy)."""
+    import copy
+
     import torch
     import torch.distributed as dist
 
     from lsgd.training.trainer import Trainer
 
-    for key, value in THREAD_ENV.items():
-        if os.environ.get(key) != value:  # a forkserver started earlier without it
-            raise RuntimeError(f"golden ranks need {key}={value} from process start, got {os.environ.get(key)!r}")
+    if not inprocess:
+        for key, value in THREAD_ENV.items():
+            if os.environ.get(key) != value:  # a forkserver started earlier without it
+                raise RuntimeError(f"golden ranks need {key}={value} from process start, got {os.environ.get(key)!r}")
+    quiet = contextlib.nullcontext if inprocess else lambda: contextlib.redirect_stdout(io.StringIO())
 
     for name, cfg in jobs:
         run_dir = Path(work) / name
@@ -267,8 +273,10 @@ def _worker(rank: int, world_size: int, jobs: list[tuple[str, dict]], work: str)
             run_dir.mkdir(parents=True, exist_ok=True)
         dist.barrier()
         t0 = time.perf_counter()
+        if inprocess:
+            cfg = copy.deepcopy(cfg)
         try:
-            with contextlib.redirect_stdout(io.StringIO()):  # no progress bar when run from a terminal
+            with quiet():  # no progress bar when run from a terminal
                 trainer = Trainer(cfg, run_dir, "cpu")
                 summary = trainer.fit()
         except Exception as exc:
@@ -353,10 +361,27 @@ def _run_group(world_size: int, jobs: list[tuple[str, dict]], work: Path) -> Non
     )
 
 
-def run_cases(names: list[str] | None, work: Path, log=None, dtype: str = "float64") -> dict[str, dict]:
+def _run_group_inprocess(world_size: int, jobs: list[tuple[str, dict]], work: Path) -> None:
+    """The ranks as the workers of one in-process cluster (:mod:`lsgd.comm.inprocess`) in this
+    process, one torch thread (as :data:`THREAD_ENV` gives each gloo rank)."""
+    import torch
+
+    from lsgd.comm.inprocess.cluster import run
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run(world_size, _worker, jobs, str(work), True)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def run_cases(names: list[str] | None, work: Path, log=None, dtype: str = "float64",
+              inprocess: bool = False) -> dict[str, dict]:
     """Run the named cases (all if None) and return ``{name: record}`` in the golden file format.
 
-    One gloo group per world size (:func:`_run_group`); ``work`` holds the run folders and per-rank
+    One gloo group per world size (:func:`_run_group`; ``inprocess``: one in-process cluster,
+    :func:`_run_group_inprocess`); ``work`` holds the run folders and per-rank
     outputs; ``log`` (e.g. ``print``) receives one progress line per group. ``dtype``: the cases'
     ``dtype`` (``float32``: as users run them, for the bit-for-bit repeat; the stored goldens are
     float64). Every record also carries each rank's ``sha256`` of its final state.
@@ -372,7 +397,7 @@ def run_cases(names: list[str] | None, work: Path, log=None, dtype: str = "float
         t0 = time.perf_counter()
         jobs = [(c.name, compose(c, dtype)) for c in group]
         t1 = time.perf_counter()
-        _run_group(world_size, jobs, work)
+        (_run_group_inprocess if inprocess else _run_group)(world_size, jobs, work)
         if log is not None:
             log(f"world size {world_size}: {len(group)} case(s), composed in {t1 - t0:.1f} s, "
                 f"ran in {time.perf_counter() - t1:.1f} s")
