@@ -1,6 +1,6 @@
 """Run every benchmark that measures a speed goal and print one summary table (``make bench``).
 
-    python scripts/bench_all.py [--only overhead adasum compression gossip data] [--timeout 600]
+    python scripts/bench_all.py [--only overhead adasum compression gossip data inprocess] [--timeout 600]
 
 Each script runs in its own process, one after another (never two at once: they time this machine),
 with the arguments of :data:`SCRIPTS`; its output is shown as it comes. Every script ends with one
@@ -46,6 +46,7 @@ SCRIPTS = [
     ("compression", "bench_compression.py", ["--figures"]),
     ("gossip", "bench_gossip.py", ["--lattice"]),
     ("data", "bench_data.py", []),
+    ("inprocess", "bench_inprocess.py", []),
 ]
 
 
