@@ -257,7 +257,38 @@ def time_claims(out: str) -> str:
     return save(fig, out, "time_claims")
 
 
+# docs/studies/local-sgd-at-scale.md: final test accuracy and GB per worker against n, seed 0
+def local_sgd_at_scale(out: str) -> str:
+    n = [4, 16, 64, 256]
+    acc = {
+        "H = 1": [0.9008, 0.9001, 0.8806, 0.2862],
+        "H = 4": [0.9004, 0.8890, 0.8296, 0.1000],
+        "H = 16": [0.8946, 0.8722, 0.7506, 0.1000],
+        "H = 64": [0.8912, 0.8468, 0.1000, 0.1000],
+        "SlowMo, H = 16": [0.8978, 0.8821, 0.7447, 0.1000],
+    }
+    gb = {
+        "H = 1": [2.423, 0.7565, 0.1969, 0.04809],
+        "H = 4": [0.6052, 0.1891, 0.04922, 0.01202],
+        "H = 16": [0.1513, 0.04687, 0.01188, 0.001717],
+        "H = 64": [0.0375, 0.01131, 0.001697, None],
+    }
+    fig, (a, b) = plt.subplots(1, 2, figsize=(7.0, 2.8))
+    for label, values in acc.items():
+        a.plot(n, values, marker="o", ms=3, ls="--" if "SlowMo" in label else "-", label=label)
+    a.set(xscale="log", xlabel="workers n", ylabel="final test accuracy", xticks=n, xticklabels=[str(x) for x in n])
+    a.legend(fontsize=7)
+    for label, values in gb.items():
+        pts = [(x, y) for x, y in zip(n, values) if y]
+        b.plot(*zip(*pts), marker="o", ms=3, label=label)
+    b.set(xscale="log", yscale="log", xlabel="workers n", ylabel="GB on the wire / worker", xticks=n,
+          xticklabels=[str(x) for x in n])
+    fig.tight_layout()
+    return save(fig, out, "local_sgd_at_scale")
+
+
 FIGURES = {
+    "local_sgd_at_scale": local_sgd_at_scale,
     "local_vs_minibatch": local_vs_minibatch,
     "gravac": gravac,
     "gravac_lstm": gravac_lstm,
