@@ -163,6 +163,18 @@ def _draws(rank: int, n: int) -> list[float]:
     return draws
 
 
+def _sets_globals(rank: int, n: int) -> str:
+    torch.set_default_dtype(torch.float64)  # as a float64 run's trainer does in every worker
+    torch.set_num_threads(1)
+    return str(torch.get_default_dtype())
+
+
+def test_the_callers_torch_settings_come_back_after_the_run():
+    threads = torch.get_num_threads()
+    assert run(2, _sets_globals) == ["torch.float64"] * 2
+    assert torch.get_default_dtype() == torch.float32 and torch.get_num_threads() == threads
+
+
 def test_every_worker_draws_from_its_own_random_state():
     expected = []
     for rank in range(4):  # what each worker draws alone in its own process

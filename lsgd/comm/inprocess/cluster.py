@@ -54,7 +54,8 @@ def run(n: int, fn: Callable, *args, cuda: bool = False, timeout_s: float = 1800
     Every worker starts with the random state the calling thread has now, joins its default group
     (``dist.init_process_group("lsgd_inprocess", rank=r, world_size=n)``) before ``fn`` and leaves
     it after. ``cuda``: the workers draw from CUDA's generator too (saved and restored per worker).
-    The calling thread's random state is the same after as before. ``join_poll_s``: the calling
+    The calling thread's random state, torch's default dtype and thread count are the same after
+    as before. ``join_poll_s``: the calling
     thread waits for the workers in slices of this many seconds (the main thread then runs its
     signal handlers between them; None: one wait).
 
@@ -66,6 +67,9 @@ def run(n: int, fn: Callable, *args, cuda: bool = False, timeout_s: float = 1800
     fabric = Fabric(scheduler)
     start_state = _RandomState(cuda)
     excepthook = sys.excepthook
+    # process-wide torch settings a worker's trainer sets for itself (the same value on every
+    # worker of a run, as each process of a multi-process run sets its own): restored after
+    settings = (torch.get_default_dtype(), torch.get_num_threads())
     results: list = [None] * n
 
     def body(rank: int) -> None:
@@ -96,6 +100,8 @@ def run(n: int, fn: Callable, *args, cuda: bool = False, timeout_s: float = 1800
             installed.forget(fabric)
     finally:
         start_state.restore()
+        torch.set_default_dtype(settings[0])
+        torch.set_num_threads(settings[1])
     if scheduler.failure is not None:
         rank, exc = scheduler.failure
         if not isinstance(exc, Aborted):
