@@ -1,10 +1,10 @@
 """Communication topologies of decentralized methods and their mixing matrices.
 
-A topology is built identically on every rank from (name, number of nodes, weights, seed): no
-communication decides who talks to whom. Graphs come from networkx where it has them (cycle, 2-D
-periodic grid, hypercube, complete graph); the exponential graphs, the per-round matchings and the
-mixing weights are written here, following Bluefog's ``topology_util`` (the reference design,
-docs/papers.md#topologies).
+A topology is built identically on every rank from (name, number of nodes, weights, seed, degree):
+no communication decides who talks to whom. Graphs come from networkx where it has them (cycle, 2-D
+periodic grid, hypercube, complete graph, random regular graph); the exponential graphs, the
+per-round matchings and the mixing weights are written here, following Bluefog's ``topology_util``
+(the reference design, docs/papers.md#topologies).
 
 Conventions:
 
@@ -30,6 +30,17 @@ Topologies (``algo.topology``):
 ``one_peer_exponential``: at round t node i sends to i + 2^(t mod ceil(log2 n)) mod n, weights 1/2;
 ``hypercube``: nx.hypercube_graph(log2 n), n a power of two, nodes numbered by their bit vectors;
 ``complete``: nx.complete_graph;
+``random_regular``: a random d-regular undirected graph, d = ``algo.degree`` (3 <= d < n, n d even):
+nx.random_regular_graph(d, n, seed) (networkx's pairing-model sampler, Steger & Wormald 1999), drawn
+once from the seed (the run's seed unless ``algo.seed`` is set), so every rank builds the same
+graph, static over the run (with networkx's version: another networkx may draw another graph).
+Random regular graphs with d >= 3 are connected with probability tending to 1 as n grows (and
+expanders: their spectral gap stays bounded away from 0, unlike the ring's O(1/n^2)), but a small
+one can come out disconnected (about 1 draw in 200 at n = 8, d = 3): then it is drawn again with
+seed + 1, seed + 2, ... (the first connected draw of at most 100 is taken;
+:func:`random_regular_graph`). d = 1 or 2 (a matching, a union of cycles: mostly disconnected) is
+refused: use ``matching`` or ``ring``. Uniform weights 1/(d + 1) (metropolis gives the same on a
+regular graph);
 ``matching``: a random perfect matching per round (an odd node out idles), weights 1/2, drawn
 from (seed, round), so every rank draws the same one.
 """
@@ -46,10 +57,13 @@ import numpy as np
 if TYPE_CHECKING:  # networkx is imported where a graph is built: its 0.15 s of import are spared
     import networkx as nx  # every process of a run without a topology (lsgd.algorithms imports this module)
 
-TOPOLOGIES = ("ring", "torus", "exponential", "one_peer_exponential", "hypercube", "complete", "matching")
+TOPOLOGIES = ("ring", "torus", "exponential", "one_peer_exponential", "hypercube", "complete", "matching",
+              "random_regular")
 WEIGHTS = ("uniform", "metropolis")
 DYNAMIC = ("one_peer_exponential", "matching")
 DIRECTED = ("exponential", "one_peer_exponential")
+#: draws of :func:`random_regular_graph` (seed, seed + 1, ...) before it gives up on a connected graph
+REGULAR_TRIES = 100
 
 
 def _log2_ceil(n: int) -> int:
@@ -69,11 +83,13 @@ def torus_shape(n: int) -> tuple[int, int]:
     raise ValueError(f"algo.topology=torus needs n = rows x cols with rows, cols >= 3; n={n} has none")
 
 
-def check(name: str, n: int, weights: str = "uniform") -> None:
-    """Validate a topology before any worker starts.
+def check(name: str, n: int, weights: str = "uniform", degree: int = 4) -> None:
+    """Validate a topology before any worker starts (``degree``: d of ``random_regular``, unused by
+    the others).
 
     Raises:
-        ValueError: unknown name or weights (names the allowed values), or n unsuitable for it.
+        ValueError: unknown name or weights (names the allowed values), or n (and degree) unsuitable
+            for it.
     """
     if name not in TOPOLOGIES:
         raise ValueError(f"algo.topology={name!r} is not allowed; allowed: {', '.join(TOPOLOGIES)}")
@@ -87,13 +103,35 @@ def check(name: str, n: int, weights: str = "uniform") -> None:
         torus_shape(n)
     if name == "hypercube" and n & (n - 1):
         raise ValueError(f"algo.topology=hypercube needs a power of two nodes, got {n}")
+    if name == "random_regular":
+        check_degree(n, degree)
     if weights == "metropolis" and name in DIRECTED:
         raise ValueError(f"algo.weights=metropolis needs an undirected graph; algo.topology={name} is directed: use uniform")
 
 
+def check_degree(n: int, degree: int) -> None:
+    """Raises ValueError unless a connected random ``degree``-regular graph on ``n`` nodes can be
+    drawn: an integer 3 <= degree < n with n * degree even (networkx's conditions, and d >= 3 for
+    connectivity)."""
+    where = f"algo.topology=random_regular with algo.degree={degree!r} and {n} nodes"
+    if isinstance(degree, bool) or not isinstance(degree, int):
+        raise ValueError(f"{where}: algo.degree must be an integer")
+    if degree < 3:
+        raise ValueError(f"{where}: algo.degree must be >= 3 (a 1- or 2-regular graph is a matching or a union of "
+                         "cycles, mostly disconnected; use algo.topology=matching or ring)")
+    if degree >= n:
+        raise ValueError(f"{where}: algo.degree must be < the number of nodes (algo.degree={n - 1} is the "
+                         "complete graph)")
+    if n * degree % 2:
+        near = " or ".join(str(d) for d in (degree - 1, degree + 1) if 3 <= d < n)
+        raise ValueError(f"{where}: nodes x algo.degree must be even (every edge has two ends); "
+                         f"use algo.degree={near}")
+
+
 @dataclass(frozen=True)
 class Topology:
-    """A topology over ``n`` nodes (see the module docstring). ``seed`` drives the matchings.
+    """A topology over ``n`` nodes (see the module docstring). ``seed`` drives the matchings and the
+    random regular graph; ``degree``: d of ``random_regular`` (unused by the other topologies).
 
     Raises (on construction):
         ValueError: as :func:`check`.
@@ -103,9 +141,16 @@ class Topology:
     n: int
     weights: str = "uniform"
     seed: int = 0
+    degree: int = 4
 
     def __post_init__(self):
-        check(self.name, self.n, self.weights)
+        check(self.name, self.n, self.weights, self.degree)
+
+    def _key(self, round: int) -> tuple:
+        """The cached functions' arguments for round ``round``: a static graph is round 0's, and the
+        degree counts only for ``random_regular`` (the other graphs share one cache entry)."""
+        return (self.name, self.n, self.seed, round if self.dynamic else 0,
+                self.degree if self.name == "random_regular" else 0)
 
     @property
     def dynamic(self) -> bool:
@@ -123,33 +168,37 @@ class Topology:
     def graph(self, round: int = 0) -> nx.DiGraph:
         """Round ``round``'s graph: an edge ``i -> j`` means node i sends to node j (undirected
         graphs have both directions). Nodes are 0 .. n-1."""
-        return _graph(self.name, self.n, self.seed, round if self.dynamic else 0)
+        return _graph(*self._key(round))
 
     def mixing_matrix(self, round: int = 0) -> np.ndarray:
         """The (n, n) float64 mixing matrix of round ``round`` (row i: the weights node i averages with)."""
-        return _mixing(self.name, self.n, self.weights, self.seed, round if self.dynamic else 0).copy()
+        return _mixing(self.weights, *self._key(round)).copy()
 
     def in_neighbors(self, node: int, round: int = 0) -> dict[int, float]:
         """``{j: W[node, j]}`` for the nodes ``node`` receives from in round ``round``."""
-        row = _mixing(self.name, self.n, self.weights, self.seed, round if self.dynamic else 0)[node]
+        row = _mixing(self.weights, *self._key(round))[node]
         return {j: float(w) for j, w in enumerate(row) if j != node and w > 0}
 
     def out_neighbors(self, node: int, round: int = 0) -> list[int]:
         """The nodes that receive from ``node`` in round ``round`` (ascending)."""
-        col = _mixing(self.name, self.n, self.weights, self.seed, round if self.dynamic else 0)[:, node]
+        col = _mixing(self.weights, *self._key(round))[:, node]
         return [i for i, w in enumerate(col) if i != node and w > 0]
 
     def self_weight(self, node: int, round: int = 0) -> float:
-        return float(_mixing(self.name, self.n, self.weights, self.seed, round if self.dynamic else 0)[node, node])
+        return float(_mixing(self.weights, *self._key(round))[node, node])
 
     def spectral_gap(self, round: int = 0) -> float:
         """``1 - |lambda_2(W)|`` of round ``round``'s mixing matrix (0 for a disconnected round)."""
         return spectral_gap(self.mixing_matrix(round))
 
     def describe(self) -> dict:
-        """What a run's config records: name, nodes, weights, spectral gap (round 0), period."""
-        return {"name": self.name, "nodes": self.n, "weights": self.weights,
-                "spectral_gap": self.spectral_gap(0), "period": self.period}
+        """What a run's config records: name, nodes, weights, spectral gap (round 0), period (and
+        the degree of ``random_regular``)."""
+        out = {"name": self.name, "nodes": self.n, "weights": self.weights,
+               "spectral_gap": self.spectral_gap(0), "period": self.period}
+        if self.name == "random_regular":
+            out["degree"] = self.degree
+        return out
 
 
 def spectral_gap(w: np.ndarray) -> float:
@@ -177,8 +226,27 @@ def round_rng(seed: int, round: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), int(round), 0x6C736764])  # 'lsgd'
 
 
+def random_regular_graph(n: int, degree: int, seed: int) -> nx.Graph:
+    """The connected random ``degree``-regular graph on nodes 0 .. n-1 of ``seed``: the first
+    connected one of ``nx.random_regular_graph(degree, n, seed=seed + k)`` for k = 0, 1, ...
+    (:data:`REGULAR_TRIES` draws; the same on every rank).
+
+    Raises:
+        ValueError: as :func:`check_degree`, or no connected draw among the tries.
+    """
+    import networkx as nx
+
+    check_degree(n, degree)
+    for k in range(REGULAR_TRIES):
+        g = nx.random_regular_graph(degree, n, seed=int(seed) + k)
+        if nx.is_connected(g):
+            return g
+    raise ValueError(f"algo.topology=random_regular with algo.degree={degree} and {n} nodes: no connected graph "
+                     f"in {REGULAR_TRIES} draws from seed {seed}; use a larger algo.degree")
+
+
 @lru_cache(maxsize=256)
-def _graph(name: str, n: int, seed: int, round: int) -> nx.DiGraph:
+def _graph(name: str, n: int, seed: int, round: int, degree: int = 0) -> nx.DiGraph:
     import networkx as nx
 
     if name == "ring":
@@ -202,6 +270,8 @@ def _graph(name: str, n: int, seed: int, round: int) -> nx.DiGraph:
         g.add_nodes_from(range(n))
         g.add_edges_from((i, (i + shift) % n) for i in range(n) if shift)
         return g
+    elif name == "random_regular":
+        g = random_regular_graph(n, degree, seed)
     elif name == "matching":
         g = nx.Graph()
         g.add_nodes_from(range(n))
@@ -212,8 +282,8 @@ def _graph(name: str, n: int, seed: int, round: int) -> nx.DiGraph:
 
 
 @lru_cache(maxsize=256)
-def _mixing(name: str, n: int, weights: str, seed: int, round: int) -> np.ndarray:
-    g = _graph(name, n, seed, round)
+def _mixing(weights: str, name: str, n: int, seed: int, round: int, degree: int = 0) -> np.ndarray:
+    g = _graph(name, n, seed, round, degree)
     w = np.zeros((n, n))
     if weights == "metropolis":
         deg = {v: g.in_degree(v) for v in g.nodes}

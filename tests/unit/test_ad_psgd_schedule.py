@@ -166,3 +166,22 @@ def test_the_option_is_checked_before_any_worker_starts():
     with pytest.raises(ConfigError, match="cluster.compute=profile"):
         ADPSGD.validate_run({"algo": {**algo, "pairing": "virtual_time"}, "cluster": {"compute": "measured"}}, 4)
     ADPSGD.validate_run({"algo": algo, "cluster": {"compute": "measured"}}, 4)
+
+
+@pytest.mark.parametrize("n, d", [(16, 4), (64, 3), (64, 4)])
+def test_a_random_regular_graph_is_split_by_a_local_max_cut(n, d):
+    """Even / odd workers of a random regular graph leave about one worker in 2^d without a neighbour
+    on the other side; the local max cut gives every worker at least half its neighbours across."""
+    from lsgd.algorithms.gossip.ad_psgd import ADPSGD, check_bipartition
+
+    topo = Topology("random_regular", n, seed=0, degree=d)
+    side, nbrs = sides(topo), bipartite_neighbors(topo)
+    assert side[0] == 0 and set(side.values()) == {0, 1}
+    graph = topo.graph()
+    for i in range(n):
+        assert 2 * len(nbrs[i]) >= d
+        assert nbrs[i] == sorted(j for j in graph.successors(i) if side[j] != side[i])
+    check_bipartition(topo)
+    algo = {"name": "ad_psgd", "topology": "random_regular", "degree": d, "seed": 0}
+    ADPSGD.validate_config(algo, n)
+    ADPSGD.validate_run({"algo": {**algo, "seed": None}, "seed": 0}, n)  # the run's seed: the same graph

@@ -8,15 +8,19 @@ computed at the model the gradient was taken at). To rule out deadlock (two work
 average with the other) the paper splits the graph in two: *active* workers initiate averaging,
 each with a random *passive* neighbour; only edges between
 the two sides are used: the graph's two colours when it is bipartite (ring of even n, hypercube,
-torus of even sides), else even- and odd-numbered workers. A passive worker averages with every active worker that picked it this
-step, one after another in ascending order, so it may average several times or not at all, and its
-gradient is then stale with respect to its averaged model, as in the paper.
+torus of even sides), else even- and odd-numbered workers; for ``random_regular`` (whose numbering
+means nothing, so that even / odd would leave a worker without a neighbour on the other side about
+once in 2^d) even / odd improved by local search to a locally maximal cut (:func:`sides`), so every
+worker has at least half its neighbours on the other side. A passive worker averages with every
+active worker that picked it this step, one after another in ascending order, so it may average
+several times or not at all, and its gradient is then stale with respect to its averaged model, as
+in the paper.
 
 Every rank computes every active worker's choice from ``(algo.seed, worker, step)``, so a passive
 worker knows who will contact it without a message; the exchanges are blocking ``sendrecv`` pairs
 (both sides compute the same average, so the network mean is kept). One round per step for a worker
-that averaged. The topology must be static and its bipartite part (edges between even and odd
-workers) connected, else a ConfigError before any worker starts.
+that averaged. The topology must be static and its bipartite part (edges between the active and
+passive workers) connected, else a ConfigError before any worker starts.
 
 Pairing (``algo.pairing``):
 
@@ -93,14 +97,37 @@ PAIRINGS = ("lockstep", "virtual_time")
 @lru_cache(maxsize=64)
 def sides(topology: Topology) -> dict[int, int]:
     """``{worker: 0 (active) or 1 (passive)}``: the graph's two colours when it is bipartite (ring
-    of even n, hypercube, torus of even sides; worker 0 active), else even / odd workers."""
+    of even n, hypercube, torus of even sides; worker 0 active), else even / odd workers; for
+    ``random_regular``, even / odd then improved to a locally maximal cut (:func:`local_max_cut`,
+    worker 0 active)."""
     import networkx as nx  # here, not at import (lsgd.comm.topology says why)
 
     graph = nx.Graph(topology.graph(0).to_undirected())
     if nx.is_connected(graph) and nx.is_bipartite(graph):
         colour = nx.bipartite.color(graph)
         return {i: colour[i] ^ colour[0] for i in range(topology.n)}
-    return {i: i % 2 for i in range(topology.n)}
+    side = {i: i % 2 for i in range(topology.n)}
+    if topology.name == "random_regular":
+        side = local_max_cut(graph, side)
+        side = {i: side[i] ^ side[0] for i in range(topology.n)}
+    return side
+
+
+def local_max_cut(graph, side: dict[int, int]) -> dict[int, int]:
+    """``side`` improved by local search: sweep the workers in ascending order, moving one to the
+    other side while more of its neighbours are on its own side than across, until a sweep moves
+    none (each move adds edges to the cut, so it ends). Deterministic; afterwards every worker has
+    at least half its neighbours on the other side."""
+    side = dict(side)
+    moved = True
+    while moved:
+        moved = False
+        for i in sorted(graph.nodes):
+            same = sum(side[j] == side[i] for j in graph.neighbors(i))
+            if 2 * same > graph.degree(i):
+                side[i] ^= 1
+                moved = True
+    return side
 
 
 @lru_cache(maxsize=64)
@@ -124,8 +151,10 @@ def check_bipartition(topology: Topology) -> None:
     graph = nx.Graph([(i, j) for i, js in nbrs.items() for j in js])
     graph.add_nodes_from(range(topology.n))
     if not nx.is_connected(graph):
+        hint = (f" (random_regular: another algo.seed, seed {topology.seed} drew this graph, or a larger algo.degree, "
+                f"now {topology.degree})" if topology.name == "random_regular" else "")
         raise ValueError(f"algo.topology={topology.name} with {topology.n} workers: the edges between active and "
-                         "passive workers do not connect all workers; use ring, torus, hypercube or complete")
+                         f"passive workers do not connect all workers; use ring, torus, hypercube or complete{hint}")
 
 
 def step_partners(topology: Topology, seed: int, step: int) -> dict[int, int]:
@@ -309,9 +338,11 @@ class ADPSGDConfig(GossipConfig):
 
     name: str = "ad_psgd"
     topology: str = option("ring", choices=TOPOLOGIES, doc="G: static; its edges between active and passive "
-                           "workers must connect them all", symbol="")
+                           "workers must connect them all (random_regular: active / passive by a local max cut)",
+                           symbol="")
     weights: str = option("uniform", choices=WEIGHTS, doc="unused: pairs average 1/2 each")
-    seed: int | None = option(None, doc="the active workers' choice of neighbour per step (null: the run's seed)")
+    seed: int | None = option(None, doc="the active workers' choice of neighbour per step and "
+                              "algo.topology=random_regular's graph (null: the run's seed)")
     pairing: str = option("lockstep", choices=PAIRINGS, doc="lockstep: every worker's step t with the others' "
                           "step t (the slowest sets the pace); virtual_time: asynchronous (cluster.compute=profile "
                           "and cluster.speeds decide who averages when; fast workers take more steps, nobody waits "
@@ -331,14 +362,22 @@ class ADPSGD(Gossip):
     def validate_config(cls, algo: dict, world_size: int) -> None:
         super().validate_config(algo, world_size)
         config = cls.parse_config(algo)
-        try:
-            check_bipartition(Topology(config.topology, world_size, config.weights, 0))
+        try:  # random_regular's graph depends on the seed: checked again in validate_run when it is the run's
+            check_bipartition(Topology(config.topology, world_size, config.weights, int(config.seed or 0),
+                                       config.degree))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 
     @classmethod
     def validate_run(cls, cfg: dict, world_size: int) -> None:
         check_virtual_time_run(cfg)
+        config = cls.parse_config(cfg.get("algo") or {})
+        if config.topology == "random_regular" and config.seed is None:  # the graph of the run's seed (setup)
+            try:
+                check_bipartition(Topology(config.topology, world_size, config.weights, int(cfg.get("seed") or 0),
+                                           config.degree))
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)

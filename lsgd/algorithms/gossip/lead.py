@@ -34,7 +34,7 @@ with ``h = h_w = D = 0`` at the start (``H^1 = 0``, ``H_w^1 = W H^1``, ``D^1 = (
 ``Z = 0``). ``a`` weighs the compression state's move toward ``y_hat``, ``g`` the dual step, ``eta`` the
 primal step (and the dual's scale ``1 / (2 eta)``); a parameter whose ``eta`` is 0 keeps its ``D``.
 ``W`` is the topology's mixing matrix: a static undirected topology (ring, torus, hypercube,
-complete), symmetric and doubly stochastic.
+random_regular, complete), symmetric and doubly stochastic.
 
 Compressor (``algo.compressor``): ``none`` (``q = y - h`` exactly) or ``quantize``, LEAD's unbiased
 ``b``-bit quantizer (``algo.bits``): ``C(v) = ||v||_inf 2^-(b-1) sign(v) floor(2^(b-1) |v| / ||v||_inf + u)``
@@ -96,11 +96,12 @@ class LEADConfig(GossipConfig):
     """``algo=lead``'s keys: :class:`GossipConfig`'s, the steps' and the compressor's."""
 
     name: str = "lead"
-    topology: str = option("ring", choices=TOPOLOGIES, doc="G: static undirected (ring, torus, hypercube or "
-                           "complete: one fixed symmetric mixing matrix)", symbol="")
+    topology: str = option("ring", choices=TOPOLOGIES, doc="G: static undirected (ring, torus, hypercube, "
+                           "random_regular or complete: one fixed symmetric mixing matrix)", symbol="")
     average_buffers: bool = option(False, doc="unused: LEAD mixes the parameters only (BatchNorm statistics "
                                    "stay local)")
-    seed: int | None = option(None, doc="the quantizer's rounding (null: the run's seed)")
+    seed: int | None = option(None, doc="the quantizer's rounding and algo.topology=random_regular's graph "
+                              "(null: the run's seed)")
     # a = 0.2, gamma = 0.5: 2-bit LEAD on the debug CNN was unstable at a = 0.5, gamma = 1 and learned here
     alpha: float = option(0.2, above=0, at_most=1, doc="a: the compression-state step (h <- (1 - a) h + a y_hat)")
     gamma: float = option(0.5, above=0, doc="the dual step: D <- D + gamma / (2 eta) (y_hat - y_hat_w)")
@@ -126,7 +127,7 @@ class LEAD(Gossip):
         if topology in DIRECTED or topology in DYNAMIC:
             kind = "directed" if topology in DIRECTED else "time-varying"
             raise ConfigError(f"algo.topology={topology} is {kind}; algo=lead needs one fixed symmetric mixing "
-                              "matrix (module docstring): ring, torus, hypercube or complete")
+                              "matrix (module docstring): ring, torus, hypercube, random_regular or complete")
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)

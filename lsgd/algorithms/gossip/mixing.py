@@ -6,8 +6,8 @@ A node sends one flat message (its model, or what the method mixes) to each out-
 round's graph and receives one from each in-neighbour (:meth:`lsgd.comm.communicator.Communicator.exchange`:
 point to point, counted per send, clocked as messages); the receiver combines them with the
 topology's mixing weights, ``sum_j W[i, j] x_j`` (``lsgd.comm.topology``: uniform ``1/(degree+1)`` or
-Metropolis-Hastings). The topology is built from ``(algo.topology, n, algo.weights, algo.seed)`` on
-every rank alike, so nobody negotiates who talks to whom; ``config.yaml`` records it with its
+Metropolis-Hastings). The topology is built from ``(algo.topology, n, algo.weights, algo.seed,
+algo.degree)`` on every rank alike, so nobody negotiates who talks to whom; ``config.yaml`` records it with its
 spectral gap (:meth:`Gossip.describe`).
 
 Models are moved as one flat vector of the parameters (and, with ``algo.average_buffers``, the
@@ -75,11 +75,14 @@ class GossipConfig(AlgoConfig):
 
     topology: str = option("ring", choices=TOPOLOGIES, doc="G: the graph of who talks to whom (lsgd.comm.topology)",
                            symbol="")
+    degree: int = option(4, at_least=3, doc="d of algo.topology=random_regular: each node's number of neighbours "
+                         "(a random d-regular graph from networkx, drawn once from algo.seed; d < n, n d even); "
+                         "unused by the other topologies")
     weights: str = option("uniform", choices=WEIGHTS, doc="the mixing weights W: uniform (1/(degree+1)) or "
                           "metropolis (Metropolis-Hastings)")
     average_buffers: bool = option(True, doc="BatchNorm buffers mixed with the parameters (false: kept local)")
-    seed: int | None = option(None, doc="the topology's random matchings and the method's own draws "
-                              "(null: the run's seed)")
+    seed: int | None = option(None, doc="the topology's random matchings or random regular graph and the "
+                              "method's own draws (null: the run's seed)")
 
 
 class Gossip(Algorithm):
@@ -93,14 +96,14 @@ class Gossip(Algorithm):
         super().validate_config(algo, world_size)
         config = cls.parse_config(algo)
         try:
-            check(config.topology, world_size, config.weights)
+            check(config.topology, world_size, config.weights, config.degree)
         except ValueError as exc:
             raise ConfigError(f"{exc} (algo={algo.get('name')} with {world_size} workers)") from None
 
     @classmethod
     def describe(cls, algo: dict, world_size: int) -> dict:
         config = cls.parse_config(algo)
-        topo = Topology(config.topology, world_size, config.weights, int(config.seed or 0))
+        topo = Topology(config.topology, world_size, config.weights, int(config.seed or 0), config.degree)
         return {"topology": topo.describe()}
 
     def __init__(self, cfg, comm):
@@ -114,7 +117,8 @@ class Gossip(Algorithm):
         seed = self.config.seed
         self.seed = int(seed if seed is not None else self.ctx.seed)
         self.node = self.comm.rank
-        self.topology = Topology(self.config.topology, self.comm.world_size, self.config.weights, self.seed)
+        self.topology = Topology(self.config.topology, self.comm.world_size, self.config.weights, self.seed,
+                                 self.config.degree)
         return out
 
     def mixed_tensors(self) -> list[torch.Tensor]:

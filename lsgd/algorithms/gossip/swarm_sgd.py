@@ -130,8 +130,8 @@ class SwarmSGDConfig(GossipConfig):
                            "from (complete: the paper's uniform choice of an edge)", symbol="")
     weights: str = option("uniform", choices=WEIGHTS, doc="recorded with the spectral gap; pairs average 1/2 each")
     average_buffers: bool = option(True, doc="BatchNorm buffers averaged with the partner (false: kept local)")
-    seed: int | None = option(None, doc="the matchings, geometric step counts and lattice rounding "
-                              "(null: the run's seed)")
+    seed: int | None = option(None, doc="the matchings, geometric step counts, lattice rounding and "
+                              "algo.topology=random_regular's graph (null: the run's seed)")
     local_steps: int = option(1, at_least=1, doc="H: local steps per round", symbol="H")
     local_steps_dist: str = option("fixed", choices=STEP_DISTS, doc="fixed: H every round; geometric: mean H, "
                                    "drawn per node and round")
