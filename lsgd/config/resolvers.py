@@ -1,7 +1,8 @@
 """OmegaConf resolvers of lsgd's configs: ``${lsgd_run_id:}`` (``hydra.run.dir`` and
 ``hydra.sweep.subdir``), ``${lsgd_mul:a,b,...}``, the product of integers (a study's arms derive
 their batch size and step counts from shared study keys, conf/experiment/local_vs_minibatch.yaml),
-``${lsgd_add:a,b,...}``, their sum, and ``${lsgd_speeds:level,workers,servers}``, a heterogeneity
+``${lsgd_add:a,b,...}``, their sum, ``${lsgd_div:a,b}``, an exact quotient (a fixed global batch split
+over the workers, conf/experiment/swarm_at_scale.yaml), and ``${lsgd_speeds:level,workers,servers}``, a heterogeneity
 level's speeds for the workers behind ``servers`` server ranks (conf/experiment/async_text.yaml:
 the synchronous arm's 4 ranks and the asynchronous arms' 4 workers behind one server get the same
 speeds).
@@ -62,6 +63,23 @@ def add(*terms: int) -> int:
     return sum(_integer(t, "lsgd_add") for t in terms)
 
 
+def div(dividend: int, divisor: int) -> int:
+    """``${lsgd_div:1024,${launcher.nproc_per_node}}`` -> 64 at 16 workers: ``dividend / divisor``
+    when it divides exactly (a global batch split evenly over the workers).
+
+    Raises:
+        ValueError: an argument that is not an integer, a divisor < 1, or a remainder (naming both
+            numbers: 1024 samples do not split over 48 workers).
+    """
+    a, b = _integer(dividend, "lsgd_div"), _integer(divisor, "lsgd_div")
+    if b < 1:
+        raise ValueError(f"lsgd_div: the divisor must be >= 1; got {b}")
+    if a % b:
+        raise ValueError(f"lsgd_div: {a} is not divisible by {b} (a global batch of {a} does not split evenly over "
+                         f"{b} workers)")
+    return a // b
+
+
 def speeds(level: str, workers: int, servers: int = 0) -> list[float]:
     """``${lsgd_speeds:very,4,1}`` -> ``[1.0, w_1, .., w_4]``: the speeds of heterogeneity ``level``
     (``lsgd.compute.workers.HETEROGENEITY``) for ``workers`` workers, as the preset gives them to a run of
@@ -87,7 +105,8 @@ def speeds(level: str, workers: int, servers: int = 0) -> list[float]:
 
 
 def register_resolvers() -> None:
-    """Register ``lsgd_run_id``, ``lsgd_mul``, ``lsgd_add`` and ``lsgd_speeds`` with OmegaConf (idempotent)."""
+    """Register ``lsgd_run_id``, ``lsgd_mul``, ``lsgd_add``, ``lsgd_div`` and ``lsgd_speeds`` with OmegaConf
+    (idempotent)."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("lsgd_run_id"):
@@ -96,5 +115,7 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("lsgd_mul", mul)
     if not OmegaConf.has_resolver("lsgd_add"):
         OmegaConf.register_new_resolver("lsgd_add", add)
+    if not OmegaConf.has_resolver("lsgd_div"):
+        OmegaConf.register_new_resolver("lsgd_div", div)
     if not OmegaConf.has_resolver("lsgd_speeds"):
         OmegaConf.register_new_resolver("lsgd_speeds", speeds)
