@@ -120,9 +120,20 @@ demo:
 	$(LSGD) report results/fmnist_demo --out results/fmnist_demo/report
 	@echo "report: results/fmnist_demo/report/report.md (one page: results/fmnist_demo/report/report.html)"
 
+# Two pytest workers (pytest-xdist), each taking whole test files (--dist loadfile: a file's module
+# fixtures, such as the golden runs, are made once): most tests wait on processes they start
+# (launches, gloo groups, SLURM, the emulated network) and keep under one core busy, so a second
+# worker fills the other core. Then the tests marked serial (they time this machine closely: a
+# transfer against its bandwidth cap) run alone. `make test PYTEST_WORKERS=0` runs all in one process.
+PYTEST_WORKERS ?= 2
 test:
 	$(MAKE) -j2 data
+ifeq ($(PYTEST_WORKERS),0)
 	$(PY) -m pytest -q tests
+else
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not serial" tests
+	$(PY) -m pytest -q -m serial tests
+endif
 
 # Every speed goal in one run (under 10 minutes on the 2-core machine): scripts/bench_all.py runs the
 # bench scripts one after another and prints a table figure | goal | now | met from their BENCH lines.

@@ -8,6 +8,13 @@ every run says how many tests were skipped and why.
   data set or a missing system tool would otherwise pass CI silently (issue 21: when the registry
   served a new torch, every golden case skipped and CI stayed green).
 * The terminal summary ends with one line: the number of skipped tests and their reasons.
+* ``@pytest.mark.serial`` marks a test that times this machine closely (a transfer against its
+  bandwidth cap, a wait against its deadline): `make test` runs the rest on two pytest-xdist
+  workers (``-m "not serial"``), then these alone (``-m serial``), so the other worker's load
+  cannot move their measurements.
+* The heavy directories are collected first (tests/slurm, then tests/cli, then the rest): with
+  ``--dist loadfile`` a worker takes the next file in collection order, so the files of minutes
+  start at once instead of leaving one worker a tail of them while the other is idle.
 """
 
 from __future__ import annotations
@@ -21,11 +28,21 @@ CUDA = torch.cuda.is_available()
 _skipped: Counter[str] = Counter()
 
 
+#: collection order by directory (smaller first); a directory not named here goes last
+FIRST = {"slurm": 0, "cli": 1, "distributed": 2}
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped on a machine without one)")
+    config.addinivalue_line("markers", "serial: times this machine closely; make test runs it alone, after the rest")
+
+
+def _directory_rank(item) -> int:
+    return FIRST.get(item.path.parent.name, len(FIRST))
 
 
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_directory_rank)  # stable: each file's tests keep their order
     if CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (marked cuda); this machine has none")
@@ -43,12 +60,19 @@ def pytest_runtest_makereport(item, call):
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     reason = reason.removeprefix("Skipped: ")
     if CUDA or item.get_closest_marker("cuda") is not None:
-        _skipped[reason] += 1
         return
     report.outcome = "failed"
     report.longrepr = (f"{item.nodeid} skipped without needing CUDA ({reason}). Only tests marked "
                        "`cuda` may skip on this machine: install what the test needs (make test does) "
                        "or mark it cuda if it needs a GPU.")
+
+
+def pytest_runtest_logreport(report):
+    """Counts the skips where the summary is written (with pytest-xdist: in the controller, which
+    gets every worker's reports; a skip that reaches it needed CUDA, the others became failures)."""
+    if report.skipped and getattr(report, "wasxfail", None) is None:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _skipped[reason.removeprefix("Skipped: ")] += 1
 
 
 def pytest_terminal_summary(terminalreporter):

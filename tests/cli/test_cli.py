@@ -11,6 +11,7 @@ from pathlib import Path
 
 import platform
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from runner import (
     LSGD,
     TINY,
     lsgd,
+    lsgd_forked,
     metrics,
     run_dirs,
     session_processes,
@@ -44,19 +46,31 @@ def test_help_lists_subcommands(tmp_path):
         assert cmd in res.stdout
 
 
-def test_tiny_run_two_workers_writes_one_run_folder(tmp_path):
-    res = lsgd(["train", *TINY, "algo=local_sgd", "algo.local_steps=4", f"results_dir={tmp_path}/r"], tmp_path)
-    _ok(res)
-    (run,) = run_dirs(tmp_path / "r")
+#: a tiny DDP run on 2 workers (20 steps, a record every 2)
+TINY_DDP = [*TINY, "algo=ddp", "log_every=2"]
+
+
+@pytest.fixture(scope="module")
+def tiny_ddp(tmp_path_factory) -> Path:
+    """:data:`TINY_DDP`'s run folder: the folder test_tiny_run_two_workers_writes_one_run_folder checks,
+    and the first of the two runs test_same_seed_twice_gives_identical_metrics compares."""
+    tmp = tmp_path_factory.mktemp("tiny")
+    _ok(lsgd(["train", *TINY_DDP, f"results_dir={tmp}/r"], tmp))
+    (run,) = run_dirs(tmp / "r")
+    return run
+
+
+def test_tiny_run_two_workers_writes_one_run_folder(tiny_ddp):
+    run = tiny_ddp
     assert run.parent.name == "debug"
     cfg = yaml.safe_load((run / "config.yaml").read_text())
-    assert cfg["world_size"] == 2 and cfg["algo"]["local_steps"] == 4 and cfg["run_id"] == run.name
+    assert cfg["world_size"] == 2 and cfg["algo"]["name"] == "ddp" and cfg["run_id"] == run.name
     recs = metrics(run)
     s = summary(run)
     assert s["status"] == "completed" and s["steps"] == 20
     assert recs[-1]["step"] == 20 and "test_acc" in recs[-1]
-    # 20 steps, H=4 -> 5 rounds
-    assert recs[-1]["comm_rounds"] == 5 == s["comm_rounds"]
+    # DDP all-reduces at every step (local SGD's rounds every H steps: test_sweep_of_jobs_and_report)
+    assert recs[-1]["comm_rounds"] == 20 == s["comm_rounds"]
     log = (run / "train.log").read_text()
     assert "[rank 0]" in log and "[rank 1]" in log
     assert (run / "checkpoints" / "last.json").exists()
@@ -97,19 +111,22 @@ STUDY = {"dense": "ddp", "local_sgd_h4": "local_sgd", "topk_10x": "compressed", 
 
 @pytest.fixture(scope="module")
 def study_sweep(tmp_path_factory):
-    """One `lsgd train -m` over :data:`STUDY`'s arms and its `lsgd report`, read by the two sweep
-    tests below (before, each ran a sweep and a report of its own, of 2 and 3 jobs, the dense one in
-    both): (tmp folder, the sweep's process, run folder by algo, the report's process)."""
+    """One `lsgd train -m` over :data:`STUDY`'s arms, its `lsgd report` and (at the same time: both
+    only read the sweep) its `lsgd plot`, read by the two sweep tests below (before, each ran a sweep
+    and a report of its own, of 2 and 3 jobs, the dense one in both): (tmp folder, the sweep's
+    process, run folder by algo, the report's process, the plot's process)."""
     tmp = tmp_path_factory.mktemp("study")
     res = lsgd(["train", "-m", *TINY, f"variant={','.join(STUDY)}", f"results_dir={tmp}/r"], tmp, timeout=500)
     _ok(res)
     runs = {yaml.safe_load((r / "config.yaml").read_text())["algo"]["name"]: r for r in run_dirs(tmp / "r")}
-    rep = lsgd(["report", str(tmp / "r" / "debug"), "--out", str(tmp / "rep")], tmp)
-    return tmp, res, runs, rep
+    with ThreadPoolExecutor(1) as pool:
+        plot = pool.submit(lsgd, ["plot", str(tmp / "r" / "debug"), "--out", str(tmp / "plots")], tmp)
+        rep = lsgd(["report", str(tmp / "r" / "debug"), "--out", str(tmp / "rep")], tmp)
+        return tmp, res, runs, rep, plot.result()
 
 
-def test_sweep_of_jobs_and_report(study_sweep, tmp_path):
-    tmp, res, runs, rep = study_sweep
+def test_sweep_of_jobs_and_report(study_sweep):
+    tmp, res, runs, rep, plot = study_sweep
     assert len(runs) == len(STUDY) and sorted(runs) == sorted(STUDY.values())
     # each job says where it runs, as [k/N] and its overrides (issue 24)
     starts = [ln for ln in res.stderr.splitlines() if ln.startswith("lsgd: [") and ": run folder " in ln]
@@ -129,9 +146,8 @@ def test_sweep_of_jobs_and_report(study_sweep, tmp_path):
     pngs = list((tmp / "rep").rglob("*.png"))
     svgs = list((tmp / "rep").rglob("*.svg"))
     assert pngs and svgs and all(p.stat().st_size > 0 for p in pngs + svgs)
-    plot = lsgd(["plot", str(tmp / "r" / "debug"), "--out", str(tmp_path / "plots")], tmp_path)
     _ok(plot)
-    assert list((tmp_path / "plots").glob("*.png"))
+    assert list((tmp / "plots").glob("*.png"))
 
 
 def test_resume_after_crash_matches_uninterrupted_run(gravac_crash):
@@ -157,19 +173,18 @@ def test_resume_after_crash_matches_uninterrupted_run(gravac_crash):
     assert resumed["started_at"] >= first["started_at"] and resumed["threads"] >= 1
 
 
-def test_same_seed_twice_gives_identical_metrics(tmp_path):
-    """Same config twice, the second beside a CPU hog: identical metrics, the cluster clock's
-    modeled times included (cluster.compute=profile does not depend on this machine's load)."""
-    args = [*TINY, "algo=ddp", "log_every=2"]
-    _ok(lsgd(["train", *args, f"results_dir={tmp_path}/a"], tmp_path))
+def test_same_seed_twice_gives_identical_metrics(tmp_path, tiny_ddp):
+    """Same config twice (the first: the tiny_ddp fixture's run), the second beside a CPU hog:
+    identical metrics, the cluster clock's modeled times included (cluster.compute=profile does not
+    depend on this machine's load)."""
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
-        _ok(lsgd(["train", *args, f"results_dir={tmp_path}/b"], tmp_path))
+        _ok(lsgd(["train", *TINY_DDP, f"results_dir={tmp_path}/b"], tmp_path))
     finally:
         for h in hogs:
             h.kill()
             h.wait()
-    (a,), (b,) = run_dirs(tmp_path / "a"), run_dirs(tmp_path / "b")
+    a, (b,) = tiny_ddp, run_dirs(tmp_path / "b")
     assert metrics(a) == metrics(b) and len(metrics(a)) >= 10
     assert metrics(a)[-1]["modeled_time_s"] > 0
     # the measured compute did change under load; the modeled time did not
@@ -183,7 +198,11 @@ def test_crashing_worker_stops_the_job_with_no_orphans(tmp_path):
     assert res.returncode != 0
     assert time.monotonic() - t0 < 120
     assert "inject_failure: rank 1 fails at step 3" in res.stdout + res.stderr  # the failing rank's traceback
-    time.sleep(1)
+    # gone within seconds (multiprocessing's resource tracker outlives the launcher by a moment); a
+    # worker left waiting on its peer would stay for launcher.timeout_s
+    deadline = time.monotonic() + 10
+    while session_processes(res.session) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert session_processes(res.session) == []
 
 
@@ -195,27 +214,41 @@ def test_diverged_run_ends_cleanly(tmp_path):
     assert summary(run)["status"] == "diverged"
 
 
-@pytest.mark.parametrize(
-    "override, expected",
-    [
-        (["algo=local_sgd", "algo.local_steps=0"], "algo.local_steps"),
-        (["batch_size=0"], "batch_size"),
-        (["model=cnn", "dataset=c4"], "model"),
-        (["algo=nonexistent"], "ddp"),  # Hydra lists the available options
-        (["algo=slowmo", "algo.buffer_policy=keep"], "maintain"),
-        (["dataset=cifar10", "dataset.root=/nonexistent/lsgd", "dataset.download=false"], "dataset.root"),
-        # unknown keys, with or without Hydra's +: a did-you-mean, not a silent default (issue 24)
-        (["algo=local_sgd", "+algo.local_step=4"], "unknown config key 'algo.local_step'; did you mean algo.local_steps?"),
-        (["algo=local_sgd", "algo.local_step=4"], "unknown config key 'algo.local_step'; did you mean algo.local_steps?"),
-        (["+foo=1"], "unknown config key 'foo'"),
-        (["-m", "algo=ddp,local_sgd", "optim.lrr=0.1"], "unknown config key 'optim.lrr'; did you mean optim.lr?"),
-    ],
-)
-def test_bad_config_fails_before_any_worker(tmp_path, override, expected):
-    res = lsgd(["train", "debug=default", *override, f"results_dir={tmp_path}/r"], tmp_path, timeout=120)
+#: (overrides, what the error names) of configs `lsgd train` must reject before any worker starts
+BAD_CONFIGS = [
+    (["algo=local_sgd", "algo.local_steps=0"], "algo.local_steps"),
+    (["batch_size=0"], "batch_size"),
+    (["model=cnn", "dataset=c4"], "model"),
+    (["algo=nonexistent"], "ddp"),  # Hydra lists the available options
+    (["algo=slowmo", "algo.buffer_policy=keep"], "maintain"),
+    (["dataset=cifar10", "dataset.root=/nonexistent/lsgd", "dataset.download=false"], "dataset.root"),
+    # unknown keys, with or without Hydra's +: a did-you-mean, not a silent default (issue 24)
+    (["algo=local_sgd", "+algo.local_step=4"], "unknown config key 'algo.local_step'; did you mean algo.local_steps?"),
+    (["algo=local_sgd", "algo.local_step=4"], "unknown config key 'algo.local_step'; did you mean algo.local_steps?"),
+    (["+foo=1"], "unknown config key 'foo'"),
+    (["-m", "algo=ddp,local_sgd", "optim.lrr=0.1"], "unknown config key 'optim.lrr'; did you mean optim.lr?"),
+]
+
+
+@pytest.fixture(scope="module")
+def rejected(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """`lsgd train debug=default OVERRIDES results_dir=<cwd>/r` of every :data:`BAD_CONFIGS` entry, each in
+    a folder of its own (runner.lsgd_forked: forked from one process that has imported lsgd):
+    ``" ".join(OVERRIDES)`` -> (cwd, the result)."""
+    jobs = {}
+    for i, (override, _) in enumerate(BAD_CONFIGS):
+        cwd = tmp_path_factory.mktemp(f"rejected{i}")
+        jobs[str(i)] = (["train", "debug=default", *override, f"results_dir={cwd}/r"], cwd)
+    results = lsgd_forked(jobs, timeout=300)
+    return {" ".join(o): (jobs[str(i)][1], results[str(i)]) for i, (o, _) in enumerate(BAD_CONFIGS)}
+
+
+@pytest.mark.parametrize("override, expected", BAD_CONFIGS)
+def test_bad_config_fails_before_any_worker(rejected, override, expected):
+    cwd, res = rejected[" ".join(override)]
     assert res.returncode != 0
     assert expected in res.stdout + res.stderr
-    assert not list((tmp_path / "r").rglob("train.log"))  # no worker started
+    assert not list((cwd / "r").rglob("train.log"))  # no worker started
 
 
 def test_external_torchrun_joins_instead_of_spawning(tmp_path):
@@ -232,22 +265,38 @@ def test_external_torchrun_joins_instead_of_spawning(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no stray per-rank output folders
 
 
-def test_wandb_offline_logs_rank0_only_tagged_with_algo_and_variant(tmp_path):
+#: experiment=local_vs_minibatch on synthetic data, 2 workers, K=4, b=8, R=6, seed 3, logged to W&B
+#: (offline) too: :func:`local_vs_minibatch`'s sweep
+LVM_K, LVM_B, LVM_R, LVM_WORKERS = 4, 8, 6, 2
+
+
+@pytest.fixture(scope="module")
+def local_vs_minibatch(tmp_path_factory):
+    """experiment=local_vs_minibatch's three arms in one real `lsgd train -m` (:data:`LVM_K` ...), with
+    logger=wandb (offline): (tmp folder, run folder by study arm). Read by the study's test and the
+    W&B test (before, that one trained an arm of its own)."""
+    tmp = tmp_path_factory.mktemp("lvm")
+    study = [f"study.local_steps={LVM_K}", f"study.local_batch={LVM_B}", f"study.rounds={LVM_R}",
+             "study.eval_rounds=3", "study.log_rounds=1"]
+    res = lsgd(["train", "-m", "experiment=local_vs_minibatch", "variant=minibatch_kb,local_sgd_k,minibatch_b",
+                *study, "dataset=synthetic", "dataset.num_train=512", "dataset.num_test=256", "device=cpu",
+                f"launcher.nproc_per_node={LVM_WORKERS}", "launcher.timeout_s=30", "logger=wandb", "seed=3",
+                f"results_dir={tmp}/r"], tmp, timeout=400, env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    _ok(res)
+    return tmp, {yaml.safe_load((d / "config.yaml").read_text())["study"]["arm"]: d for d in run_dirs(tmp / "r")}
+
+
+def test_wandb_offline_logs_rank0_only_tagged_with_algo_and_variant(local_vs_minibatch):
     """logger=wandb (offline) on a study arm, `experiment=local_vs_minibatch variant=local_sgd_k`
-    (2 workers, synthetic data, 2 rounds of K=2): one W&B run for the job (rank 0 only), whose run
-    record (read back from its .wandb file) is tagged ``algo:local_sgd`` and
-    ``variant:local_sgd_k``, grouped by the experiment and named by the arm label and seed."""
+    (2 workers, synthetic data, 6 rounds of K=4: the local_vs_minibatch fixture's sweep): one W&B run
+    for the job (rank 0 only), whose run record (read back from its .wandb file) is tagged
+    ``algo:local_sgd`` and ``variant:local_sgd_k``, grouped by the experiment and named by the arm
+    label and seed."""
     from wandb_history import run_records
 
     from lsgd.training.loggers import run_label
 
-    res = lsgd(["train", "experiment=local_vs_minibatch", "variant=local_sgd_k", "study.local_steps=2",
-                "study.local_batch=8", "study.rounds=2", "study.eval_rounds=2", "study.log_rounds=1",
-                "dataset=synthetic", "dataset.num_train=512", "dataset.num_test=256", "device=cpu",
-                "launcher.nproc_per_node=2", "launcher.timeout_s=30", "logger=wandb", "seed=3",
-                f"results_dir={tmp_path}/r"], tmp_path, env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
-    _ok(res)
-    (run,) = run_dirs(tmp_path / "r")
+    run = local_vs_minibatch[1]["local_sgd_k"]
     offline = list((run / "wandb").glob("offline-run-*"))
     assert len(offline) == 1  # one W&B run for the job, from rank 0
     assert summary(run)["status"] == "completed"
@@ -256,7 +305,7 @@ def test_wandb_offline_logs_rank0_only_tagged_with_algo_and_variant(tmp_path):
     assert runs and sorted(runs[0].tags) == ["algo:local_sgd", "variant:local_sgd_k"]
     assert runs[0].run_group == "local_vs_minibatch"
     label = run_label(yaml.safe_load((run / "config.yaml").read_text()))
-    assert runs[0].display_name == label and label.endswith(", seed 3") and "H=2" in label, label
+    assert runs[0].display_name == label and label.endswith(", seed 3") and f"H={LVM_K}" in label, label
 
 
 def test_srun_style_tasks_join_one_group_and_one_folder(tmp_path):
@@ -275,9 +324,11 @@ def test_srun_style_tasks_join_one_group_and_one_folder(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
 
 
-#: a local SGD run long enough to stop mid-run (150 steps, a record every step, a checkpoint every
-#: 10): the killed run and the signalled joined launch below both run it
-LONG = [*TINY, "epochs=40", "max_steps=150", "log_every=1", "checkpoint_every=10", "algo=local_sgd",
+#: a local SGD run long enough to stop mid-run (80 steps, a record every step, a checkpoint every
+#: 10): the killed run and the signalled joined launch below both run it. Each stops within a few
+#: steps of step 10 (the killed run: its first checkpoint; the signalled one: 3 records, then at most
+#: the stop agreement's lag), 70 steps (over a second) before the end.
+LONG = [*TINY, "epochs=40", "max_steps=80", "log_every=1", "checkpoint_every=10", "algo=local_sgd",
         "algo.local_steps=3", "launcher.preemption=checkpoint"]
 
 
@@ -331,7 +382,7 @@ def test_gravac_writes_per_step_rows_and_resumes_exactly(gravac_crash):
 
 
 def test_compression_study_sweep_and_report(study_sweep):
-    tmp, _, runs, rep = study_sweep
+    tmp, _, runs, rep, _ = study_sweep
     assert {"compressed", "ddp", "gravac"} <= set(runs)
     dense, topk = summary(runs["ddp"])["comm_bytes"], summary(runs["compressed"])["comm_bytes"]
     assert 3 < dense / topk < 6  # CF 10 with int32 indices: about 5x fewer bytes (buffers broadcast dense)
@@ -341,20 +392,14 @@ def test_compression_study_sweep_and_report(study_sweep):
     assert list((tmp / "rep").rglob("*compression*.png"))
 
 
-def test_local_vs_minibatch_sweep_equal_rounds_and_samples(tmp_path):
+def test_local_vs_minibatch_sweep_equal_rounds_and_samples(local_vs_minibatch, tmp_path):
     """experiment=local_vs_minibatch's three arms in one real `lsgd train -m` (synthetic data, 2
-    workers, K=4, b=8, R=6): minibatch_kb and local_sgd_k record the same comm_rounds and samples at
-    every round and are evaluated at the same rounds; minibatch_b the same rounds with K times fewer
-    samples; `lsgd report`'s detailed table has a study.arm column with those rounds and samples."""
-    k, b, r, workers = 4, 8, 6, 2
-    study = [f"study.local_steps={k}", f"study.local_batch={b}", f"study.rounds={r}", "study.eval_rounds=3",
-             "study.log_rounds=1"]
-    res = lsgd(["train", "-m", "experiment=local_vs_minibatch", "variant=minibatch_kb,local_sgd_k,minibatch_b",
-                *study, "dataset=synthetic", "dataset.num_train=512", "dataset.num_test=256", "device=cpu",
-                f"launcher.nproc_per_node={workers}", "launcher.timeout_s=30", f"results_dir={tmp_path}/r"],
-               tmp_path, timeout=400)
-    _ok(res)
-    runs = {yaml.safe_load((d / "config.yaml").read_text())["study"]["arm"]: d for d in run_dirs(tmp_path / "r")}
+    workers, K=4, b=8, R=6: the local_vs_minibatch fixture's sweep): minibatch_kb and local_sgd_k
+    record the same comm_rounds and samples at every round and are evaluated at the same rounds;
+    minibatch_b the same rounds with K times fewer samples; `lsgd report`'s detailed table has a
+    study.arm column with those rounds and samples."""
+    k, b, r, workers = LVM_K, LVM_B, LVM_R, LVM_WORKERS
+    sweep, runs = local_vs_minibatch
     assert sorted(runs) == ["local_sgd_k", "minibatch_b", "minibatch_kb"]
     recs = {arm: metrics(d) for arm, d in runs.items()}
     sums = {arm: summary(d) for arm, d in runs.items()}
@@ -371,7 +416,7 @@ def test_local_vs_minibatch_sweep_equal_rounds_and_samples(tmp_path):
     assert sums["minibatch_kb"]["samples"] == sums["local_sgd_k"]["samples"] == r * per_round
     # the same bytes per round: a gradient all-reduce and a model average are both 7850 floats of logreg
     assert sums["minibatch_kb"]["comm_bytes"] == sums["local_sgd_k"]["comm_bytes"] == sums["minibatch_b"]["comm_bytes"]
-    rep = lsgd(["report", str(tmp_path / "r" / "local_vs_minibatch"), "--out", str(tmp_path / "rep")], tmp_path)
+    rep = lsgd(["report", str(sweep / "r" / "local_vs_minibatch"), "--out", str(tmp_path / "rep")], tmp_path)
     _ok(rep)
     text = (tmp_path / "rep" / "report.md").read_text()
     # the detailed table (since issue 14 the first table is the compact main table, without config keys)
@@ -466,7 +511,7 @@ def test_a_signal_to_one_rank_stops_every_rank_at_one_checkpoint_and_resume_is_e
     assert [p.returncode for p in procs] == [143, 143], [e[-2000:] for _, e in outs]
     (run,) = run_dirs(tmp_path / "b")
     s = summary(run)
-    assert s["status"] == "preempted" and 0 < s["steps"] < 150
+    assert s["status"] == "preempted" and 0 < s["steps"] < 80
     log = (run / "train.log").read_text()
     assert log.count(f"preempted at step {s['steps']}:") == 2  # both ranks, the same step
     assert json.loads((run / "checkpoints" / "last.json").read_text())["step"] == s["steps"]
@@ -538,15 +583,17 @@ def test_user_mistakes_get_one_line_errors(tmp_path, monkeypatch, capsys):
     assert err == "lsgd data: cifar10 could not be prepared: [Errno -3] Temporary failure in name resolution"
 
 
-def test_train_log_keeps_the_step_lines_when_the_console_is_a_terminal(tmp_path):
-    """With a terminal on stdout the console shows a progress bar instead of the step lines; the
-    run's train.log still gets every one of them (issue 24)."""
+@pytest.fixture(scope="module")
+def terminal_run(tmp_path_factory) -> tuple[Path, bytes, str]:
+    """DiLoCo with H = 9 over 8 steps (a record every 2) with a terminal on stdout: (run folder, what
+    the terminal got, stderr). Read by the two tests below (before, each ran one of its own)."""
     import pty
 
+    tmp = tmp_path_factory.mktemp("terminal")
+    args = [*TINY, "algo=diloco", "algo.local_steps=9", "max_steps=8", "log_every=2", f"results_dir={tmp}/r"]
     leader, follower = pty.openpty()
     try:
-        proc = subprocess.Popen([*LSGD, "train", *TINY, "max_steps=8", "log_every=2", f"results_dir={tmp_path}/r"],
-                                cwd=tmp_path, stdout=follower, stderr=subprocess.PIPE, text=True,
+        proc = subprocess.Popen([*LSGD, "train", *args], cwd=tmp, stdout=follower, stderr=subprocess.PIPE, text=True,
                                 env=dict(os.environ, WANDB_MODE="disabled"))
         os.close(follower)
         follower = None
@@ -560,31 +607,38 @@ def test_train_log_keeps_the_step_lines_when_the_console_is_a_terminal(tmp_path)
                 break
             chunks.append(data)
         assert proc.wait(timeout=240) == 0, proc.stderr.read()
+        err = proc.stderr.read()
     finally:
         os.close(leader)
         if follower is not None:
             os.close(follower)
-    (run,) = run_dirs(tmp_path / "r")
+    (run,) = run_dirs(tmp / "r")
+    return run, b"".join(chunks), err
+
+
+def test_train_log_keeps_the_step_lines_when_the_console_is_a_terminal(terminal_run):
+    """With a terminal on stdout the console shows a progress bar instead of the step lines; the
+    run's train.log still gets every one of them (issue 24)."""
+    run, terminal, _ = terminal_run
     steps = [line.split("step ")[1].split()[0] for line in (run / "train.log").read_text().splitlines()
              if "] " in line and " step " in line and "samples/s" in line]
     assert steps == ["2/8", "4/8", "6/8", "8/8"], (run / "train.log").read_text()
-    assert b"step 2/8" not in b"".join(chunks)  # the console had the progress bar, not the lines
+    assert b"step 2/8" not in terminal  # the console had the progress bar, not the lines
 
 
-def test_a_run_names_its_folder_and_warns_when_nothing_will_be_communicated(tmp_path):
+def test_a_run_names_its_folder_and_warns_when_nothing_will_be_communicated(terminal_run):
     """The run folder at the start and the end (with the status), and a warning when H exceeds the
-    run: DiLoCo with H = 8 over 4 steps never synchronizes (issue 24)."""
-    res = lsgd(["train", *TINY, "algo=diloco", "algo.local_steps=8", "max_steps=4", f"results_dir={tmp_path}/r"], tmp_path)
-    _ok(res)
-    (run,) = run_dirs(tmp_path / "r")
-    assert f"lsgd: run folder {run}" in res.stderr and f"lsgd: completed: {run}" in res.stderr
-    assert "algo.local_steps=8 is more than the run's 4 steps: the workers never synchronize" in res.stderr
+    run: DiLoCo with H = 9 over 8 steps never synchronizes (issue 24)."""
+    run, _, err = terminal_run
+    assert f"lsgd: run folder {run}" in err and f"lsgd: completed: {run}" in err
+    assert "algo.local_steps=9 is more than the run's 8 steps: the workers never synchronize" in err
     assert summary(run)["comm_rounds"] == 0
 
 
-def test_a_run_rejected_before_it_starts_leaves_no_folder(tmp_path):
+def test_a_run_rejected_before_it_starts_leaves_no_folder(rejected):
     """A config error ends the run before anything starts: no run folder is left for the report
-    to list as running (Hydra's own .hydra folder included) (issue 24)."""
-    res = lsgd(["train", "debug=default", "batch_size=0", f"results_dir={tmp_path}/r"], tmp_path)
+    to list as running (Hydra's own .hydra folder included) (issue 24). (`lsgd train debug=default
+    batch_size=0`, the run of test_bad_config_fails_before_any_worker's batch_size case.)"""
+    cwd, res = rejected["batch_size=0"]
     assert res.returncode == 2 and "batch_size must be an integer >= 1" in res.stderr
-    assert not (tmp_path / "r" / "debug").exists()
+    assert not (cwd / "r" / "debug").exists()

@@ -27,6 +27,11 @@ def _sent(dev: str) -> int:
     return int(re.search(r"Sent (\d+) bytes", out).group(1))
 
 
+def _phases(schedule: list[tuple], nbytes: int) -> list[tuple[float, int, int]]:
+    """``(cap_mbit, repeats, nbytes)`` of each entry of ``schedule`` (``nbytes``: where it names none)."""
+    return [(entry[0], entry[1], entry[2] if len(entry) > 2 else nbytes) for entry in schedule]
+
+
 def _worker(rank: int, plan: dict, port: int, nbytes: int, schedule: list, queue) -> None:
     import torch
     import torch.distributed as dist
@@ -42,9 +47,9 @@ def _worker(rank: int, plan: dict, port: int, nbytes: int, schedule: list, queue
     torch.set_num_threads(1)
     store = dist.TCPStore(p.master_addr, port, 3, is_master=False, timeout=timedelta(seconds=120))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=120))
-    x = torch.ones(nbytes // 4)
     ack = torch.zeros(1)
-    for i, (_, repeats) in enumerate(schedule):
+    for i, (_, repeats, n) in enumerate(_phases(schedule, nbytes)):
+        x = torch.ones(n // 4)
         times = {"p2p": [], "allreduce": []}
         store.wait([f"p2p{i}"])
         for _ in range(repeats):
@@ -74,12 +79,13 @@ def _worker(rank: int, plan: dict, port: int, nbytes: int, schedule: list, queue
     dist.destroy_process_group()
 
 
-def measure(schedule: list[tuple[float, int]], nbytes: int = 16 * 2**20, gpus_per_node: int = 1) -> list[dict]:
-    """For each ``(cap_mbit, repeats)`` of ``schedule``: rank 0's times (s) of each repeat of a
+def measure(schedule: list[tuple], nbytes: int = 16 * 2**20, gpus_per_node: int = 1) -> list[dict]:
+    """For each ``(cap_mbit, repeats)`` of ``schedule`` (or ``(cap_mbit, repeats, nbytes)``: a size of
+    its own): rank 0's times (s) of each repeat of a
     point-to-point transfer and of an all-reduce of ``nbytes``, and the wire bytes per payload byte
     of each phase (through the second node's ingress; 0 with ``gpus_per_node=2``: one node).
 
-    Returns one dict per cap: ``cap_mbit``, ``p2p``, ``allreduce`` (lists of seconds),
+    Returns one dict per cap: ``cap_mbit``, ``nbytes``, ``p2p``, ``allreduce`` (lists of seconds),
     ``p2p_wire_factor``, ``allreduce_wire_factor``, ``run`` (the cluster's id).
     """
     import torch.distributed as dist
@@ -98,7 +104,7 @@ def measure(schedule: list[tuple[float, int]], nbytes: int = 16 * 2**20, gpus_pe
             p.start()
         h1 = plan.host_if(plan.nodes - 1)
         try:
-            for i, (cap, repeats) in enumerate(schedule):
+            for i, (cap, repeats, n) in enumerate(_phases(schedule, nbytes)):
                 set_rate(plan, int(cap * 1e6))
                 before = _sent(h1)
                 store.set(f"p2p{i}", "go")
@@ -110,8 +116,8 @@ def measure(schedule: list[tuple[float, int]], nbytes: int = 16 * 2**20, gpus_pe
                 # p2p: rank 0 -> rank 1 enters rank 1's node through h1 (the 4-byte answer goes the
                 # other way); all-reduce of 2 ranks (repeats, + 1 untimed after a change): rank 0 sends nbytes to rank 1
                 # each time (n/2 + n/2)
-                out.append(dict(times, cap_mbit=cap, run=plan.run, p2p_wire_factor=(mid - before) / (repeats * nbytes),
-                                allreduce_wire_factor=(end - mid) / ((repeats + bool(i)) * nbytes)))
+                out.append(dict(times, cap_mbit=cap, nbytes=n, run=plan.run, p2p_wire_factor=(mid - before) / (repeats * n),
+                                allreduce_wire_factor=(end - mid) / ((repeats + bool(i)) * n)))
         finally:
             for p in procs:
                 p.join(timeout=30)

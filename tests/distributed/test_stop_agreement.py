@@ -71,6 +71,7 @@ def _ahead_then_stop(rank, world_size, lag, board, out):
         (out / "r.json").write_text(json.dumps([ahead, waited, stops]))
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("board", [False, True], ids=["all_reduce", "board"])
 @pytest.mark.parametrize("lag", [1, 4, 16])
 def test_a_rank_runs_lag_calls_ahead_then_waits_and_all_stop_together(lag, board, tmp_path):

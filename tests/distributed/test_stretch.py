@@ -37,6 +37,7 @@ def _train(rank, world, cfg, run_dir):
         "stretched_s": trainer.timer.stretched_s}))
 
 
+@pytest.mark.serial
 @pytest.mark.timeout(60)
 def test_local_sgd_runs_at_the_slow_workers_modeled_pace(tmp_path):
     """Speeds [1.0, 0.5], 0.05 s per step at speed 1 (the slow worker's steps last 0.1 s), H = 4,

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -25,23 +26,38 @@ def test_srun_spreads_four_tasks_over_two_nodes(slurm_cluster):
     assert rows == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
 
 
-@pytest.fixture(scope="module")
-def local_run(tmp_path_factory):
+class LocalRuns:
     """``local_run(args)``: the run folder of ``lsgd train ARGS launcher.nproc_per_node=4`` on this
     machine, the reference a SLURM job's metrics must equal; made once per ``args`` for the module
-    (a 4-worker run costs about 10 s on 2 cores; the sbatch test and the sweep share one)."""
-    made: dict[tuple[str, ...], Path] = {}
+    (a 4-worker run costs about 10 s on 2 cores; the sbatch test and the sweep share one).
+    ``local_run.start(args)`` starts it in the background, beside the SLURM job a test submits next
+    (which leaves the CPUs idle much of the time: submission, scheduling, polls); ``local_run(args)``
+    waits for it."""
 
-    def get(args: list[str]) -> Path:
-        key = tuple(args)
-        if key not in made:
-            folder = tmp_path_factory.mktemp("local")
-            res = lsgd(["train", *args, "launcher.nproc_per_node=4", f"results_dir={folder}/r"], folder)
-            assert res.returncode == 0, res.stderr[-3000:]
-            (made[key],) = run_dirs(folder / "r")
-        return made[key]
+    def __init__(self, tmp_path_factory, pool: ThreadPoolExecutor):
+        self.tmp_path_factory, self.pool = tmp_path_factory, pool
+        self.made: dict[tuple[str, ...], tuple[Path, Future]] = {}
 
-    return get
+    def start(self, args: list[str]) -> None:
+        if tuple(args) not in self.made:
+            folder = self.tmp_path_factory.mktemp("local")
+            run = self.pool.submit(lsgd, ["train", *args, "launcher.nproc_per_node=4", f"results_dir={folder}/r"], folder)
+            self.made[tuple(args)] = folder, run
+
+    def __call__(self, args: list[str]) -> Path:
+        self.start(args)
+        folder, run = self.made[tuple(args)]
+        res = run.result()
+        assert res.returncode == 0, res.stderr[-3000:]
+        (run_dir,) = run_dirs(folder / "r")
+        return run_dir
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    """:class:`LocalRuns` of the module (one at a time: 4 workers each)."""
+    with ThreadPoolExecutor(1) as pool:
+        yield LocalRuns(tmp_path_factory, pool)
 
 
 #: a local SGD job of 6 steps at H = 3 (two averaging rounds): the sbatch job and one arm of the sweep
@@ -72,6 +88,7 @@ def test_sbatch_script_trains_on_four_ranks_like_a_local_run(slurm_cluster, tmp_
     group (ranks from SLURM_PROCID, master = first node); its run folder records world_size 4 and
     its metrics equal those of the same config run locally with 4 workers."""
     args = [*LOCAL_SGD, "algo.local_steps=3"]
+    local_run.start(args)
     state = sbatch(slurm_cluster, tmp_path, ["--nodes=2", "--ntasks-per-node=2"], [*args, f"results_dir={tmp_path}/slurm"])
     out = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
     assert state["JobState"] == "COMPLETED", f"{state}\n{out[-4000:]}"
@@ -91,6 +108,8 @@ def test_submitit_sweep_runs_each_job_on_both_nodes(slurm_cluster, tmp_path, loc
     """`lsgd train -m hydra/launcher=submitit_slurm nodes=2 tasks_per_node=2`: a sweep of 2 jobs,
     each a 4-rank gloo job over both nodes writing one run folder with world_size 4, whose metrics
     equal the same job run locally with 4 workers."""
+    for h in (1, 3):
+        local_run.start([*LOCAL_SGD, f"algo.local_steps={h}"])
     res = lsgd(["train", "-m", "hydra/launcher=submitit_slurm", "hydra.launcher.nodes=2",
                 "hydra.launcher.tasks_per_node=2", "hydra.launcher.mem_gb=1", "hydra.launcher.timeout_min=10",
                 f"hydra.launcher.submitit_folder={tmp_path}/submitit/%j", *LOCAL_SGD, "algo.local_steps=1,3",
@@ -151,13 +170,15 @@ def start_requeued_job_now(cluster, job: str, pending_since: list[float]) -> Non
         cluster.run(["scontrol", "update", f"jobid={job}", "StartTime=now"])
 
 
-def test_preset_job_is_preempted_requeued_and_resumes_to_identical_metrics(slurm_cluster, tmp_path):
+def test_preset_job_is_preempted_requeued_and_resumes_to_identical_metrics(slurm_cluster, tmp_path, local_run):
     """The `hydra/launcher=slurm` preset (with overrides for this CPU cluster) runs a 4-rank job
     over both nodes. Mid-run the job gets SIGTERM (`scancel --signal=TERM`, as preemption sends):
     every rank checkpoints at the same step, summary.json says `preempted`, rank 0 requeues the
     job, the requeued job (same id, same folder) resumes itself, and its metrics equal an
     uninterrupted local 4-worker run. Submitit sees one result: the resumed attempt's."""
-    args = [*TINY, "epochs=40", "max_steps=160", "log_every=1", "algo=local_sgd", "algo.local_steps=2"]
+    # 100 steps: the SIGTERM lands some 20 steps after the third record (scancel through the daemons)
+    args = [*TINY, "epochs=40", "max_steps=100", "log_every=1", "algo=local_sgd", "algo.local_steps=2"]
+    local_run.start(args)
     proc = subprocess.Popen(
         [*LSGD, "train", "-m", "hydra/launcher=slurm", "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=2",
          "hydra.launcher.gpus_per_node=null", "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1",
@@ -198,14 +219,11 @@ def test_preset_job_is_preempted_requeued_and_resumes_to_identical_metrics(slurm
                     if "preempted at step" in line}
     assert len(preempted_at) == 1 and log.count("preempted at step") == 4  # all 4 ranks, one step
     (step,) = preempted_at
-    assert 0 < step < 160
+    assert 0 < step < 100
     assert log.count(f"resumed from step_{step:08d} at step {step}") == 4
-    assert summary(run)["status"] == "completed" and summary(run)["steps"] == 160
+    assert summary(run)["status"] == "completed" and summary(run)["steps"] == 100
     assert yaml.safe_load((run / "config.yaml").read_text())["world_size"] == 4
-    local = lsgd(["train", *args, "launcher.nproc_per_node=4", f"results_dir={tmp_path}/local"], tmp_path)
-    assert local.returncode == 0, local.stderr[-3000:]
-    (ref,) = run_dirs(tmp_path / "local")
-    assert stable(metrics(run)) == stable(metrics(ref))
+    assert stable(metrics(run)) == stable(metrics(local_run(args)))
     assert not slurm_cluster.job_processes()
 
 
