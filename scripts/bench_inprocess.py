@@ -4,7 +4,7 @@
 
 Throughput: the same run (the Fashion-MNIST CNN, local SGD with H = 4, batch 16 per worker, no
 evaluation inside the run) through the real ``lsgd train``, once with ``launcher=local`` (gloo
-processes) and once with ``launcher=inprocess``, for each ``--workers`` count (``--repeats`` times,
+processes) and once with ``launcher=inprocess launcher.threads_per_worker=1``, for each ``--workers`` count (``--repeats`` times,
 alternating which mode goes first). A run's records (``log_every`` = 10) cut it into intervals of
 10 steps; each interval after the first record is one repeat of the figure, worker-steps per second
 from the records' ``wall_time_s`` (starting processes, importing torch and building the model do
@@ -33,6 +33,9 @@ import tempfile
 from pathlib import Path
 
 LSGD = [sys.executable, "-m", "lsgd.cli", "train"]
+#: the in-process side runs on one torch thread (launcher.threads_per_worker=1): for this model one thread
+#: is faster than two (docs/benchmarks.md); the processes get the local launch's cores // n (1 here)
+INPROCESS_THREADS = ["launcher.threads_per_worker=1"]
 CONFIG = ["model=cnn", "dataset=fashion_mnist", "algo=local_sgd", "algo.local_steps=4", "batch_size=16",
           "eval_unit=step", "eval_every=100000", "checkpoint_every=0", "log_every=10", "logger=[jsonl]"]
 LIMIT_BYTES = 8 * 1024**3
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                 for mode in order:
                     out = Path(tmp, f"t{n}-{mode}-{rep}")
                     run, _ = _run([*CONFIG, f"launcher={mode}", f"launcher.nproc_per_node={n}",
-                                   f"max_steps={args.steps}"], out)
+                                   f"max_steps={args.steps}", *(INPROCESS_THREADS if mode == "inprocess" else [])], out)
                     rates[mode] += worker_steps_per_s(run, n)
             procs, inproc = statistics.median(rates["local"]), statistics.median(rates["inprocess"])
             speedups[n] = inproc / procs
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         memory = {}
         for n in args.scale:
             out = Path(tmp, f"m{n}")
-            _, rss = _run([*CONFIG, "launcher=inprocess", f"launcher.nproc_per_node={n}",
+            _, rss = _run([*CONFIG, "launcher=inprocess", *INPROCESS_THREADS, f"launcher.nproc_per_node={n}",
                            f"max_steps={args.scale_steps}", "log_every=2"], out)
             memory[n] = rss
             print(f"{n:18d} | {rss / 1024**3:14.2f} | {'yes' if rss <= LIMIT_BYTES else 'no'}", flush=True)
