@@ -260,12 +260,13 @@ def time_claims(out: str) -> str:
 # docs/studies/local-sgd-at-scale.md: final test accuracy and GB per worker against n, seed 0
 def local_sgd_at_scale(out: str) -> str:
     n = [4, 16, 64, 256]
+    # mean and 95% t half-width over seeds 0-2 (docs/studies/local-sgd-at-scale.md)
     acc = {
-        "H = 1": [0.9008, 0.9001, 0.8806, 0.2862],
-        "H = 4": [0.9004, 0.8890, 0.8296, 0.1000],
-        "H = 16": [0.8946, 0.8722, 0.7506, 0.1000],
-        "H = 64": [0.8912, 0.8468, 0.1000, 0.1000],
-        "SlowMo, H = 16": [0.8978, 0.8821, 0.7447, 0.1000],
+        "H = 1": ([0.9031, 0.8992, 0.8795, 0.4741], [0.0066, 0.0027, 0.0027, 0.4309]),
+        "H = 4": ([0.9020, 0.8893, 0.8395, 0.1363], [0.0035, 0.0062, 0.0219, 0.1294]),
+        "H = 16": ([0.8963, 0.8745, 0.7430, 0.1000], [0.0048, 0.0056, 0.0169, 0]),
+        "H = 64": ([0.8909, 0.8523, 0.1000, 0.1000], [0.0009, 0.0132, 0, 0]),
+        "SlowMo, H = 16": ([0.8989, 0.8823, 0.7522, 0.1000], [0.0031, 0.0015, 0.0161, 0]),
     }
     gb = {
         "H = 1": [2.423, 0.7565, 0.1969, 0.04809],
@@ -274,8 +275,8 @@ def local_sgd_at_scale(out: str) -> str:
         "H = 64": [0.0375, 0.01131, 0.001697, None],
     }
     fig, (a, b) = plt.subplots(1, 2, figsize=(7.0, 2.8))
-    for label, values in acc.items():
-        a.plot(n, values, marker="o", ms=3, ls="--" if "SlowMo" in label else "-", label=label)
+    for label, (values, half) in acc.items():
+        a.errorbar(n, values, yerr=half, marker="o", ms=3, capsize=2, ls="--" if "SlowMo" in label else "-", label=label)
     a.set(xscale="log", xlabel="workers n", ylabel="final test accuracy", xticks=n, xticklabels=[str(x) for x in n])
     a.legend(fontsize=7)
     for label, values in gb.items():

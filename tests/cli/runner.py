@@ -25,19 +25,24 @@ def lsgd(args, cwd: Path, timeout: float = 240, env=None) -> subprocess.Complete
     e = dict(os.environ)
     e.setdefault("WANDB_MODE", "disabled")
     e.update(env or {})
-    proc = subprocess.Popen(
-        LSGD + list(args), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True, env=e,
-    )
+    proc, out, err = _session(LSGD + list(args), cwd, e, timeout, f"lsgd {args}")
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    result.session = proc.pid
+    return result
+
+
+def _session(cmd: list[str], cwd, env: dict, timeout: float, what: str) -> tuple[subprocess.Popen, str, str]:
+    """Run ``cmd`` in a session of its own to the end: (process, stdout, stderr); past ``timeout``
+    seconds the whole session is killed and an AssertionError names ``what``."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env=env)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         out, err = proc.communicate()
-        raise AssertionError(f"lsgd {args} timed out\n{out}\n{err}")
-    result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-    result.session = proc.pid
-    return result
+        raise AssertionError(f"{what} timed out\n{out}\n{err}")
+    return proc, out, err
 
 
 #: the body of :func:`lsgd_forked`: imports what `lsgd train` imports before its workers start
@@ -91,14 +96,7 @@ def lsgd_forked(jobs: dict[str, tuple[list[str], Path]], timeout: float = 240) -
     e = dict(os.environ)
     e.setdefault("WANDB_MODE", "disabled")
     payload = json.dumps({k: [list(args), str(cwd)] for k, (args, cwd) in jobs.items()})
-    proc = subprocess.Popen([sys.executable, "-c", _FORKED, payload], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, env=e)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        out, err = proc.communicate()
-        raise AssertionError(f"lsgd {jobs} timed out\n{out}\n{err}")
+    proc, out, err = _session([sys.executable, "-c", _FORKED, payload], None, e, timeout, f"lsgd {jobs}")
     assert proc.returncode == 0, err[-3000:]
     return {k: subprocess.CompletedProcess(["lsgd", *jobs[k][0]], rc, o, e)
             for k, (rc, o, e) in json.loads(out).items()}
