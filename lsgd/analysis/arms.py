@@ -35,7 +35,7 @@ from lsgd.analysis.load import (
     differing_keys,
     flatten_config,
 )
-from lsgd.core.labels import NAME_KEYS, format_value, key_name, label_part, merged_symbols, written_alone
+from lsgd.core.labels import KEY_NAMES, NAME_KEYS, format_value, key_name, label_part, merged_symbols, written_alone
 from lsgd.core.labels import config_label as _config_label
 from lsgd.core.labels import defining_keys as _defining_keys
 from lsgd.core.labels import is_missing as _is_missing
@@ -272,8 +272,9 @@ def select_runs(frame: pd.DataFrame, selector: str, labels: Mapping[str, str] | 
     """Boolean mask of the runs of ``frame`` (one row per run) that ``selector`` names.
 
     ``selector`` is one of: an ``algo.name`` (``"ddp"``); an arm label of :func:`arm_labels`
-    (``"local SGD, H=8"``); or ``key=value`` pairs joined by commas, each matched against the
-    written config value (``"algo.name=local_sgd,algo.local_steps=8"``).
+    (``"local SGD, H=8"``; where no arm's label is exactly that, the arms whose labels add only
+    run-level parts to it, ``"local SGD, H=8, workers=16"``); or ``key=value`` pairs joined by
+    commas, each matched against the written config value (``"algo.name=local_sgd,algo.local_steps=8"``).
     """
     selector = str(selector).strip()
     parts = [p.strip() for p in selector.split(",") if p.strip()]
@@ -286,5 +287,23 @@ def select_runs(frame: pd.DataFrame, selector: str, labels: Mapping[str, str] | 
     names = frame["algo.name"] if "algo.name" in frame else frame.get("algo", pd.Series(None, index=frame.index))
     mask = names.map(format_value) == selector
     if labels is not None and not mask.any():
-        mask = frame["run_dir"].map(lambda d: labels.get(d)) == selector
+        arm_label = frame["run_dir"].map(lambda d: labels.get(d))
+        mask = arm_label == selector
+        if not mask.any():  # "local SGD, H=1" selects "local SGD, H=1, workers=4", "..., workers=16", ...
+            mask = arm_label.map(lambda label: _label_with_run_parts(label, selector))
     return mask.fillna(False).astype(bool)
+
+
+#: how a run-level key's part starts in a label (``workers=16``, ``batch=32``): the parts a label
+#: selector may leave out (lsgd.core.labels.KEY_NAMES)
+_RUN_PARTS = tuple(sorted({f"{name}=" for name in KEY_NAMES.values()}))
+
+
+def _label_with_run_parts(label, selector: str) -> bool:
+    """Whether ``label`` is ``selector`` followed only by run-level parts (``, workers=16``): an
+    experiment that varies the number of workers or the batch writes them into every arm's label,
+    and a baseline named by its method's label then selects its arm at every such value (the
+    pairing by seed takes, for each arm, the baseline arm sharing most of its config keys)."""
+    if not isinstance(label, str) or not label.startswith(selector + ", "):
+        return False
+    return all(part.startswith(_RUN_PARTS) for part in label[len(selector) + 2:].split(", "))

@@ -1069,6 +1069,32 @@ def test_baseline_option(results, tmp_path, no_figures):
     assert "baseline `local SGD, H=8`: 1 run." in text
 
 
+def test_a_method_label_selects_its_arm_at_every_number_of_workers(tmp_path, no_figures):
+    """An experiment over n writes "workers=n" into every label; `--baseline "local SGD, H=1"` then
+    selects H = 1 at each n, and each arm is paired with the H = 1 arm of its own n (final accuracy
+    = rate * 100: H = 1 0.90, 0.92 at n = 4 and 0.80, 0.84 at n = 16; H = 8 0.88, 0.91 and 0.70,
+    0.72)."""
+    root = tmp_path / "res"
+    h1 = {"name": "local_sgd", "local_steps": 1, "buffer_policy": "reset"}
+    h8 = {"name": "local_sgd", "local_steps": 8, "buffer_policy": "reset"}
+    finals = {(4, 1): (0.0090, 0.0092), (16, 1): (0.0080, 0.0084), (4, 8): (0.0088, 0.0091), (16, 8): (0.0070, 0.0072)}
+    for (world, h), rates in finals.items():
+        for seed, rate in enumerate(rates):
+            write_run(root, f"n{world}_h{h}_s{seed}", {**(h1 if h == 1 else h8), "seed": seed}, rate, 1.0, 1.0,
+                      world=world, seed=seed)
+    t = experiment_tables(root, baseline="local SGD, H=1")[EXP]
+    assert sorted(t.baseline_runs) == ["n16_h1_s0", "n16_h1_s1", "n4_h1_s0", "n4_h1_s1"]
+    arms = t.arms.set_index("arm")
+    assert arms.loc["local SGD, H=8, workers=4", "paired_with"] == "local SGD, H=1, workers=4"
+    assert arms.loc["local SGD, H=8, workers=16", "paired_with"] == "local SGD, H=1, workers=16"
+    # n = 4: 0.88 - 0.90, 0.91 - 0.92 -> mean -0.015; n = 16: 0.70 - 0.80, 0.72 - 0.84 -> mean -0.11
+    assert arms.loc["local SGD, H=8, workers=4", "paired_diff_final_test_acc_mean"] == pytest.approx(-0.015)
+    assert arms.loc["local SGD, H=8, workers=16", "paired_diff_final_test_acc_mean"] == pytest.approx(-0.11)
+    # a label that is not the start of one with only run-level parts after it selects nothing
+    assert experiment_tables(root, baseline="local SGD, H=1, workers")[EXP].baseline_runs == []
+    assert experiment_tables(root, baseline="local SGD")[EXP].baseline_runs == []
+
+
 def with_label_facts(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` (one row per run, a flattened config) with each run's label facts as a launch
     writes them to labels.json and load_summaries reads them (the registry's: Algorithm.label_facts)."""
