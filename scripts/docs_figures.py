@@ -258,6 +258,52 @@ def time_claims(out: str) -> str:
 
 
 # docs/studies/local-sgd-at-scale.md: final test accuracy and GB per worker against n, seed 0
+def swarm_at_scale(out: str) -> str:
+    # seed 0 (docs/studies/swarm-at-scale.md); None: not run
+    n = [16, 64, 256]
+    acc = {
+        "all-reduce SGD": [0.8625, 0.8772, 0.8730],
+        "SwarmSGD H=1, ring": [0.8554, 0.7622, 0.1000],
+        "SwarmSGD H=1, 4-regular": [0.8618, 0.8308, 0.7629],
+        "SwarmSGD H=1, complete": [0.8663, 0.8439, 0.7890],
+    }
+    mb = {  # MB a worker puts on the wire per step
+        "all-reduce SGD": [1.62, 1.70, 1.72],
+        "SwarmSGD H=1 (complete)": [0.216, 0.218, 0.223],
+        "SwarmSGD H=4 (complete)": [0.0547, 0.0831, None],
+        "D-PSGD (4-regular)": [3.45, 3.45, None],
+    }
+    consensus = {
+        "ring": [0.472, 24.5, 146],
+        "4-regular": [0.0476, 0.123, 0.2],
+        "complete": [0.0328, 0.0631, 0.0729],
+    }
+
+    def line(ax, values, **kw):
+        pts = [(x, y) for x, y in zip(n, values) if y is not None]
+        ax.plot(*zip(*pts), marker="o", ms=3, **kw)
+
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(9.0, 2.6))
+    for label, values in acc.items():
+        line(a, values, label=label)
+    a.set(xscale="log", xlabel="nodes n", ylabel="final test accuracy", xticks=n, xticklabels=[str(x) for x in n])
+    a.legend(fontsize=6)
+    for label, values in mb.items():
+        line(b, values, label=label)
+    b.set(xscale="log", yscale="log", xlabel="nodes n", ylabel="MB on the wire / node / step", xticks=n,
+          xticklabels=[str(x) for x in n])
+    b.legend(fontsize=6)
+    for label, values in consensus.items():
+        line(c, values, label=f"SwarmSGD H=1, {label}")
+    c.set(xscale="log", yscale="log", xlabel="nodes n", ylabel="consensus distance (last record)", xticks=n,
+          xticklabels=[str(x) for x in n])
+    c.legend(fontsize=6)
+    for ax in (a, b, c):
+        ax.minorticks_off()  # the log axes' minor ticks: a third of the file
+    fig.tight_layout()
+    return save(fig, out, "swarm_at_scale")
+
+
 def local_sgd_at_scale(out: str) -> str:
     n = [4, 16, 64, 256]
     # mean and 95% t half-width over seeds 0-2 (docs/studies/local-sgd-at-scale.md)
@@ -290,6 +336,7 @@ def local_sgd_at_scale(out: str) -> str:
 
 FIGURES = {
     "local_sgd_at_scale": local_sgd_at_scale,
+    "swarm_at_scale": swarm_at_scale,
     "local_vs_minibatch": local_vs_minibatch,
     "gravac": gravac,
     "gravac_lstm": gravac_lstm,
