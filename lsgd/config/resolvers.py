@@ -2,7 +2,8 @@
 ``hydra.sweep.subdir``), ``${lsgd_mul:a,b,...}``, the product of integers (a study's arms derive
 their batch size and step counts from shared study keys, conf/experiment/local_vs_minibatch.yaml),
 ``${lsgd_add:a,b,...}``, their sum, ``${lsgd_div:a,b}``, an exact quotient (a fixed global batch split
-over the workers, conf/experiment/swarm_at_scale.yaml), and ``${lsgd_speeds:level,workers,servers}``, a heterogeneity
+over the workers, conf/experiment/swarm_at_scale.yaml), ``${lsgd_ratio:a,b}``, a real quotient (an outer
+learning rate divided by the number of workers, conf/experiment/async_at_scale.yaml), and ``${lsgd_speeds:level,workers,servers}``, a heterogeneity
 level's speeds for the workers behind ``servers`` server ranks (conf/experiment/async_text.yaml:
 the synchronous arm's 4 ranks and the asynchronous arms' 4 workers behind one server get the same
 speeds).
@@ -80,6 +81,29 @@ def div(dividend: int, divisor: int) -> int:
     return a // b
 
 
+def ratio(numerator: float, denominator: float) -> float:
+    """``${lsgd_ratio:0.7,${study.workers}}`` -> 0.175 at 4 workers: ``numerator / denominator`` as a
+    float (numbers or their decimal strings).
+
+    Raises:
+        ValueError: an argument that is not a finite number (bools included), or a denominator of 0.
+    """
+    values = []
+    for v in (numerator, denominator):
+        try:
+            if isinstance(v, bool):
+                raise ValueError
+            x = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"lsgd_ratio divides numbers; got {v!r}") from None
+        if x != x or x in (float("inf"), float("-inf")):
+            raise ValueError(f"lsgd_ratio divides finite numbers; got {v!r}")
+        values.append(x)
+    if values[1] == 0:
+        raise ValueError(f"lsgd_ratio: the denominator must not be 0 (numerator {values[0]})")
+    return values[0] / values[1]
+
+
 def speeds(level: str, workers: int, servers: int = 0) -> list[float]:
     """``${lsgd_speeds:very,4,1}`` -> ``[1.0, w_1, .., w_4]``: the speeds of heterogeneity ``level``
     (``lsgd.compute.workers.HETEROGENEITY``) for ``workers`` workers, as the preset gives them to a run of
@@ -105,7 +129,8 @@ def speeds(level: str, workers: int, servers: int = 0) -> list[float]:
 
 
 def register_resolvers() -> None:
-    """Register ``lsgd_run_id``, ``lsgd_mul``, ``lsgd_add``, ``lsgd_div`` and ``lsgd_speeds`` with OmegaConf
+    """Register ``lsgd_run_id``, ``lsgd_mul``, ``lsgd_add``, ``lsgd_div``, ``lsgd_ratio`` and ``lsgd_speeds`` with
+    OmegaConf
     (idempotent)."""
     from omegaconf import OmegaConf
 
@@ -117,5 +142,7 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("lsgd_add", add)
     if not OmegaConf.has_resolver("lsgd_div"):
         OmegaConf.register_new_resolver("lsgd_div", div)
+    if not OmegaConf.has_resolver("lsgd_ratio"):
+        OmegaConf.register_new_resolver("lsgd_ratio", ratio)
     if not OmegaConf.has_resolver("lsgd_speeds"):
         OmegaConf.register_new_resolver("lsgd_speeds", speeds)

@@ -396,6 +396,34 @@ def test_lsgd_div_resolver():
             div(*bad)
 
 
+def test_lsgd_ratio_resolver():
+    """A real quotient (0.7 / 4 = 0.175 exactly as Python divides); a zero denominator or a non-number
+    is an error."""
+    from lsgd.config.resolvers import ratio
+
+    assert ratio(0.7, 4) == 0.175 and ratio("0.7", "64") == 0.7 / 64 and ratio(3, 2) == 1.5
+    for bad in [(1, 0), (1, "0.0"), (True, 1), ("x", 2), (1, float("nan")), (float("inf"), 2)]:
+        with pytest.raises(ValueError):
+            ratio(*bad)
+
+
+def test_async_at_scale_scales_the_per_arrival_outer_lr_with_workers():
+    """async_at_scale: the naive arm's outer lr is 0.7 / W (the async_text calibration at W = 4, kept
+    per worker), DN's buffer is W, the ranks are W + 1 (server) or W (sync DiLoCo), and the warm-up is
+    44 steps at every W (0.05 of async_text's W = 4 epoch of 878 steps; an epoch is 4 / W of that)."""
+    from lsgd.training.optim import warmup_steps
+
+    for w in (4, 16, 64):
+        naive = load(["experiment=async_at_scale", "variant=async_naive", f"study.workers={w}"])
+        assert naive["algo"]["outer_lr"] == pytest.approx(0.7 / w)
+        assert warmup_steps(naive["schedule"], 878 * 4 / w) == 44 and naive["max_steps"] == 300
+        assert naive["launcher"]["nproc_per_node"] == w + 1 and len(naive["cluster"]["speeds"]) == w + 1
+        dn = load(["experiment=async_at_scale", "variant=async_dn_dylu", f"study.workers={w}"])
+        assert dn["algo"]["dn_buffer"] == w and dn["algo"]["outer_lr"] == 0.7
+        sync = load(["experiment=async_at_scale", "variant=async_sync_diloco", f"study.workers={w}"])
+        assert sync["launcher"]["nproc_per_node"] == w and sync["cluster"]["speeds"] == dn["cluster"]["speeds"][1:]
+
+
 def test_hierarchical_adasum_with_two_nodes_validates():
     validate(load(["debug=default", "algo=adasum", "algo.hierarchical=true", "algo.local_size=2",
                    "launcher.nproc_per_node=4"]))
