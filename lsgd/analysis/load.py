@@ -76,7 +76,7 @@ METRIC_KEYS = (
     "step", "epoch", "samples", "lr", "train_loss", "comm_bytes", "wire_bytes", "comm_rounds",
     "wall_time_s", "compute_time_s", "comm_time_s", "modeled_time_s", "model_alpha_terms",
     "model_beta_bytes", "samples_per_s", "test_loss", "test_acc", "test_ppl", "test_bleu",
-    "comm_bytes_workers", "wire_bytes_workers", "consensus_distance",
+    "comm_bytes_workers", "wire_bytes_workers", "consensus_distance", "peak_step_bytes",
 )  # fmt: skip
 
 #: ``kind`` of the per-step compression rows of metrics.jsonl (docs/results.md).
@@ -94,7 +94,7 @@ SUMMARY_KEYS = (
     "final_test_loss", "final_test_acc", "best_test_acc", "final_test_ppl", "best_test_ppl",
     "final_test_bleu", "best_test_bleu", "comm_bytes", "wire_bytes", "comm_rounds", "wall_time_s", "compute_time_s", "comm_time_s",
     "modeled_time_s", "model_alpha_terms", "model_beta_bytes", "target_acc", "time_to_target_s",
-    "modeled_time_to_target_s", "step_to_target", "error", "failed_rank", "num_workers",
+    "modeled_time_to_target_s", "step_to_target", "error", "failed_rank", "num_workers", "peak_step_bytes",
 )  # fmt: skip
 
 #: Methods whose rank 0 is a server (docs/results.md): a run of one whose summary predates
@@ -107,7 +107,7 @@ _PROGRESS_FROM_RECORD = {
     "wire_bytes": "wire_bytes", "comm_rounds": "comm_rounds", "wall_time_s": "wall_time_s",
     "compute_time_s": "compute_time_s", "comm_time_s": "comm_time_s",
     "modeled_time_s": "modeled_time_s", "model_alpha_terms": "model_alpha_terms",
-    "model_beta_bytes": "model_beta_bytes",
+    "model_beta_bytes": "model_beta_bytes", "peak_step_bytes": "peak_step_bytes",
 }  # fmt: skip
 
 

@@ -1,5 +1,6 @@
 """What a communicator counts and measures: payload bytes, wire bytes, rounds, the alpha-beta terms of
-each operation (:class:`CommStats`, :func:`tensor_bytes`), measured communication seconds, and the
+each operation (:class:`CommStats`, :func:`tensor_bytes`), the most wire bytes of one step
+(``peak_step_bytes``, :meth:`Accounting.end_step`), measured communication seconds, and the
 wall time training threads spent blocked in communication (:mod:`lsgd.comm.blocked_time`).
 
 :class:`Accounting` is the communicator's part that keeps them (a base of
@@ -40,6 +41,9 @@ class CommStats:
     comm_time_s: float = 0.0
     model_alpha_terms: float = 0.0
     model_beta_bytes: float = 0.0
+    #: the most wire bytes this worker sent in one step (not cumulative: a maximum over its steps so
+    #: far, :meth:`Accounting.end_step`)
+    peak_step_bytes: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -83,6 +87,19 @@ class Accounting:
         :meth:`issued` for operations that should advance the clock)."""
         self.count(kind, nbytes)
         self.add_time(seconds, overlapped)
+
+    def end_step(self) -> None:
+        """A step is over (a worker's local step or a server's serve step, called once by the
+        trainer after the step's ``after_step``): the wire bytes counted since the previous call
+        are this step's, and ``peak_step_bytes`` keeps the largest such count. Bytes counted
+        before the first step (an algorithm's setup) fall into the first step; an algorithm's
+        ``before_step`` falls into the step it begins. Thread-safe."""
+        with self._s.lock:
+            s = self._s.stats
+            sent = s.wire_bytes - self._s.step_start_wire
+            if sent > s.peak_step_bytes:
+                s.peak_step_bytes = sent
+            self._s.step_start_wire = s.wire_bytes
 
     def round(self, n: int = 1) -> None:
         """Mark ``n`` synchronization rounds (the algorithm decides what a round is)."""

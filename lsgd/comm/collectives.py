@@ -126,8 +126,14 @@ class Collectives:
             handle.wait()
         return handle
 
-    def all_reduce(self, tensor: torch.Tensor, op=None, count: bool = True, async_op: bool = False):
+    def all_reduce(self, tensor: torch.Tensor, op=None, count: bool = True, async_op: bool = False,
+                   nbytes: int | None = None):
         """In-place all-reduce (default SUM) of ``tensor``.
+
+        ``nbytes``: the payload counted and clocked instead of ``tensor``'s size, where ``tensor``
+        carries a simulated encoding (values a low-precision format represents, moved as floats) and
+        ``nbytes`` is what that encoding would send: its bits and scales
+        (:func:`lsgd.compression.rowwise.encoded_nbytes`, Streaming DiLoCo's outer gradients).
 
         Returns ``tensor``, or a :class:`Handle` (whose ``wait()`` returns ``tensor``) with ``async_op``.
         """
@@ -135,7 +141,7 @@ class Collectives:
             return Done(self, tensor) if async_op else tensor
         red = op if op is not None else dist.ReduceOp.SUM
         h = self._collective(
-            "all_reduce", tensor_bytes(tensor),
+            "all_reduce", tensor_bytes(tensor) if nbytes is None else int(nbytes),
             lambda: dist.all_reduce(tensor, op=red, group=self.group, async_op=True), async_op, count, lambda: tensor,
         )
         return h if async_op else tensor

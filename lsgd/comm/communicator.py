@@ -8,6 +8,8 @@ Every collective, point-to-point message and subgroup operation of an algorithm 
   (``numel * element_size``; what papers report as "floats sent x 4"),
 * counts ``wire_bytes``: bytes this worker puts on the wire under the standard algorithm of the
   collective (:func:`lsgd.clock.network.wire_bytes`),
+* keeps ``peak_step_bytes``: the most wire bytes this worker sent in one step (the trainer marks
+  the end of each step, :meth:`Communicator.end_step`),
 * counts ``comm_rounds`` when the algorithm marks a synchronization (:meth:`Communicator.round`),
 * measures ``comm_time_s`` (wall-clock seconds this process spent in communication),
 * reports the operation to this worker's :class:`lsgd.clock.worker_clock.Clock` (the *cluster clock*,
@@ -76,6 +78,7 @@ class _Shared:
         self.clock = clock
         self.device = device
         self.stats = CommStats()
+        self.step_start_wire = 0.0  # stats.wire_bytes when the current step began (Accounting.end_step)
         self.lock = threading.Lock()
         self.step_comm_time_s = 0.0
         self.blocked = BlockedTime()  # wall time training threads spent waiting for communication
@@ -219,8 +222,10 @@ class Communicator(Accounting, Collectives, PointToPoint, ClockSettlement):
     def load_state_dict(self, state: dict) -> None:
         if "stats" not in state:  # checkpoints written before the cluster clock
             self.stats = CommStats(**{k: v for k, v in state.items() if k in CommStats.__dataclass_fields__})
+            self._s.step_start_wire = self.stats.wire_bytes
             return
-        self.stats = CommStats(**state["stats"])
+        self.stats = CommStats(**state["stats"])  # peak_step_bytes: 0 from checkpoints written before it
+        self._s.step_start_wire = self.stats.wire_bytes  # checkpoints are made between steps
         self._carried = None
         self._stream_free = np.asarray(state["stream_free"], dtype=np.float64)
         if self.clock is not None and "clock" in state:

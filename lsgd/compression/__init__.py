@@ -10,6 +10,9 @@ Public API (see the submodules for details):
   across workers (``lsgd.compression.exchange``).
 * adaptive controllers: GraVAC and Accordion (``lsgd.compression.adaptive``).
 * torch's PowerSGD comm hook with exact byte accounting (``lsgd.compression.powersgd``).
+* low-precision formats with a float32 scale per row (int8, fp8, fp4), simulated by a
+  quantize-dequantize round trip, and their encoded size (``lsgd.compression.rowwise``: Streaming
+  DiLoCo's outer gradients).
 """
 
 from lsgd.compression.adaptive import (

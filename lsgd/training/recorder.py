@@ -260,7 +260,8 @@ class Recorder:
 
         ``comm_bytes``, ``wire_bytes``, ``compute_time_s`` (measured), ``modeled_compute_s``,
         ``model_alpha_terms`` and ``model_beta_bytes`` are means over ranks, with ``<name>_max``
-        beside the first four; ``modeled_time_s`` is the maximum of the ranks' clocks (the run's
+        beside the first four; ``peak_step_bytes`` is the maximum over ranks of the most wire bytes
+        a rank sent in one step so far; ``modeled_time_s`` is the maximum of the ranks' clocks (the run's
         time on the configured cluster) with ``modeled_time_s_mean`` beside it, and
         ``modeled_time_<bw>gbps_s`` the maximum at each what-if bandwidth (``network.report_gbps``; the
         network preset's link of that bandwidth, latency included: :func:`lsgd.clock.network.what_if_latency_us`).
@@ -272,7 +273,8 @@ class Recorder:
         comm, clock = trainer.comm, trainer.clock
         s = comm.stats
         values = [s.comm_bytes, s.wire_bytes, trainer.compute_time_s, clock.compute_s,
-                  s.model_alpha_terms, s.model_beta_bytes, *clock.now.tolist(), float(trainer.role == "worker")]
+                  s.model_alpha_terms, s.model_beta_bytes, s.peak_step_bytes, *clock.now.tolist(),
+                  float(trainer.role == "worker")]
         table = comm.gather_values(values) if gather else np.asarray([values], dtype=np.float64)
         is_worker = table[:, -1] > 0
         table = table[:, :-1]
@@ -283,9 +285,10 @@ class Recorder:
             "compute_time_s": float(mean[2]), "compute_time_s_max": float(top[2]),
             "modeled_compute_s": float(mean[3]), "modeled_compute_s_max": float(top[3]),
             "model_alpha_terms": float(mean[4]), "model_beta_bytes": float(mean[5]),
-            "modeled_time_s": float(top[6]), "modeled_time_s_mean": float(mean[6]),
+            "peak_step_bytes": float(top[6]),
+            "modeled_time_s": float(top[7]), "modeled_time_s_mean": float(mean[7]),
         }
-        for i, bw in enumerate(comm.network_config.report_gbps, start=7):
+        for i, bw in enumerate(comm.network_config.report_gbps, start=8):
             out[modeled_time_key(bw)] = float(top[i])
         if trainer.num_workers < trainer.world_size and is_worker.any():
             workers = table[is_worker].mean(axis=0)

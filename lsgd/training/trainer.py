@@ -452,6 +452,7 @@ class Trainer:
             self._schedule_step()
             self.step += 1
             self.timer.serve_done()
+            self.comm.end_step()
             if self.bookkeeping():
                 return
 
@@ -511,6 +512,7 @@ class Trainer:
         timer.update_done()  # cluster.stretch sleeps the rest of the step here
         algorithm.after_step(self.step)
         timer.step_done()
+        self.comm.end_step()  # the step's wire bytes: peak_step_bytes
 
     def _schedule_step(self) -> None:
         """Step the learning-rate schedule once; it follows the algorithm's count where

@@ -70,6 +70,9 @@ CONFIGS: dict[str, tuple[tuple[str, ...], int]] = {
     "post_local_sgd": (("algo=post_local_sgd", "algo.warmup_steps=4", "algo.local_steps=3"), 2),
     "slowmo": (("algo=slowmo", "algo.local_steps=3"), 2),
     "diloco": (("algo=diloco", "algo.local_steps=3"), 2),
+    # a fragment in flight at the checkpoint at 5 (started after step 5, lands after 6)
+    "streaming_diloco": (("algo=streaming_diloco", "algo.local_steps=4", "algo.fragments=2",
+                          "algo.fragment_sync_delay=1", "algo.quantization=int8"), 2),
     "overlap_local_sgd": (("algo=overlap_local_sgd", "algo.local_steps=2"), 2),
     "compressed": (("algo=compressed", "algo.compressor=topk", "algo.cf=10"), 2),
     "compressed_powersgd": (("algo=compressed", "algo.compressor=powersgd", "algo.start_iter=3", "algo.rank=1"), 2),

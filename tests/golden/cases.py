@@ -151,6 +151,10 @@ CASES: list[Case] = [
     _case("post_local_sgd", "algo=post_local_sgd", "algo.warmup_steps=8", "algo.local_steps=4"),
     _case("slowmo", "algo=slowmo", "algo.local_steps=4"),
     _case("diloco", "algo=diloco", "algo.local_steps=5", "optim=adamw"),
+    _case("streaming_diloco", "algo=streaming_diloco", "algo.local_steps=6", "algo.fragments=3",
+          "algo.fragment_sync_delay=1", "algo.fragment_update_alpha=0.5", "algo.quantization=fp4", "optim=adamw",
+          note="3 strided fragments, one landing every 2 steps, each all-reduce overlapping 1 step, 4-bit outer "
+               "gradients"),
     _case("compressed_none", "algo=compressed", "algo.compressor=none"),
     _case("compressed_fp16", "algo=compressed", "algo.compressor=fp16"),
     _case("compressed_topk", "algo=compressed", "algo.compressor=topk", "algo.cf=10"),
@@ -295,8 +299,8 @@ def _worker(rank: int, world_size: int, jobs: list[tuple[str, dict]], work: str,
 #: (bytes, rounds, the modeled time: the profile's FLOP count and the alpha-beta costs of the
 #: counted bytes): compared exactly
 EXACT_KEYS = frozenset({"step", "samples", "comm_bytes", "comm_bytes_max", "wire_bytes", "wire_bytes_max",
-                        "comm_rounds", "model_alpha_terms", "model_beta_bytes", "lattice_resent", "cf",
-                        "server_updates", "dropped"})
+                        "peak_step_bytes", "comm_rounds", "model_alpha_terms", "model_beta_bytes", "lattice_resent",
+                        "cf", "server_updates", "dropped"})
 EXACT_PREFIXES = ("modeled_", "updates_worker")
 #: measured on this machine (wall clock): not recorded
 MEASURED_KEYS = frozenset({"wall_time_s", "comm_time_s", "compute_time_s", "compute_time_s_max", "samples_per_s"})

@@ -1,1 +1,1 @@
-"""Synchronous averaging: DDP (all-reduce SGD), local SGD, post-local SGD, SlowMo, DiLoCo."""
+"""Synchronous averaging: DDP (all-reduce SGD), local SGD, post-local SGD, SlowMo, DiLoCo, Streaming DiLoCo."""
