@@ -29,7 +29,7 @@ LocalSGD/DiLoCo leave AMP to the user's inner loop. lsgd does the following, by 
 
 * ``synchronized`` (ddp): the gradients every worker unscales are already the all-reduced ones, so
   the verdict is the same on every worker; nothing extra is sent (as torch + DDP).
-* ``flag`` (local_sgd, post_local_sgd, slowmo, diloco): workers step on their own gradients, so the
+* ``flag`` (local_sgd, post_local_sgd, slowmo, diloco, demo): workers step on their own gradients, so the
   found-inf flag (one float32) is all-reduced with MAX at every step, before the optimizer step
   (counted: 4 bytes and one latency per step on the clock). Every worker then skips the same local
   steps and halves / grows its scale at the same steps, so the scales stay equal on all workers
@@ -37,7 +37,9 @@ LocalSGD/DiLoCo leave AMP to the user's inner loop. lsgd does the following, by 
   one that did not on the same batch count. The alternative (each worker skips alone, scales
   re-synchronized at each round) lets replicas drift by skipped steps between rounds; we judged a
   4-byte all-reduce per step (latency-bound, tens of microseconds on a cluster network) cheaper
-  than explaining that drift in every comparison.
+  than explaining that drift in every comparison. DeMo, whose optimizer step holds its all-gathers,
+  skips them on every worker together, and a skipped step leaves its momentum untouched (the inf
+  gradient never enters it).
 * None (every other algorithm): ``precision=fp16`` is refused (ConfigError). Compression with
   error feedback would have to keep its residual out of a skipped step (the residual of an inf
   gradient poisons every later step), gossip methods communicate inside their optimizer step, and

@@ -48,6 +48,9 @@ ORDER_FIXED = {
     "adasum_gradient", "adasum_delta", "adasum_delta_w3", "adasum_hierarchical_w4",
     # GraVAC: blocking all_gather / all_reduce in after_backward (no comm hook)
     "gravac_dense", "gravac_candidate",
+    # DeMo: two all-gathers issued together and both waited for in the optimizer step, the
+    # buffers' blocking broadcast after it
+    "demo",
     # the server receives from each named worker in turn (lsgd.comm.point_to_point: exchange with named recvs)
     "param_server_w3",
     # gossip with blocking exchanges (algo.blocking=true, async_op=False, pairs fixed by the seed

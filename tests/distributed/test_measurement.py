@@ -79,6 +79,7 @@ CONFIGS: dict[str, tuple[tuple[str, ...], int]] = {
     "gravac": (("algo=gravac", "algo.compressor=topk", "algo.window=3", "algo.omega=0", "algo.epsilon=0.5"), 2),
     "accordion": (("algo=accordion", "algo.compressor=topk", "algo.switch_period=0.1"), 2),
     "adasum": (("algo=adasum", "algo.target=delta"), 2),
+    "demo": (("algo=demo",), 2),
     "swarm_sgd": (("algo=swarm_sgd", "algo.blocking=false", "algo.local_steps=2"), 2),
     "swarm_sgd_lattice": (("algo=swarm_sgd", "algo.blocking=false", "algo.quantizer=lattice", "algo.side=1e-3"), 2),
     "sgp": (("algo=sgp", "algo.overlap=true"), 2),

@@ -180,6 +180,8 @@ CASES: list[Case] = [
     _case("accordion_powersgd", "algo=accordion", "algo.compressor=powersgd", "algo.start_iter=4",
           "algo.bucket_cap_mb=0.1", *ACCORDION, "algo.eta=0.8", model=(), schedule=STEP,
           note="two DDP buckets, each switching between rank 2 and rank 1"),
+    _case("demo", "algo=demo", note="DeMo: 32 DCT coefficients per chunk all-gathered every step, sign steps at "
+          "the authors' lr 4e-4; convolutions as matrix views, BatchNorm statistics broadcast"),
     _case("adasum_gradient", "algo=adasum", "algo.target=gradient"),
     _case("adasum_delta", "algo=adasum", "algo.target=delta"),
     _case("adasum_delta_w3", "algo=adasum", "algo.target=delta", world_size=3,

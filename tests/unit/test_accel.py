@@ -33,7 +33,7 @@ def load(overrides: list[str]) -> dict:
     (["precision=fp8"], r"precision='fp8' is not allowed; allowed: fp32, bf16, fp16"),
     (["precision=bf16", "dtype=float64"], r"dtype=float64 is not allowed with it; allowed: dtype=float32"),
     (["precision=fp16", "algo=compressed"], r"precision=fp16 is not supported with algo.name=compressed.*"
-                                            r"allowed with fp16: ddp, diloco, local_sgd, post_local_sgd, slowmo"),
+                                            r"allowed with fp16: ddp, demo, diloco, local_sgd, post_local_sgd, slowmo"),
     (["precision=fp16", "algo=dpsgd", "algo.topology=complete"], r"algo.name=dpsgd"),
     (["precision=fp16", "grad_scaler.backoff_factor=1.5"], r"grad_scaler.backoff_factor must be in \(0, 1\)"),
     (["precision=fp16", "grad_scaler.growth_interval=0"], r"grad_scaler.growth_interval must be an integer >= 1"),
