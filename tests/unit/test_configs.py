@@ -51,7 +51,7 @@ def test_groups_are_shipped_with_the_package():
     for group in GROUPS:
         assert options(group), group
     assert set(options("algo")) == {
-        "ddp", "local_sgd", "post_local_sgd", "slowmo", "diloco", "streaming_diloco", "compressed", "gravac",
+        "ddp", "local_sgd", "post_local_sgd", "slowmo", "diloco", "streaming_diloco", "sparseloco", "compressed", "gravac",
         "accordion", "adasum", "param_server", "swarm_sgd", "dpsgd", "decentlam", "sgp", "overlap_local_sgd", "ad_psgd",
         "lead", "async_local_sgd", "adsaga",
     }
