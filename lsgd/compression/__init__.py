@@ -13,6 +13,8 @@ Public API (see the submodules for details):
 * low-precision formats with a float32 scale per row (int8, fp8, fp4), simulated by a
   quantize-dequantize round trip, and their encoded size (``lsgd.compression.rowwise``: Streaming
   DiLoCo's outer gradients).
+* top-k of each chunk with a statistical quantizer and the payload that carries it
+  (``lsgd.compression.chunked_topk``: SparseLoCo's outer gradients).
 """
 
 from lsgd.compression.adaptive import (

@@ -73,6 +73,11 @@ CONFIGS: dict[str, tuple[tuple[str, ...], int]] = {
     # a fragment in flight at the checkpoint at 5 (started after step 5, lands after 6)
     "streaming_diloco": (("algo=streaming_diloco", "algo.local_steps=4", "algo.fragments=2",
                           "algo.fragment_sync_delay=1", "algo.quantization=int8"), 2),
+    # eager outer steps: both fragments' all-reduces in flight at the checkpoint at 5 (started after
+    # steps 2 and 4, waited after 6 and 8); none started after 10 and 12
+    "streaming_diloco_eager": (("algo=streaming_diloco", "algo.local_steps=4", "algo.fragments=2", "algo.eager=true",
+                                "algo.quantization=int8"), 2),
+    "sparseloco": (("algo=sparseloco", "algo.local_steps=3"), 2),
     "overlap_local_sgd": (("algo=overlap_local_sgd", "algo.local_steps=2"), 2),
     "compressed": (("algo=compressed", "algo.compressor=topk", "algo.cf=10"), 2),
     "compressed_powersgd": (("algo=compressed", "algo.compressor=powersgd", "algo.start_iter=3", "algo.rank=1"), 2),

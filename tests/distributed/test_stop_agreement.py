@@ -135,7 +135,7 @@ def test_only_methods_whose_workers_drift_apart_read_it_late():
     from lsgd.algorithms import ALGORITHMS
     from lsgd.algorithms.base import DRIFT_AGREEMENT_LAG
 
-    drift = {"local_sgd", "post_local_sgd", "slowmo", "diloco", "streaming_diloco", "overlap_local_sgd",
+    drift = {"local_sgd", "post_local_sgd", "slowmo", "diloco", "streaming_diloco", "sparseloco", "overlap_local_sgd",
              "dpsgd", "swarm_sgd", "sgp", "decentlam", "lead", "ad_psgd"}
     assert DRIFT_AGREEMENT_LAG == 16 and drift <= set(ALGORITHMS)
     for name, cls in ALGORITHMS.items():

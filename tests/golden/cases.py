@@ -155,6 +155,12 @@ CASES: list[Case] = [
           "algo.fragment_sync_delay=1", "algo.fragment_update_alpha=0.5", "algo.quantization=fp4", "optim=adamw",
           note="3 strided fragments, one landing every 2 steps, each all-reduce overlapping 1 step, 4-bit outer "
                "gradients"),
+    _case("streaming_diloco_eager", "algo=streaming_diloco", "algo.local_steps=6", "algo.fragments=2", "algo.eager=true",
+          "algo.fragment_update_alpha=0.5", "algo.quantization=fp8", "optim=adamw",
+          note="eager outer steps (Kale et al. 2025): 2 fragments, each all-reduce overlapping the next 6 steps, the "
+               "own fresh outer gradient with the others' one-round-stale ones, fp8"),
+    _case("sparseloco", "algo=sparseloco", "algo.local_steps=5", "optim=adamw",
+          note="top-128 of each 64 x 64 tile (smaller tiles in proportion), 2-bit codes, error feedback 0.95"),
     _case("compressed_none", "algo=compressed", "algo.compressor=none"),
     _case("compressed_fp16", "algo=compressed", "algo.compressor=fp16"),
     _case("compressed_topk", "algo=compressed", "algo.compressor=topk", "algo.cf=10"),

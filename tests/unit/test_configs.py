@@ -51,9 +51,9 @@ def test_groups_are_shipped_with_the_package():
     for group in GROUPS:
         assert options(group), group
     assert set(options("algo")) == {
-        "ddp", "local_sgd", "post_local_sgd", "slowmo", "diloco", "streaming_diloco", "compressed", "gravac",
-        "accordion", "demo", "adasum", "param_server", "swarm_sgd", "dpsgd", "decentlam", "sgp", "overlap_local_sgd",
-        "ad_psgd", "lead", "async_local_sgd", "adsaga",
+        "ddp", "local_sgd", "post_local_sgd", "slowmo", "diloco", "streaming_diloco", "sparseloco", "compressed",
+        "gravac", "accordion", "demo", "adasum", "param_server", "swarm_sgd", "dpsgd", "decentlam", "sgp",
+        "overlap_local_sgd", "ad_psgd", "lead", "async_local_sgd", "adsaga",
     }
     assert {"cnn", "resnet20", "resnet56", "resnet18", "resnet50", "resnet101", "vgg16", "lstm_lm", "gpt"} <= set(options("model"))
     assert {"fashion_mnist", "cifar10", "cifar100", "imagenet", "c4", "synthetic"} <= set(options("dataset"))

@@ -26,10 +26,12 @@ from lsgd.core.errors import ConfigError
     (["algo.fragment_update_alpha=1.5"], ("algo.fragment_update_alpha",)),
     (["algo.quantization=fp2"], ("algo.quantization",)),
     (["algo.fragments=0"], ("algo.fragments",)),
+    (["algo.local_steps=8", "algo.fragments=2", "algo.fragment_sync_delay=1", "algo.eager=true"],
+     ("algo.eager", "algo.fragment_sync_delay")),
 ])
 def test_bad_settings_are_config_errors_naming_the_keys(overrides, keys):
-    """H not a multiple of P, tau >= H / P (torchft's two checks) and out-of-range values stop the
-    main process's validation (compose_config, what `lsgd train` runs before it spawns workers)."""
+    """H not a multiple of P, tau >= H / P (torchft's two checks), tau > 0 with eager outer steps
+    and out-of-range values stop the main process's validation (compose_config, what `lsgd train` runs before it spawns workers)."""
     with pytest.raises(ConfigError) as err:
         compose_config(["debug=default", "algo=streaming_diloco", *overrides])
     for key in keys:

@@ -52,8 +52,40 @@ statistics) travel in the same all-reduce at full precision and land as its para
 b_i <- b_avg + alpha (b_i - b_avg), b_avg their mean when the fragment started. torchft syncs
 parameters only.
 
-One round (``comm_rounds``) per fragment landed. A checkpoint saves the all-reduce in flight without
-waiting for it on the clock (its result and its end, as Overlap-Local-SGD does).
+**Eager outer steps** (``algo.eager``; Kale, Douillard, Donchev 2025, "Eager Updates For
+Overlapped Communication and Computation in DiLoCo", arXiv 2502.12996; docs/papers.md#eager-updates).
+A fragment's all-reduce overlaps the whole next H inner steps, and the outer step does not wait
+for it: when fragment f syncs (after step s, h divides s; tau must be 0), worker i
+
+* waits for the all-reduce it started at f's previous sync (H steps ago), whose sum is
+  S_f^{t-1} = sum_j Delta_{f,j}^{t-1};
+* computes Delta_{f,i}^t = theta_{f,i}^global - theta_{f,i} and starts the all-reduce (SUM) of it;
+* steps its own copy of the fragment's outer optimizer on the eager outer gradient
+
+      Delta_hat_{f,i}^t = (1/n) Delta_{f,i}^t + (1/n) (S_f^{t-1} - Delta_{f,i}^{t-1})
+                        = (1/n) Delta_{f,i}^t + (1/n) sum_{j != i} Delta_{f,j}^{t-1}
+
+  (its own fresh outer gradient in place of its own term of the one-round-stale average; 0 for
+  the others' terms at f's first sync), then merges as above (alpha).
+
+The paper's method section (its Algorithm 3) could not be read for lsgd: these mixing weights are
+the ones lsgd's issue states, consistent with the paper's abstract and captions ("the local outer
+gradient as a proxy" for the others' delayed ones); check them before quoting.
+
+Every worker keeps its own theta_f^global and outer momentum: the replicas differ by the workers'
+own terms of the latest round (each applies its own outer gradient one round before the others'),
+and each Delta_{f,j} enters every worker's outer steps exactly once. Eager updates are DiLoCo
+(P = 1) in the paper's main experiments and compose with Streaming DiLoCo's fragments (its Table 3):
+with P fragments up to P all-reduces are in flight, each for H steps. With quantization a
+worker's own terms are the ones it sent (quantized) and the sum is re-quantized as above. A
+fragment's BatchNorm statistics mix alike, b_i <- (1/n) (b_i + S_b^{t-1} - b_i^{t-1}) (at f's
+first sync: b_i), then the alpha merge. The all-reduce of a fragment's last sync before the run
+ends is not started (no step would use it); the worker's own term is still applied. The cluster
+clock waits only where an all-reduce has not ended after its H steps of compute.
+
+One round (``comm_rounds``) per fragment landed (eager: per fragment synced). A checkpoint saves
+the all-reduces in flight without waiting for them on the clock (their results and their ends,
+as Overlap-Local-SGD does).
 """
 
 from __future__ import annotations
@@ -93,6 +125,10 @@ class StreamingDiLoCoConfig(AlgoConfig):
     quantization: str = option("none", choices=QUANTIZATIONS, doc="the outer gradients' format on the wire, "
                                "one float32 scale per row")
     average_buffers: bool = option(True, doc="average a fragment's BatchNorm statistics with it")
+    eager: bool = option(False, doc="eager outer steps (Kale et al. 2025): each fragment's all-reduce overlaps "
+                         "the next H inner steps; the outer step uses the worker's own fresh outer gradient "
+                         "with the others' one-round-stale ones (needs fragment_sync_delay 0)",
+                         symbol=("eager", "not eager"))
 
 
 def model_units(model: nn.Module) -> list[tuple[list[int], list[torch.Tensor]]]:
@@ -149,7 +185,8 @@ class StreamingDiLoCo(Algorithm):
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
-        """Raises ConfigError: H not a multiple of P, or tau not below H / P (torchft's checks)."""
+        """Raises ConfigError: H not a multiple of P, or tau not below H / P (torchft's checks); tau > 0
+        with eager outer steps."""
         super().validate_config(algo, world_size)
         c = cls.parse_config(algo)
         H, P, tau = int(c.local_steps), int(c.fragments), int(c.fragment_sync_delay)
@@ -159,20 +196,27 @@ class StreamingDiLoCo(Algorithm):
         if tau >= H // P:
             raise ConfigError(f"algo.fragment_sync_delay (tau = {tau}) must be below algo.local_steps / "
                               f"algo.fragments (H / P = {H // P}): a fragment must land before the next one starts")
+        if c.eager and tau:
+            raise ConfigError(f"algo.eager=true overlaps each fragment's all-reduce with the next H inner steps: "
+                              f"algo.fragment_sync_delay (tau = {tau}) must be 0")
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
         c = self.config
         self.P = int(c.fragments)
-        self.h = int(c.local_steps) // self.P
+        self.H = int(c.local_steps)
+        self.h = self.H // self.P
         self.tau = int(c.fragment_sync_delay)
         self.alpha = float(c.fragment_update_alpha)
         self.fmt = c.quantization
+        self.eager = bool(c.eager)
         self.rounds = 0
         self._in_sync = True
-        self.handle = None        # the all-reduce in flight
-        self.flat: torch.Tensor | None = None  # its buffer: outer gradients, then buffers (the sum once landed)
-        self.in_flight: int | None = None      # its fragment
+        # the all-reduces in flight, by fragment, in issue order: (handle, its buffer: this worker's
+        # outer gradients then buffers; the sum once landed). Without eager steps at most one.
+        self.flights: dict[int, tuple] = {}
+        # eager: per fragment, what this worker sent at its latest sync (its own term of that sum)
+        self.sent: list[torch.Tensor | None] = []
 
     def setup(self, model, optimizer, ctx=None):
         out = super().setup(model, optimizer, ctx)
@@ -181,8 +225,10 @@ class StreamingDiLoCo(Algorithm):
         self.frag_params = [[params[i] for i in idx] for idx, _ in split]
         self.frag_buffers = [bufs if self.config.average_buffers else [] for _, bufs in split]
         # theta^global of every fragment: where every worker started the fragment's current round
+        # (eager: where this worker did)
         self.globals = [[p.detach().clone() for p in ps] for ps in self.frag_params]
         self.outer = [self._outer_optimizer(g) for g in self.globals]
+        self.sent = [None] * self.P
         return out
 
     def _outer_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer | None:
@@ -202,15 +248,21 @@ class StreamingDiLoCo(Algorithm):
         return ((step + self.tau) // self.h - 1) % self.P
 
     def lands(self, step: int) -> int | None:
-        """The fragment that lands after completed step ``step``, or None."""
+        """The fragment that lands after completed step ``step``, or None (eager: the fragment
+        that syncs, whose previous all-reduce lands)."""
         if step % self.h:
             return None
         return (step // self.h - 1) % self.P
 
     def after_step(self, step: int) -> None:
         self._in_sync = False
-        f = self.starts(step)
         total = self.ctx.total_steps
+        if self.eager:
+            f = self.lands(step)
+            if f is not None:
+                self._eager_step(f, start=total is None or step + self.H <= total)
+            return
+        f = self.starts(step)
         if f is not None and (total is None or step + self.tau <= total):
             self._start(f)
         f = self.lands(step)
@@ -218,7 +270,9 @@ class StreamingDiLoCo(Algorithm):
             self._land(f)
 
     @torch.no_grad()
-    def _start(self, f: int) -> None:
+    def _outgoing(self, f: int) -> tuple[torch.Tensor, int | None]:
+        """Fragment ``f``'s outer gradients (in the wire format) then its buffers, flat, and the
+        bytes the encoded payload takes (None: the tensor's own size)."""
         deltas = [g - p.detach() for g, p in zip(self.globals[f], self.frag_params[f])]
         buffers = self.frag_buffers[f]
         nbytes = None
@@ -226,24 +280,81 @@ class StreamingDiLoCo(Algorithm):
             deltas = [quantize_dequantize(d, self.fmt) for d in deltas]
             nbytes = sum(encoded_nbytes(d, self.fmt) for d in deltas) + tensor_bytes(buffers)
         dtype = deltas[0].dtype if deltas else buffers[0].dtype
-        self.flat = torch.cat([t.reshape(-1).to(dtype) for t in [*deltas, *buffers]])
-        self.in_flight = f
-        self.handle = self.comm.all_reduce(self.flat, async_op=True, nbytes=nbytes)
+        return torch.cat([t.reshape(-1).to(dtype) for t in [*deltas, *buffers]]), nbytes
+
+    def _start(self, f: int, flat: torch.Tensor | None = None, nbytes: int | None = None) -> None:
+        if flat is None:
+            flat, nbytes = self._outgoing(f)
+        self.flights[f] = (self.comm.all_reduce(flat, async_op=True, nbytes=nbytes), flat)
+
+    def _landed(self, f: int) -> torch.Tensor | None:
+        """Wait for fragment ``f``'s all-reduce in flight; its sum (None: none in flight)."""
+        if f not in self.flights:
+            return None
+        if next(iter(self.flights)) != f:
+            raise RuntimeError(f"fragment {f} lands before fragment {next(iter(self.flights))}, issued earlier")
+        handle, flat = self.flights.pop(f)
+        handle.wait()
+        return flat
+
+    def _summed_gradients(self, f: int, flat: torch.Tensor) -> list[torch.Tensor]:
+        """The fragment's parameters' part of a landed sum, per parameter (re-quantized as torchft's
+        quantized all-reduce does before its all-gather)."""
+        out, offset = [], 0
+        for g in self.globals[f]:
+            total = flat[offset:offset + g.numel()].view_as(g)
+            offset += g.numel()
+            out.append(quantize_dequantize(total, self.fmt) if self.fmt != "none" else total)
+        return out
 
     @torch.no_grad()
     def _land(self, f: int) -> None:
-        if f != self.in_flight:
-            raise RuntimeError(f"fragment {f} lands but fragment {self.in_flight} is in flight")
-        self.handle.wait()
-        self.handle, self.in_flight = None, None
+        flat = self._landed(f)
+        if flat is None:
+            raise RuntimeError(f"fragment {f} lands but {sorted(self.flights) or 'none'} is in flight")
         n = self.comm.world_size
-        flat, offset = self.flat, 0
-        for g, p in zip(self.globals[f], self.frag_params[f]):
-            total = flat[offset:offset + g.numel()].view_as(g)
+        grads = [(total / n).to(g.dtype) for g, total in zip(self.globals[f], self._summed_gradients(f, flat))]
+        offset = sum(g.numel() for g in self.globals[f])
+        buffers = []
+        for b in self.frag_buffers[f]:
+            buffers.append((flat[offset:offset + b.numel()].view_as(b) / n).to(b.dtype))
+            offset += b.numel()
+        self._outer_step(f, grads, buffers)
+        # every worker holds the same model when the only fragment took the global one
+        self._in_sync = self.P == 1 and self.alpha == 0
+
+    @torch.no_grad()
+    def _eager_step(self, f: int, start: bool) -> None:
+        """Fragment ``f`` syncs with an eager outer step (module docstring)."""
+        stale = self._landed(f)
+        own, nbytes = self._outgoing(f)
+        previous, self.sent[f] = self.sent[f], (own if start else None)  # own: never written in place
+        if start:
+            self._start(f, own.clone(), nbytes)
+        n = self.comm.world_size
+        others = None
+        if stale is not None:
+            parts = self._summed_gradients(f, stale)
+            stale = torch.cat([*(t.reshape(-1) for t in parts), stale[sum(t.numel() for t in parts):]])
+            others = stale - previous
+        mixed = own if others is None else own + others
+        grads, offset = [], 0
+        for g in self.globals[f]:
+            grads.append((mixed[offset:offset + g.numel()].view_as(g) / n).to(g.dtype))
             offset += g.numel()
-            if self.fmt != "none":  # torchft re-quantizes the reduced chunk before its all-gather
-                total = quantize_dequantize(total, self.fmt)
-            g.grad = (total / n).to(g.dtype)
+        buffers = []
+        for b in self.frag_buffers[f]:
+            buffers.append(b.clone() if others is None else (mixed[offset:offset + b.numel()].view_as(b) / n).to(b.dtype))
+            offset += b.numel()
+        self._outer_step(f, grads, buffers)
+        self._in_sync = False
+
+    @torch.no_grad()
+    def _outer_step(self, f: int, grads: list[torch.Tensor], buffers: list[torch.Tensor]) -> None:
+        """The fragment's outer optimizer on ``grads``; its parameters and ``buffers`` (new values of
+        the fragment's buffers) merged by alpha."""
+        for g, grad in zip(self.globals[f], grads):
+            g.grad = grad
         if self.outer[f] is not None:
             self.outer[f].step()
         for g, p in zip(self.globals[f], self.frag_params[f]):
@@ -251,28 +362,24 @@ class StreamingDiLoCo(Algorithm):
             local = p.detach().clone()
             p.data.copy_(g)
             p.data.lerp_(local, self.alpha)
-        for b in self.frag_buffers[f]:
-            avg = (flat[offset:offset + b.numel()].view_as(b) / n).to(b.dtype)
-            offset += b.numel()
-            b.copy_(avg.lerp_(b, self.alpha))
-        self.flat = None
+        for b, new in zip(self.frag_buffers[f], buffers):
+            b.copy_(new.lerp_(b, self.alpha))
         self.comm.round()
         self.rounds += 1
-        # every worker holds the same model when the only fragment took the global one
-        self._in_sync = self.P == 1 and self.alpha == 0
 
     @property
     def models_in_sync(self) -> bool:
         return self._in_sync and (bool(self.config.average_buffers) or not float_buffers(self.model))
 
     def state_dict(self) -> dict:
-        in_flight = None
-        if self.handle is not None:  # the all-reduce in flight: its result and its end (module docstring)
-            self.handle.complete_data()  # flat holds the sum; the clock waits where the run lands it
-            in_flight = {"fragment": self.in_flight, "flat": self.flat.clone(), "handle": self.handle.state_dict()}
+        in_flight = []
+        for f, (handle, flat) in self.flights.items():  # in issue order: their results and their ends
+            handle.complete_data()  # flat holds the sum; the clock waits where the run lands it
+            in_flight.append({"fragment": f, "flat": flat.clone(), "handle": handle.state_dict()})
         return {"globals": [[g.clone() for g in gs] for gs in self.globals],
                 "outer": [None if o is None else o.state_dict() for o in self.outer],
-                "rounds": self.rounds, "in_sync": self._in_sync, "in_flight": in_flight}
+                "rounds": self.rounds, "in_sync": self._in_sync, "in_flight": in_flight,
+                "sent": [None if s is None else s.clone() for s in self.sent]}
 
     def load_state_dict(self, state: dict) -> None:
         with torch.no_grad():
@@ -284,8 +391,9 @@ class StreamingDiLoCo(Algorithm):
                 o.load_state_dict(s)
         self.rounds, self._in_sync = state["rounds"], state["in_sync"]
         in_flight = state.get("in_flight")
-        if in_flight is None:
-            self.handle = self.flat = self.in_flight = None
-        else:
-            self.in_flight, self.flat = in_flight["fragment"], in_flight["flat"]
-            self.handle = self.comm.resumed(in_flight["handle"])
+        if isinstance(in_flight, dict):  # checkpoints written before eager steps: one at most
+            in_flight = [in_flight]
+        self.flights = {}
+        for saved in in_flight or []:
+            self.flights[saved["fragment"]] = (self.comm.resumed(saved["handle"]), saved["flat"])
+        self.sent = list(state.get("sent") or [None] * self.P)
