@@ -86,24 +86,39 @@ def make_optimizer(model, optim_cfg, groups):
     return opt
 
 
+def setup_algorithm(algo_cfg, model, opt, rank, world, steps, batch_size=B, **ctx_fields):
+    """Rank ``rank`` of ``world``'s communicator (10 Gbit/s, 10 us), the algorithm of ``algo_cfg``
+    on it and the model it wraps (``algo.setup``) under a RunContext of ``steps`` steps, SPE steps
+    per epoch and the learning rate of ``opt``'s first group (``ctx_fields``: its other fields).
+    Returns (comm, algo, net)."""
+    comm = Communicator(NetworkModel(bandwidth_gbps=10, latency_us=10))
+    algo = build_algorithm(algo_cfg, comm)
+    ctx = RunContext(rank=rank, world_size=world, num_workers=world, worker_index=rank, steps_per_epoch=SPE,
+                     total_steps=steps, batch_size=batch_size, lr=lambda: opt.param_groups[0]["lr"], **ctx_fields)
+    return comm, algo, algo.setup(model, opt, ctx)
+
+
+def step_to_schedule(algo, net, opt, sched, x, y, step: int) -> None:
+    """Step ``step`` on (x, y) in the trainer's order (lsgd/training/trainer.py, Trainer.train_step)
+    up to the schedule: forward, backward, after_backward, optimizer step, schedule step (after_step
+    is the caller's)."""
+    loss = F.cross_entropy(net(x), y)
+    opt.zero_grad()
+    loss.backward()
+    algo.after_backward(step)
+    algo.optimizer_step()
+    sched.step()
+
+
 def _worker(rank, world, out, algo_cfg, optim_cfg, steps, bn, schedule, groups):
     model = make_model(bn)
     opt = make_optimizer(model, optim_cfg, groups)
     sched = build_scheduler(opt, schedule, SPE, steps)
-    comm = Communicator(NetworkModel(bandwidth_gbps=10, latency_us=10))
-    algo = build_algorithm(algo_cfg, comm)
-    ctx = RunContext(rank=rank, world_size=world, num_workers=world, worker_index=rank, steps_per_epoch=SPE,
-                     total_steps=steps, batch_size=B, lr=lambda: opt.param_groups[0]["lr"], lr_decay_steps=lr_decay_steps(schedule, SPE))
-    net = algo.setup(model, opt, ctx)
+    comm, algo, net = setup_algorithm(algo_cfg, model, opt, rank, world, steps,
+                                      lr_decay_steps=lr_decay_steps(schedule, SPE))
     pre_sync = []
     for step in range(steps):  # the trainer's order (lsgd/training/trainer.py, Trainer.train_step)
-        x, y = batch(rank, step)
-        loss = F.cross_entropy(net(x), y)
-        opt.zero_grad()
-        loss.backward()
-        algo.after_backward(step)
-        algo.optimizer_step()
-        sched.step()
+        step_to_schedule(algo, net, opt, sched, *batch(rank, step), step)
         pre_sync.append([t.detach().clone() for t in list(model.parameters()) + list(model.buffers())])
         algo.after_step(step + 1)
     torch.save(

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
-from test_algorithms import SPE, WARMUP_COSINE
-from test_streaming_diloco import (ADAMW, D, MU, OUTER_LR, SGD_M, SMALL, _units_bytes, algo_cfg, batch, bn_fragment,
-                                   fragments_of, make_model, ref_nbytes, ref_quantize, run_lsgd)
+from hook_runs import ADAMW, SMALL, assert_matches_reference, inner_optimizers, local_step, one_thread
+from test_algorithms import SGD_M
+from test_streaming_diloco import (D, MU, OUTER_LR, _units_bytes, algo_cfg, batch, bn_fragment, fragments_of,
+                                   make_model, ref_nbytes, ref_quantize, run_lsgd)
 from trainer_runs import compose_cfg, train as train_cli
-
-from lsgd.training.optim import build_optimizer, build_scheduler
 
 
 def eager_reference(world, kind, H, P, alpha, fmt, optim_cfg, steps):
@@ -35,8 +33,7 @@ def eager_reference(world, kind, H, P, alpha, fmt, optim_cfg, steps):
     alpha. Returns the models and the bytes of the all-reduces started."""
     h = H // P
     models = [make_model(kind) for _ in range(world)]
-    opts = [build_optimizer(m.parameters(), optim_cfg) for m in models]
-    scheds = [build_scheduler(o, WARMUP_COSINE, SPE, steps) for o in opts]
+    opts, scheds = inner_optimizers(models, optim_cfg, steps)
     frags = fragments_of(kind, P)
     glob = [[p.detach().clone() for p in m.parameters()] for m in models]
     mom: list[list] = [[None] * len(glob[0]) for _ in range(world)]
@@ -45,13 +42,7 @@ def eager_reference(world, kind, H, P, alpha, fmt, optim_cfg, steps):
     flight: dict[int, tuple] = {}
     sent_bytes = rounds = 0
     for step in range(steps):
-        for r, (m, o, s) in enumerate(zip(models, opts, scheds)):
-            x, y = batch(r, step)
-            loss = F.cross_entropy(m(x), y)
-            o.zero_grad()
-            loss.backward()
-            o.step()
-            s.step()
+        local_step(models, opts, scheds, batch, step)
         done = step + 1
         if done % h:
             continue
@@ -112,27 +103,14 @@ def test_eager_steps_equal_the_update_rule_on_n_workers(tmp_path):
     single-process simulation: parameters and BatchNorm statistics (bit for bit on 2 workers), the
     bytes of the all-reduces started (none after a fragment's last sync) and one round per sync."""
     steps = 12
-    by_world: dict[int, list] = {}
-    for n, (world, kind, H, P, alpha, fmt, opt) in enumerate(SETTINGS):
-        by_world.setdefault(world, []).append((f"e{n}", kind, algo_cfg(H, P, 0, alpha, fmt, eager=True), opt, steps,
-                                               "float32"))
-    got = {}
-    for world, jobs in by_world.items():
-        got.update(run_lsgd(tmp_path, world, jobs))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as every gloo rank (tests/distributed/gloo.py): the same reduction orders
-    try:
+    got = run_lsgd(tmp_path, [(world, f"e{n}", kind, algo_cfg(H, P, 0, alpha, fmt, eager=True), opt, steps, "float32")
+                              for n, (world, kind, H, P, alpha, fmt, opt) in enumerate(SETTINGS)])
+    with one_thread():
         wanted = [eager_reference(world, kind, H, P, alpha, fmt, opt, steps)
                   for world, kind, H, P, alpha, fmt, opt in SETTINGS]
-    finally:
-        torch.set_num_threads(threads)
     for n, ((world, kind, H, P, *_), (want, sent, rounds)) in enumerate(zip(SETTINGS, wanted)):
         atol = 0 if world == 2 else 1e-6  # 2 workers: bit for bit; 4: gloo's ring sums in another order
-        for r in range(world):
-            for g, w in zip(got[f"e{n}"][r]["params"], want[r].parameters()):
-                torch.testing.assert_close(g, w.detach(), rtol=0, atol=atol, msg=f"setting {n} rank {r}")
-            for g, w in zip(got[f"e{n}"][r]["buffers"], want[r].buffers()):
-                torch.testing.assert_close(g, w, rtol=0, atol=atol, msg=f"setting {n} rank {r} buffers")
+        assert_matches_reference(got[f"e{n}"], want, atol, f"setting {n}")
         stats = got[f"e{n}"][0]["stats"]
         assert stats["comm_bytes"] == sent
         assert stats["comm_rounds"] == rounds == steps // (H // P)
@@ -146,11 +124,11 @@ def test_eager_without_its_stale_terms_is_not_the_delayed_landing(tmp_path):
     (1/n) Delta_i: with alpha = 1 nothing is merged and the models stay those of local training,
     eager or not (only the stored globals move)."""
     steps = 6
-    jobs = [("eager", "mlp4", algo_cfg(3, 1, 0, 0.0, eager=True), SGD_M, steps, "float32"),
-            ("landed", "mlp4", algo_cfg(3, 1, 0, 0.0), SGD_M, steps, "float32"),
-            ("eager_keep", "mlp4", algo_cfg(3, 1, 0, 1.0, eager=True), SGD_M, steps, "float32"),
-            ("landed_keep", "mlp4", algo_cfg(3, 1, 0, 1.0), SGD_M, steps, "float32")]
-    got = run_lsgd(tmp_path, 2, jobs)
+    jobs = [(2, "eager", "mlp4", algo_cfg(3, 1, 0, 0.0, eager=True), SGD_M, steps, "float32"),
+            (2, "landed", "mlp4", algo_cfg(3, 1, 0, 0.0), SGD_M, steps, "float32"),
+            (2, "eager_keep", "mlp4", algo_cfg(3, 1, 0, 1.0, eager=True), SGD_M, steps, "float32"),
+            (2, "landed_keep", "mlp4", algo_cfg(3, 1, 0, 1.0), SGD_M, steps, "float32")]
+    got = run_lsgd(tmp_path, jobs)
     assert any(not torch.equal(a, b) for a, b in zip(got["eager"][0]["params"], got["landed"][0]["params"]))
     for r in range(2):
         for a, b in zip(got["eager_keep"][r]["params"], got["landed_keep"][r]["params"]):

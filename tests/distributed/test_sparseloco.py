@@ -19,21 +19,13 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
-from gloo import run_gloo
-from test_algorithms import SPE, WARMUP_COSINE
+from hook_runs import (ADAMW, SMALL, assert_matches_reference, inner_optimizers, local_step, one_thread,
+                       run_hook_order, run_jobs)
+from test_algorithms import SGD_M
 from torch import nn
 from trainer_runs import compose_cfg, train as train_cli
 
-from lsgd.algorithms import build_algorithm
-from lsgd.algorithms.base import RunContext
-from lsgd.clock.network import NetworkModel
-from lsgd.comm.communicator import Communicator
-from lsgd.training.optim import build_optimizer, build_scheduler
-
 D, B = 16, 8
-ADAMW = {"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
-SGD_M = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": False, "weight_decay": 0.0}
 
 
 def make_model(kind: str) -> nn.Module:
@@ -57,37 +49,14 @@ def algo_cfg(H, chunk, topk, bits, beta, alpha, aggregate):
             "outer_lr": alpha, "aggregate": aggregate, "quantization_range": 6.0, "average_buffers": True}
 
 
-def _run(rank, world, out, jobs):
-    """Every job ``(name, kind, algo_cfg, optim_cfg, steps)``, hooks in the trainer's order."""
-    for name, kind, acfg, optim_cfg, steps in jobs:
-        model = make_model(kind)
-        opt = build_optimizer(model.parameters(), optim_cfg)
-        sched = build_scheduler(opt, WARMUP_COSINE, SPE, steps)
-        comm = Communicator(NetworkModel(bandwidth_gbps=10, latency_us=10))
-        algo = build_algorithm(acfg, comm)
-        ctx = RunContext(rank=rank, world_size=world, num_workers=world, worker_index=rank, steps_per_epoch=SPE,
-                         total_steps=steps, batch_size=B, lr=lambda: opt.param_groups[0]["lr"])
-        net = algo.setup(model, opt, ctx)
-        for step in range(steps):
-            x, y = batch(rank, step)
-            loss = F.cross_entropy(net(x), y)
-            opt.zero_grad()
-            loss.backward()
-            algo.after_backward(step)
-            algo.optimizer_step()
-            sched.step()
-            algo.after_step(step + 1)
-            comm.end_step()
-        torch.save({"params": [p.detach().clone() for p in model.parameters()],
-                    "buffers": [b.clone() for b in model.buffers()], "stats": comm.stats.as_dict()},
-                   out / f"{name}.rank{rank}.pt")
+def _lsgd_job(rank, world, kind, acfg, optim_cfg, steps):
+    return run_hook_order(rank, world, make_model(kind), acfg, optim_cfg, steps, lambda step: batch(rank, step), B)
 
 
-def run_lsgd(tmp_path, world, jobs):
-    out = tmp_path / f"w{world}"
-    out.mkdir()
-    run_gloo(_run, world, out, jobs)
-    return {name: [torch.load(out / f"{name}.rank{r}.pt") for r in range(world)] for name, *_ in jobs}
+def run_lsgd(tmp_path, jobs):
+    """Every job ``(world, name, kind, algo_cfg, optim_cfg, steps)`` on gloo ranks in the trainer's
+    hook order (hook_runs.run_hook_order); per name the ranks' parameters, buffers, stats."""
+    return run_jobs(tmp_path, _lsgd_job, jobs)
 
 
 # -- the independent simulation ----------------------------------------------------------------------
@@ -155,19 +124,12 @@ def reference(world, kind, H, chunk, topk, bits, beta, alpha, aggregate, optim_c
     workers or, for ``selected``, by the workers that kept the element); BatchNorm statistics
     averaged. Returns the models and one round's bytes (payload, buffers)."""
     models = [make_model(kind) for _ in range(world)]
-    opts = [build_optimizer(m.parameters(), optim_cfg) for m in models]
-    scheds = [build_scheduler(o, WARMUP_COSINE, SPE, steps) for o in opts]
+    opts, scheds = inner_optimizers(models, optim_cfg, steps)
     theta = [p.detach().clone() for p in models[0].parameters()]
     errors = [[torch.zeros_like(t) for t in theta] for _ in range(world)]
     payload = buffer_bytes = 0
     for step in range(steps):
-        for r, (m, o, s) in enumerate(zip(models, opts, scheds)):
-            x, y = batch(r, step)
-            loss = F.cross_entropy(m(x), y)
-            o.zero_grad()
-            loss.backward()
-            o.step()
-            s.step()
+        local_step(models, opts, scheds, batch, step)
         if (step + 1) % H:
             continue
         with torch.no_grad():
@@ -215,25 +177,12 @@ def test_equals_the_update_rule_on_n_workers(tmp_path):
     round one all-gather of the payload (indices, codes and scales: the closed form) and a float
     all-reduce of the statistics, so comm_bytes, wire bytes and peak_step_bytes exactly."""
     steps = 12
-    by_world: dict[int, list] = {}
-    for n, (world, kind, H, chunk, topk, bits, beta, alpha, agg, opt) in enumerate(SETTINGS):
-        by_world.setdefault(world, []).append((f"s{n}", kind, algo_cfg(H, chunk, topk, bits, beta, alpha, agg), opt,
-                                               steps))
-    got = {}
-    for world, jobs in by_world.items():
-        got.update(run_lsgd(tmp_path, world, jobs))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as every gloo rank (tests/distributed/gloo.py)
-    try:
+    got = run_lsgd(tmp_path, [(world, f"s{n}", kind, algo_cfg(H, chunk, topk, bits, beta, alpha, agg), opt, steps)
+                              for n, (world, kind, H, chunk, topk, bits, beta, alpha, agg, opt) in enumerate(SETTINGS)])
+    with one_thread():
         wanted = [reference(*setting, steps) for setting in SETTINGS]
-    finally:
-        torch.set_num_threads(threads)
     for n, ((world, kind, H, *_), (want, payload, buffers)) in enumerate(zip(SETTINGS, wanted)):
-        for r in range(world):
-            for g, w in zip(got[f"s{n}"][r]["params"], want[r].parameters()):
-                torch.testing.assert_close(g, w.detach(), rtol=0, atol=1e-12, msg=f"setting {n} rank {r}")
-            for g, w in zip(got[f"s{n}"][r]["buffers"], want[r].buffers()):
-                torch.testing.assert_close(g, w, rtol=0, atol=1e-12, msg=f"setting {n} rank {r} buffers")
+        assert_matches_reference(got[f"s{n}"], want, 1e-12, f"setting {n}")
         rounds = steps // H
         stats = got[f"s{n}"][0]["stats"]
         assert stats["comm_rounds"] == rounds
@@ -246,9 +195,6 @@ def test_equals_the_update_rule_on_n_workers(tmp_path):
 
 
 # -- through the real Trainer -------------------------------------------------------------------
-SMALL = ["model.channels=[4,8]", "model.hidden=16", "max_steps=12", "optim=adamw"]
-
-
 def test_every_element_at_full_precision_without_error_feedback_is_diloco_with_sgd(tmp_path):
     """topk = chunk^2 (every element kept), bits = 0, error_decay = 0: e = Delta, Delta_hat = Delta,
     e = 0, theta <- theta - alpha mean(Delta): DiLoCo with outer SGD at lr alpha. Through the Trainer

@@ -23,20 +23,15 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
-from gloo import run_gloo
-from test_algorithms import SPE, WARMUP_COSINE
+from hook_runs import (ADAMW, SMALL, assert_matches_reference, inner_optimizers, local_step, one_thread,
+                       run_hook_order, run_jobs)
+from test_algorithms import SGD_M, SPE, WARMUP_COSINE
 from torch import nn
 from trainer_runs import compose_cfg, train as train_cli
 
-from lsgd.algorithms import build_algorithm
-from lsgd.algorithms.base import RunContext
-from lsgd.comm.communicator import Communicator
-from lsgd.clock.network import NetworkModel
 from lsgd.training.optim import build_optimizer, build_scheduler
 
 D, B = 16, 8
-ADAMW = {"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
-SGD_M = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": False, "weight_decay": 0.0}
 OUTER_LR, MU = 0.7, 0.9
 
 
@@ -74,39 +69,16 @@ def batch(rank: int, step: int, dtype=torch.float32):
 
 
 # -- lsgd on gloo ranks, the trainer's hook order ------------------------------------------------
-def _run_lsgd(rank, world, out, jobs):
-    """Every job ``(name, kind, algo_cfg, optim_cfg, steps, dtype)`` in turn, hooks in the trainer's
-    order (lsgd/training/trainer.py: optimizer step, schedule step, after_step, end of step)."""
-    for name, kind, algo_cfg, optim_cfg, steps, dtype in jobs:
-        dtype = getattr(torch, dtype)
-        model = make_model(kind, dtype)
-        opt = build_optimizer(model.parameters(), optim_cfg)
-        sched = build_scheduler(opt, WARMUP_COSINE, SPE, steps)
-        comm = Communicator(NetworkModel(bandwidth_gbps=10, latency_us=10))
-        algo = build_algorithm(algo_cfg, comm)
-        ctx = RunContext(rank=rank, world_size=world, num_workers=world, worker_index=rank, steps_per_epoch=SPE,
-                         total_steps=steps, batch_size=B, lr=lambda: opt.param_groups[0]["lr"])
-        net = algo.setup(model, opt, ctx)
-        for step in range(steps):
-            x, y = batch(rank, step, dtype)
-            loss = F.cross_entropy(net(x), y)
-            opt.zero_grad()
-            loss.backward()
-            algo.after_backward(step)
-            algo.optimizer_step()
-            sched.step()
-            algo.after_step(step + 1)
-            comm.end_step()
-        torch.save({"params": [p.detach().clone() for p in model.parameters()],
-                    "buffers": [b.clone() for b in model.buffers()], "stats": comm.stats.as_dict()},
-                   out / f"{name}.rank{rank}.pt")
+def _lsgd_job(rank, world, kind, algo_cfg, optim_cfg, steps, dtype):
+    dtype = getattr(torch, dtype)
+    return run_hook_order(rank, world, make_model(kind, dtype), algo_cfg, optim_cfg, steps,
+                          lambda step: batch(rank, step, dtype), B)
 
 
-def run_lsgd(tmp_path, world, jobs) -> dict[str, list[dict]]:
-    out = tmp_path / f"lsgd_w{world}"
-    out.mkdir()
-    run_gloo(_run_lsgd, world, out, jobs)
-    return {name: [torch.load(out / f"{name}.rank{r}.pt") for r in range(world)] for name, *_ in jobs}
+def run_lsgd(tmp_path, jobs) -> dict[str, list[dict]]:
+    """Every job ``(world, name, kind, algo_cfg, optim_cfg, steps, dtype)`` on gloo ranks in the
+    trainer's hook order (hook_runs.run_hook_order); per name the ranks' parameters, buffers, stats."""
+    return run_jobs(tmp_path, _lsgd_job, jobs)
 
 
 def algo_cfg(H, P, tau=0, alpha=0.0, quantization="none", **kw):
@@ -231,11 +203,11 @@ def test_matches_torchft_diloco(tmp_path):
     pytest.importorskip("torchft", reason="torchft (the reference implementation) is not installed: "
                                           "pip install torchft==0.2.0 (the dev extra)")
     world, H, P, steps = 2, 4, 2, 12
-    jobs = [(f"tau{tau}_alpha{alpha}", "mlp4", algo_cfg(H, P, tau, alpha), ADAMW, steps, "float64")
+    jobs = [(world, f"tau{tau}_alpha{alpha}", "mlp4", algo_cfg(H, P, tau, alpha), ADAMW, steps, "float64")
             for tau, alpha in TORCHFT_GRID]
-    got = run_lsgd(tmp_path, world, jobs)
+    got = run_lsgd(tmp_path, jobs)
     local = run_lsgd_free(world, "mlp4", ADAMW, steps)
-    for (name, *_), (tau, alpha) in zip(jobs, TORCHFT_GRID):
+    for (_, name, *_), (tau, alpha) in zip(jobs, TORCHFT_GRID):
         want = run_torchft(world, "mlp4", H, P, tau, alpha, ADAMW, steps)
         for r in range(world):
             for g, w in zip(got[name][r]["params"], want[r]):
@@ -250,20 +222,11 @@ def test_matches_torchft_diloco(tmp_path):
 
 def run_lsgd_free(world, kind, optim_cfg, steps, dtype=torch.float64):
     """Each worker's model after ``steps`` local steps with no synchronization (what alpha = 1 keeps)."""
-    out = []
-    for rank in range(world):
-        model = make_model(kind, dtype)
-        opt = build_optimizer(model.parameters(), optim_cfg)
-        sched = build_scheduler(opt, WARMUP_COSINE, SPE, steps)
-        for step in range(steps):
-            x, y = batch(rank, step, dtype)
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-        out.append([p.detach().clone() for p in model.parameters()])
-    return out
+    models = [make_model(kind, dtype) for _ in range(world)]
+    opts, scheds = inner_optimizers(models, optim_cfg, steps)
+    for step in range(steps):
+        local_step(models, opts, scheds, lambda rank, step: batch(rank, step, dtype), step)
+    return [[p.detach().clone() for p in model.parameters()] for model in models]
 
 
 # -- an independent single-process simulation -----------------------------------------------------
@@ -316,8 +279,7 @@ def reference(world, kind, H, P, tau, alpha, fmt, optim_cfg, steps):
     value by a whole level."""
     h = H // P
     models = [make_model(kind) for _ in range(world)]
-    opts = [build_optimizer(m.parameters(), optim_cfg) for m in models]
-    scheds = [build_scheduler(o, WARMUP_COSINE, SPE, steps) for o in opts]
+    opts, scheds = inner_optimizers(models, optim_cfg, steps)
     frags = fragments_of(kind, P)
     glob = [p.detach().clone() for p in models[0].parameters()]
     mom: list = [None] * len(glob)
@@ -325,13 +287,7 @@ def reference(world, kind, H, P, tau, alpha, fmt, optim_cfg, steps):
     sent = 0
     flight = None
     for step in range(steps):
-        for r, (m, o, s) in enumerate(zip(models, opts, scheds)):
-            x, y = batch(r, step)
-            loss = F.cross_entropy(m(x), y)
-            o.zero_grad()
-            loss.backward()
-            o.step()
-            s.step()
+        local_step(models, opts, scheds, batch, step)
         done = step + 1
         if (done + tau) % h == 0 and done + tau <= steps:
             f = ((done + tau) // h - 1) % P
@@ -391,26 +347,14 @@ def test_equals_the_update_rule_on_n_workers(tmp_path):
     single-process simulation: parameters and BatchNorm statistics (bit for bit on 2 workers), the
     bytes sent (bits and scales of each quantized outer gradient, float32 statistics) and rounds."""
     steps = 12
-    by_world: dict[int, list] = {}
-    for n, (world, kind, H, P, tau, alpha, fmt, opt) in enumerate(SETTINGS):
-        by_world.setdefault(world, []).append((f"s{n}", kind, algo_cfg(H, P, tau, alpha, fmt), opt, steps, "float32"))
-    got = {}
-    for world, jobs in by_world.items():
-        got.update(run_lsgd(tmp_path, world, jobs))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as every gloo rank (tests/distributed/gloo.py): the same reduction orders
-    try:
+    got = run_lsgd(tmp_path, [(world, f"s{n}", kind, algo_cfg(H, P, tau, alpha, fmt), opt, steps, "float32")
+                              for n, (world, kind, H, P, tau, alpha, fmt, opt) in enumerate(SETTINGS)])
+    with one_thread():
         wanted = [reference(world, kind, H, P, tau, alpha, fmt, opt, steps)
                   for world, kind, H, P, tau, alpha, fmt, opt in SETTINGS]
-    finally:
-        torch.set_num_threads(threads)
     for n, ((world, kind, H, P, *_), (want, sent)) in enumerate(zip(SETTINGS, wanted)):
         atol = 0 if world == 2 else 1e-6  # 2 workers: bit for bit; 4: gloo's ring sums in another order
-        for r in range(world):
-            for g, w in zip(got[f"s{n}"][r]["params"], want[r].parameters()):
-                torch.testing.assert_close(g, w.detach(), rtol=0, atol=atol, msg=f"setting {n} rank {r}")
-            for g, w in zip(got[f"s{n}"][r]["buffers"], want[r].buffers()):
-                torch.testing.assert_close(g, w, rtol=0, atol=atol, msg=f"setting {n} rank {r} buffers")
+        assert_matches_reference(got[f"s{n}"], want, atol, f"setting {n}")
         assert got[f"s{n}"][0]["stats"]["comm_bytes"] == sent
         assert got[f"s{n}"][0]["stats"]["comm_rounds"] == steps // (H // P)
 
@@ -419,9 +363,9 @@ def test_peak_step_bytes_of_p_equal_fragments_is_one_pth_of_diloco(tmp_path):
     """Four equal units: each step's largest all-reduce is one fragment's, peak_step_bytes =
     2 (n - 1) / n x (the model's bytes / P) for P = 1, 2, 4 (P = 1: DiLoCo's)."""
     world, steps = 2, 8
-    jobs = [(f"P{P}", "mlp4", algo_cfg(4, P, 0, 0.0), ADAMW, steps, "float32") for P in (1, 2, 4)]
-    jobs.append(("diloco", "mlp4", {"name": "diloco", "local_steps": 4}, ADAMW, steps, "float32"))
-    got = run_lsgd(tmp_path, world, jobs)
+    jobs = [(world, f"P{P}", "mlp4", algo_cfg(4, P, 0, 0.0), ADAMW, steps, "float32") for P in (1, 2, 4)]
+    jobs.append((world, "diloco", "mlp4", {"name": "diloco", "local_steps": 4}, ADAMW, steps, "float32"))
+    got = run_lsgd(tmp_path, jobs)
     model_bytes = 4 * (D * D + D) * 4
     ring = 2 * (world - 1) / world
     assert got["diloco"][0]["stats"]["peak_step_bytes"] == ring * model_bytes
@@ -432,9 +376,6 @@ def test_peak_step_bytes_of_p_equal_fragments_is_one_pth_of_diloco(tmp_path):
 
 
 # -- through the real Trainer -------------------------------------------------------------------
-SMALL = ["model.channels=[4,8]", "model.hidden=16", "max_steps=12", "optim=adamw"]
-
-
 def _units_bytes(cfg: dict, P: int) -> list[int]:
     """Each fragment's bytes (parameters and floating buffers) of the run's model, by the split
     rule written out here: units are modules with parameters of their own, strided by P."""
