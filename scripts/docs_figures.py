@@ -257,7 +257,7 @@ def time_claims(out: str) -> str:
     return save(fig, out, "time_claims")
 
 
-# docs/studies/local-sgd-at-scale.md: final test accuracy and GB per worker against n, seed 0
+# docs/studies/swarm-at-scale.md: final accuracy, bytes per node and step, consensus distance against n
 def swarm_at_scale(out: str) -> str:
     # seed 0 (docs/studies/swarm-at-scale.md); None: not run
     n = [16, 64, 256]
@@ -334,9 +334,69 @@ def local_sgd_at_scale(out: str) -> str:
     return save(fig, out, "local_sgd_at_scale")
 
 
+def adasum_at_scale(out: str) -> str:
+    n = [16, 64, 256]
+    # mean and 95% t half-width over seeds 0-2 (docs/studies/adasum-at-scale.md)
+    acc = {
+        "averaging, linear rule": ([0.8903, 0.5677, 0.1000], [0.0150, 0.1297, 0]),
+        "averaging, Adasum's rate": ([0.8948, 0.7778, 0.6415], [0.0137, 0.1193, 0.1385]),
+        "Adasum of the delta": ([0.8943, 0.7874, 0.5335], [0.0056, 0.0730, 0.1717]),
+    }
+    gain = {  # paired by seed
+        "Adasum - averaging, linear rule": ([0.0040, 0.2197, 0.4335], [0.0194, 0.1421, 0.1717]),
+        "Adasum - averaging, same rate": ([-0.0005, 0.0095, -0.1080], [0.0178, 0.1837, 0.2917]),
+    }
+    fig, (a, b) = plt.subplots(1, 2, figsize=(7.0, 2.8))
+    for label, (values, half) in acc.items():
+        a.errorbar(n, values, yerr=half, marker="o", ms=3, capsize=2, label=label)
+    a.set(xscale="log", xlabel="workers n (64 samples each)", ylabel="final test accuracy", xticks=n,
+          xticklabels=[f"{x}\n({x * 64 // 1024}K)" for x in n])
+    a.legend(fontsize=7)
+    for label, (values, half) in gain.items():
+        b.errorbar(n, values, yerr=half, marker="o", ms=3, capsize=2, label=label)
+    b.axhline(0, color="0.5", lw=0.8)
+    b.set(xscale="log", xlabel="workers n", ylabel="paired accuracy difference", xticks=n,
+          xticklabels=[str(x) for x in n])
+    b.legend(fontsize=7)
+    for ax in (a, b):
+        ax.minorticks_off()
+    fig.tight_layout()
+    return save(fig, out, "adasum_at_scale")
+
+
+def async_at_scale(out: str) -> str:
+    w = [4, 16, 64]
+    # means over the seeds (docs/studies/async-at-scale.md): test perplexity, modeled seconds of the run
+    ppl = {  # label: (values, color, line style)
+        "sync DiLoCo": ([13.41, 12.59, 13.45], "C0", "-"),
+        "naive async, final": ([111.58, 644, 124.84], "C1", "-"),
+        "naive async, best": ([23.83, 203.77, 106.90], "C1", "--"),
+        "DN + DyLU": ([13.40, 13.23, 15.35], "C2", "-"),
+    }
+    time = {"sync DiLoCo": ([90.0, 90.0, 90.0], "C0"), "naive async": ([50.7, 54.1, 54.2], "C1"),
+            "DN + DyLU": ([50.3, 50.4, 53.2], "C2")}
+    fig, (a, b) = plt.subplots(1, 2, figsize=(7.0, 2.8))
+    for label, (values, color, ls) in ppl.items():
+        a.plot(w, values, marker="o", ms=3, color=color, ls=ls, label=label)
+    a.set(xscale="log", yscale="log", xlabel="workers W", ylabel="test perplexity", xticks=w,
+          xticklabels=[str(x) for x in w])
+    a.legend(fontsize=7)
+    for label, (values, color) in time.items():
+        b.plot(w, values, marker="o", ms=3, color=color, label=label)
+    b.set(xscale="log", xlabel="workers W", ylabel="modeled time of the run (s)", xticks=w,
+          xticklabels=[str(x) for x in w], ylim=(0, None))
+    b.legend(fontsize=7)
+    for ax in (a, b):
+        ax.minorticks_off()
+    fig.tight_layout()
+    return save(fig, out, "async_at_scale")
+
+
 FIGURES = {
     "local_sgd_at_scale": local_sgd_at_scale,
     "swarm_at_scale": swarm_at_scale,
+    "async_at_scale": async_at_scale,
+    "adasum_at_scale": adasum_at_scale,
     "local_vs_minibatch": local_vs_minibatch,
     "gravac": gravac,
     "gravac_lstm": gravac_lstm,
