@@ -270,8 +270,8 @@ def swarm_at_scale(out: str) -> str:
     mb = {  # MB a worker puts on the wire per step
         "all-reduce SGD": [1.62, 1.70, 1.72],
         "SwarmSGD H=1 (complete)": [0.216, 0.218, 0.223],
-        "SwarmSGD H=4 (complete)": [0.0547, 0.0831, None],
-        "D-PSGD (4-regular)": [3.45, 3.45, None],
+        "SwarmSGD H=4 (complete)": [0.0547, 0.0831, 0.172],
+        "D-PSGD (4-regular)": [3.45, 3.45, 3.45],
     }
     consensus = {
         "ring": [0.472, 24.5, 146],
