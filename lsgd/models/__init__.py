@@ -101,6 +101,8 @@ def resolve(model_cfg: dict) -> dict:
                 raise ConfigError(f"model.{key} must be null (from model.size) or an integer >= 1; got {v!r}")
         if n_embd % n_head:
             raise ConfigError(f"model.n_embd ({n_embd}) must be divisible by model.n_head ({n_head})")
+        if not _is_int(cfg.get("vocab_multiple", 1), 1):
+            raise ConfigError(f"model.vocab_multiple must be an integer >= 1; got {cfg.get('vocab_multiple')!r}")
     elif name == "transformer_mt":
         transformer_mt_dims(cfg)
     if "channels_last" in cfg and not isinstance(cfg["channels_last"], bool):
@@ -247,14 +249,16 @@ def _lstm_lm(cfg: dict, info: DatasetInfo) -> nn.Module:
     return LSTMLM(info.num_classes, cfg["embed_dim"], cfg["hidden_dim"], cfg["num_layers"], cfg["dropout"], cfg["tie_weights"])
 
 
-@_model("gpt", "GPT", "lm", {"size": "tiny", "dropout": 0.0, "bias": True, "n_layer": None, "n_head": None, "n_embd": None})
+@_model("gpt", "GPT", "lm", {"size": "tiny", "dropout": 0.0, "bias": True, "n_layer": None, "n_head": None, "n_embd": None,
+                             "vocab_multiple": 1})
 def _gpt(cfg: dict, info: DatasetInfo) -> nn.Module:
     from lsgd.models.gpt import GPT, SIZES
 
     n_layer, n_head, n_embd = (
         cfg[key] if cfg[key] is not None else d for key, d in zip(("n_layer", "n_head", "n_embd"), SIZES[cfg["size"]])
     )
-    return GPT(info.num_classes, info.input_shape[0], n_layer, n_head, n_embd, cfg["dropout"], cfg["bias"])
+    return GPT(info.num_classes, info.input_shape[0], n_layer, n_head, n_embd, cfg["dropout"], cfg["bias"],
+               int(cfg.get("vocab_multiple") or 1))
 
 
 @_model("transformer_mt", "Transformer", "translation",

@@ -69,9 +69,12 @@ class GPT(nn.Module):
     """Decoder-only transformer (see module docstring).
 
     Input (B, T) int64 token ids with T <= block_size; output (B, T, vocab_size) logits.
+    ``vocab_multiple``: the embedding's rows are vocab_size rounded up to a multiple of it (padding
+    rows are never used; the logits are cut back to vocab_size).
 
     Raises:
-        ValueError: ``n_embd`` not divisible by ``n_head`` (constructor); T > block_size (forward).
+        ValueError: ``n_embd`` not divisible by ``n_head``, ``vocab_multiple`` < 1 (constructor);
+            T > block_size (forward).
     """
 
     def __init__(
@@ -83,17 +86,25 @@ class GPT(nn.Module):
         n_embd: int,
         dropout: float = 0.0,
         bias: bool = True,
+        vocab_multiple: int = 1,
     ):
         super().__init__()
         if n_embd % n_head:
             raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+        if vocab_multiple < 1:
+            raise ValueError(f"vocab_multiple must be >= 1, got {vocab_multiple}")
         self.block_size = block_size
-        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.vocab_size = vocab_size
+        # rows of the tied embedding: the vocabulary padded up to a multiple of vocab_multiple (nanoGPT's
+        # 50257 -> 50304, OLMo's 50280 -> 50304), so chunked compressors (DeMo, SparseLoCo) tile the matrix in
+        # full chunks; the padded rows are never looked up and their logits are cut off in forward
+        rows = -(-vocab_size // vocab_multiple) * vocab_multiple
+        self.wte = nn.Embedding(rows, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout, bias) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(n_embd, bias=bias)
-        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.lm_head = nn.Linear(n_embd, rows, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
         self.apply(self._init)
         for name, p in self.named_parameters():
@@ -120,4 +131,5 @@ class GPT(nn.Module):
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
             x = block(x)
-        return self.lm_head(self.ln_f(x))
+        logits = self.lm_head(self.ln_f(x))
+        return logits if logits.shape[-1] == self.vocab_size else logits[..., : self.vocab_size]

@@ -213,6 +213,14 @@ def test_every_variant_composes_with_its_study(variant):
         assert cfg["experiment_name"] == "async_text_none"
         validate(cfg)
         return
+    if variant.startswith("family_"):  # diloco_family's arms
+        family = {"family_ddp": "ddp", "family_diloco": "diloco", "family_streaming": "streaming_diloco",
+                  "family_eager": "streaming_diloco", "family_demo": "demo", "family_sparseloco": "sparseloco"}
+        cfg = load(["experiment=diloco_family", f"variant={variant}"])
+        assert cfg["algo"]["name"] == family[variant] and cfg["experiment_name"] == "diloco_family"
+        assert cfg["algo"].get("local_steps", 48) == 48  # every DiLoCo-like arm at the same H
+        validate(cfg)
+        return
     experiment = "swarm_fmnist" if variant in swarm else study_of(variant)
     cfg = load([f"experiment={experiment}", f"variant={variant}"])
     expected = swarm.get(variant) or ("adsaga" if variant in ADSAGA_LOGREG else None) or {"dense": "ddp", "avg": "ddp", "topk": "compressed", "dgc": "compressed",

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lsgd.data import DatasetInfo
 from lsgd.core.errors import ConfigError
+from lsgd.data import DatasetInfo
 from lsgd.models import MODELS, build_model, check_compatible
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "model"
@@ -130,6 +130,27 @@ def test_gpt_sizes_match_their_names(size, nominal):
 def test_gpt_size_overrides():
     model = build_model({"name": "gpt", "n_layer": 3, "n_embd": 32, "n_head": 4}, C4)
     assert len(model.blocks) == 3 and model.wte.weight.shape == (257, 32)
+
+
+def test_gpt_vocab_multiple_pads_the_embedding_only():
+    """vocab_multiple=64: 257 -> 320 embedding rows; the logits keep the vocabulary's 257 columns, and
+    with the padding rows copied from an unpadded model the outputs are the same, so the padding
+    rows get no gradient and the loss is the unpadded model's."""
+    torch.manual_seed(0)
+    plain = build_model({"name": "gpt", "n_layer": 1, "n_embd": 32, "n_head": 4}, C4)
+    padded = build_model({"name": "gpt", "n_layer": 1, "n_embd": 32, "n_head": 4, "vocab_multiple": 64}, C4)
+    assert padded.wte.weight.shape == (320, 32) and padded.lm_head.weight is padded.wte.weight
+    with torch.no_grad():
+        for (name, p), q in zip(padded.named_parameters(), plain.parameters()):
+            p.copy_(torch.cat([q, torch.randn(p.shape[0] - q.shape[0], *q.shape[1:])]) if p.shape != q.shape else q)
+    x = torch.randint(0, 257, (2, 16))
+    out = padded(x)
+    assert out.shape == (2, 16, 257)
+    assert torch.allclose(out, plain(x), atol=1e-6)
+    torch.nn.functional.cross_entropy(out.reshape(-1, 257), x.reshape(-1)).backward()
+    assert padded.wte.weight.grad[257:].abs().max() == 0 and padded.wte.weight.grad[:257].abs().max() > 0
+    with pytest.raises(ConfigError, match="model.vocab_multiple"):
+        build_model({"name": "gpt", "vocab_multiple": 0}, C4)
 
 
 @pytest.mark.parametrize("info", [FASHION, CIFAR10, CIFAR100])
