@@ -17,8 +17,9 @@ format     FMAX   Q (bits per element)
 ``fp8``    448    float8 E4M3 (``torch.float8_e4m3fn``), round to nearest even (8): torchft's on
                   GPUs with native fp8
 ``fp4``    6      float4 E2M1 (OCP MX: +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}), round to nearest, ties
-                  to the even encoding (4); the 4-bit floats of Streaming DiLoCo (Douillard et al.
-                  2025), whose exact 4-bit layout lsgd has not checked against the paper
+                  to the even encoding (4); lsgd's stand-in for the 4-bit floats of Streaming
+                  DiLoCo (Douillard et al. 2025), whose tables name them "FP4" only (secondary
+                  sources: E3M0, a sign and 3 exponent bits): not checked to be the paper's layout
 =========  =====  ========================================================================
 
 What travels (:func:`encoded_nbytes`): per row 4 bytes of scale and ``ceil(cols * bits / 8)``

@@ -164,6 +164,7 @@ def test_the_clock_overlaps_each_all_reduce_with_the_next_inner_phase(tmp_path, 
     at steps 8 and 12 (the closed form of :func:`_eager_clock`)."""
     t, steps, H = 0.01, 12, 4
     base = [*SMALL, f"max_steps={steps}", "algo=streaming_diloco", f"algo.local_steps={H}", "algo.fragments=1",
+            "algo.fragment_sync_delay=0",
             "cluster.compute=profile", f"cluster.step_time_s={t}", "network.latency_us=10"]
     nbytes = sum(_units_bytes(compose_cfg(["debug=default", *base]), 1))
     gbps = nbytes * 8 / ((steps_per_all_reduce * t - 2 * 10e-6) * 1e9)

@@ -398,7 +398,8 @@ def test_one_fragment_without_delay_or_mixing_is_diloco(tmp_path):
     modeled time and peak_step_bytes."""
     common = [*SMALL, "dtype=float64", "algo.local_steps=4"]
     d_recs, d_models = train_cli(tmp_path, ["algo=diloco", *common], name="diloco")
-    s_recs, s_models = train_cli(tmp_path, ["algo=streaming_diloco", "algo.fragments=1", *common], name="streaming")
+    s_recs, s_models = train_cli(tmp_path, ["algo=streaming_diloco", "algo.fragments=1", "algo.fragment_sync_delay=0",
+                                            "algo.fragment_update_alpha=0", *common], name="streaming")
     for d, s in zip(d_recs, s_recs):
         assert s["train_loss"] == pytest.approx(d["train_loss"], rel=1e-12, abs=0)
         for key in ("step", "comm_bytes", "wire_bytes", "comm_rounds", "model_alpha_terms", "model_beta_bytes",

@@ -74,13 +74,15 @@ def _algo(**kw) -> StreamingDiLoCo:
 def test_schedule_is_torchfts():
     """torchft 0.2.0 with P = 2, sync_every = 4: fragment 0 lands at steps 2, 6, 10, fragment 1 at
     4, 8, 12; with delay 1 each starts one step earlier."""
-    a = _algo()
+    a = _algo(fragment_sync_delay=0)
     assert [(s, a.lands(s)) for s in range(1, 13) if a.lands(s) is not None] == \
         [(2, 0), (4, 1), (6, 0), (8, 1), (10, 0), (12, 1)]
     assert [s for s in range(1, 13) if a.starts(s) is not None] == [2, 4, 6, 8, 10, 12]
     d = _algo(fragment_sync_delay=1)
     assert [(s, d.starts(s)) for s in range(1, 13) if d.starts(s) is not None] == \
         [(1, 0), (3, 1), (5, 0), (7, 1), (9, 0), (11, 1)]
+    assert (_algo().tau, _algo().alpha) == (1, 0.5)  # the paper's defaults: its Table 1 and Figure 10
+    assert _algo(eager=True).tau == 0                 # null is 0 with eager outer steps
     one = _algo(fragments=1, local_steps=3)
     assert [s for s in range(1, 10) if one.lands(s) is not None] == [3, 6, 9]
 

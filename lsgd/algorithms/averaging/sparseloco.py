@@ -24,8 +24,8 @@ deviations of the kept values, each bin read as the mean of its values; per tens
 shift and 4 float32 bin values travel); ``bits: 0`` sends the values at full precision.
 
 Defaults: the authors' 512M configuration (``hparams/512M/sweeps/sparseloco.yaml`` of
-github.com/tplr-ai/SparseLoCo): H = 15, alpha = 1, beta = 0.95, topk = 128 of 4096 (3.1%), chunk
-64, 4 bins (2 bits), range 6; the paper reports 1-3% density and 2-bit quantization. The paper's
+github.com/tplr-ai/SparseLoCo; the paper's v2 points to github.com/one-covenant/SparseLoCo): H = 15,
+alpha = 1, beta = 0.95, topk = 128 of 4096 (3.1%), chunk 64, 4 bins (2 bits), range 6; the paper reports 1-3% density and 2-bit quantization. The paper's
 own text could not be read for lsgd: the chunking, quantizer and aggregation follow the authors'
 code (read as copied in a public fork), the update equations secondary sources' rendering of the
 paper.
@@ -59,8 +59,8 @@ class SparseLoCoConfig(AlgoConfig):
     """``algo=sparseloco``'s keys (module docstring)."""
 
     name: str = "sparseloco"
-    local_steps: int = option(15, at_least=1, doc="H: inner steps per round (the authors' 512M runs: 15; the "
-                              "paper compares 15 to 250)", symbol="H")
+    local_steps: int = option(15, at_least=1, doc="H: inner steps per round (the authors' 512M runs: 15)",
+                              symbol="H")
     outer_lr: float = option(1.0, above=0, doc="alpha: theta <- theta - alpha mean(Delta_hat) (the authors' "
                              "configuration: 1)", symbol="alpha")
     error_decay: float = option(0.95, at_least=0, at_most=1, doc="beta: e <- beta e + Delta (the authors' "

@@ -70,12 +70,14 @@ for it: when fragment f syncs (after step s, h divides s; tau must be 0), worker
 
 The paper's method section (its Algorithm 3) could not be read for lsgd: these mixing weights are
 the ones lsgd's issue states, consistent with the paper's abstract and captions ("the local outer
-gradient as a proxy" for the others' delayed ones); check them before quoting.
+gradient as a proxy" for the others' delayed ones); check them before quoting. The other reading
+that its text would have to rule out: (1/n) Delta_{f,i}^t + ((n - 1)/n) times the stale mean
+(S_f^{t-1} / n, the worker's own stale term included).
 
 Every worker keeps its own theta_f^global and outer momentum: the replicas differ by the workers'
 own terms of the latest round (each applies its own outer gradient one round before the others'),
-and each Delta_{f,j} enters every worker's outer steps exactly once. Eager updates are DiLoCo
-(P = 1) in the paper's main experiments and compose with Streaming DiLoCo's fragments (its Table 3):
+and each Delta_{f,j} enters every worker's outer steps exactly once. The paper's main results run
+eager updates on Streaming DiLoCo (its Table 1), and on DiLoCo (P = 1) as well (its Table 3):
 with P fragments up to P all-reduces are in flight, each for H steps. With quantization a
 worker's own terms are the ones it sent (quantized) and the sum is re-quantized as above. A
 fragment's BatchNorm statistics mix alike, b_i <- (1/n) (b_i + S_b^{t-1} - b_i^{t-1}) (at f's
@@ -114,11 +116,12 @@ class StreamingDiLoCoConfig(AlgoConfig):
                               "of fragments)", symbol="H")
     fragments: int = option(2, at_least=1, doc="P: fragments of the model's units, synced in turn H / P steps "
                             "apart", symbol="P")
-    fragment_sync_delay: int = option(0, at_least=0, doc="tau: inner steps a fragment's all-reduce overlaps "
-                                      "before it lands (< H / P)", symbol="tau")
-    fragment_update_alpha: float = option(0.0, at_least=0, at_most=1, doc="alpha: theta_local <- alpha "
-                                          "theta_local + (1 - alpha) theta_global (0: take the global)",
-                                          symbol="alpha")
+    fragment_sync_delay: int | None = option(None, at_least=0, doc="tau: inner steps a fragment's all-reduce "
+                                             "overlaps before it lands (< H / P); null: 1, the paper's (its Table "
+                                             "1; torchft's default is 0), or 0 with eager", symbol="tau")
+    fragment_update_alpha: float = option(0.5, at_least=0, at_most=1, doc="alpha: theta_local <- alpha "
+                                          "theta_local + (1 - alpha) theta_global (0: take the global; the paper's "
+                                          "0.5, its Figure 10; torchft's default 0)", symbol="alpha")
     outer_optimizer: str = option("nesterov", choices=OUTER_OPTIMIZERS, doc="each fragment's outer step")
     outer_lr: float = option(0.7, above=0, doc="the outer learning rate")
     outer_momentum: float = option(0.9, doc="mu: the outer Nesterov momentum")
@@ -129,6 +132,14 @@ class StreamingDiLoCoConfig(AlgoConfig):
                          "the next H inner steps; the outer step uses the worker's own fresh outer gradient "
                          "with the others' one-round-stale ones (needs fragment_sync_delay 0)",
                          symbol=("eager", "not eager"))
+
+
+def sync_delay(c: StreamingDiLoCoConfig) -> int:
+    """tau: ``algo.fragment_sync_delay``, or where it is null 1 (the paper's one-step overlap) and 0
+    with eager outer steps (whose all-reduce overlaps the next H steps instead)."""
+    if c.fragment_sync_delay is None:
+        return 0 if c.eager else 1
+    return int(c.fragment_sync_delay)
 
 
 def model_units(model: nn.Module) -> list[tuple[list[int], list[torch.Tensor]]]:
@@ -189,7 +200,7 @@ class StreamingDiLoCo(Algorithm):
         with eager outer steps."""
         super().validate_config(algo, world_size)
         c = cls.parse_config(algo)
-        H, P, tau = int(c.local_steps), int(c.fragments), int(c.fragment_sync_delay)
+        H, P, tau = int(c.local_steps), int(c.fragments), sync_delay(c)
         if H % P:
             raise ConfigError(f"algo.local_steps (H = {H}) must be a multiple of algo.fragments (P = {P}): the "
                               f"fragments sync H / P steps apart, each once per H steps")
@@ -198,7 +209,7 @@ class StreamingDiLoCo(Algorithm):
                               f"algo.fragments (H / P = {H // P}): a fragment must land before the next one starts")
         if c.eager and tau:
             raise ConfigError(f"algo.eager=true overlaps each fragment's all-reduce with the next H inner steps: "
-                              f"algo.fragment_sync_delay (tau = {tau}) must be 0")
+                              f"algo.fragment_sync_delay (tau = {tau}) must be 0 or null")
 
     def __init__(self, cfg, comm):
         super().__init__(cfg, comm)
@@ -206,7 +217,7 @@ class StreamingDiLoCo(Algorithm):
         self.P = int(c.fragments)
         self.H = int(c.local_steps)
         self.h = self.H // self.P
-        self.tau = int(c.fragment_sync_delay)
+        self.tau = sync_delay(c)
         self.alpha = float(c.fragment_update_alpha)
         self.fmt = c.quantization
         self.eager = bool(c.eager)
