@@ -296,10 +296,10 @@ class Algorithm:
     def label_facts(cls, cfg: Mapping) -> dict:
         """How the report's labels and the loggers' run names write a run of this method
         (``labels.json``, :mod:`lsgd.core.labels`), from the registries: ``values`` (the method's
-        registered label; for each key of :attr:`Config` whose ``symbol`` is ``""`` or a pair of
-        words, or that names a compressor, the run's value as written: ``"top-k"``, ``"ring"``,
-        ``"non-blocking"``), ``symbols`` (the keys with a name of their own: ``{"algo.local_steps":
-        "H"}``) and ``defining_keys`` (:attr:`defining_keys`, each key that names a compressor
+        registered label; for each key of :attr:`Config` whose ``symbol`` is ``""``, a pair of
+        words or a mapping of values to words, or that names a compressor, the run's value as
+        written: ``"top-k"``, ``"ring"``, ``"non-blocking"``, ``"lock-step"``), ``symbols`` (the
+        keys with a name of their own: ``{"algo.local_steps": "H"}``) and ``defining_keys`` (:attr:`defining_keys`, each key that names a compressor
         followed by that compressor's ``strength_key`` where this method's Config declares it:
         ``algo.cf`` of compressed top-k, none of GraVAC, whose CF adapts).
 
@@ -325,6 +325,8 @@ class Algorithm:
                 values[key] = format_value(value)
             elif isinstance(symbol, tuple) and isinstance(value, bool):
                 values[key] = symbol[0] if value else symbol[1]
+            elif isinstance(symbol, Mapping):
+                values[key] = str(symbol.get(value, format_value(value)))
         defining: list[str] = []
         for key in cls.defining_keys:
             defining.append(key)

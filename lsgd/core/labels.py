@@ -10,7 +10,8 @@ registry entries and the ``symbol`` of its typed config's fields), a JSON object
 ``values``
     ``{key: the run's value as written}`` for the keys whose value alone is a label part: the method
     (``"algo.name": "local SGD"``), the compressor (``"algo.compressor": "top-k"``), a topology
-    (``"ring"``), a bool as its word (``"algo.blocking": "non-blocking"``).
+    (``"ring"``), a bool as its word (``"algo.blocking": "non-blocking"``), a choice as its
+    word (``"algo.pairing": "lock-step"`` of AD-PSGD).
 ``symbols``
     ``{key: its name in a label}`` for the keys written ``name=value`` under a name of their own
     (``"algo.local_steps": "H"``, ``"algo.cf": "CF"``).

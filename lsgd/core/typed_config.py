@@ -35,7 +35,7 @@ from lsgd.core.errors import ConfigError
 
 def option(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, at_least: float | None = None,
            above: float | None = None, at_most: float | None = None, below: float | None = None,
-           doc: str = "", symbol: str | tuple[str, str] | None = None,
+           doc: str = "", symbol: str | tuple[str, str] | dict[str, str] | None = None,
            default_factory: Any = dataclasses.MISSING) -> Any:
     """A field of a typed config block with its default and constraints.
 
@@ -47,8 +47,10 @@ def option(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, 
         symbol: how the report's labels and the loggers' run names write the key
             (:meth:`lsgd.algorithms.base.Algorithm.label_facts`): a name, ``"H"`` (``H=8``; the
             symbols of docs/glossary.md); ``""``: the value alone (``ring``); for a bool, the words
-            for true and false, ``("blocking", "non-blocking")``. None (the default): the key's
-            name with spaces for ``_`` (``buffer policy=reset``).
+            for true and false, ``("blocking", "non-blocking")``; for a choice, a word per value,
+            ``{"lockstep": "lock-step", "virtual_time": "asynchronous"}`` (a value not in it: the
+            value alone). None (the default): the key's name with spaces for ``_`` (``buffer
+            policy=reset``).
     """
     meta = {"choices": tuple(choices) if choices is not None else None, "at_least": at_least, "above": above,
             "at_most": at_most, "below": below, "doc": doc, "symbol": symbol}

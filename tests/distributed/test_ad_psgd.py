@@ -1,6 +1,7 @@
-"""Asynchronous AD-PSGD (algo.pairing=virtual_time) on real 4-rank gloo groups: the trainer's hook
-order against a single-process replay of the schedule, and the trainer itself under heterogeneous
-speeds (step counts, modeled time, reproducibility, exact resume).
+"""Asynchronous AD-PSGD (algo.pairing=virtual_time, algo=ad_psgd's default) on real 4-rank gloo groups:
+the trainer's hook order against a single-process replay of the schedule, and the trainer itself
+under heterogeneous speeds (step counts, modeled time, reproducibility, exact resume); on an
+in-process cluster, the default against the lock-step variant (algo.pairing=lockstep) in modeled time.
 
 The schedule (lsgd.algorithms.gossip.ad_psgd.virtual_plan) is tested on its own in
 tests/unit/test_ad_psgd_schedule.py; here the replay applies its averagings and gradient steps to
@@ -219,3 +220,77 @@ def test_the_trainer_runs_fast_workers_ahead_reproducibly_and_resumes_exactly(tm
         assert again["steps"] == steps[r]
         for a, b in zip(again["params"], got[r]["params"]):
             assert torch.equal(a, b)
+
+
+# -- algo=ad_psgd is the asynchronous algorithm; the lock-step variant by name (issue 41) ------------
+T_AB = 8
+AB = ["debug=default", "dataset.num_train=512", "dataset.num_test=64", "schedule=cosine", "algo=ad_psgd",
+      "cluster.speeds=[1.0,1.0,1.0,0.25]", f"cluster.step_time_s={STEP_TIME}", f"max_steps={T_AB}", "epochs=10",
+      "log_every=1", "eval_every=1000", "checkpoint_every=0", "launcher.nproc_per_node=4"]
+
+
+def _fit(rank, world, cfg, run_dir):
+    """One worker of an in-process cluster: its step count, cluster clock, bytes sent and the
+    modeled cost of one averaging with the slow worker (rank 3)."""
+    import copy
+
+    from lsgd.training.trainer import Trainer
+
+    trainer = Trainer(copy.deepcopy(cfg), Path(run_dir), "cpu")
+    trainer.fit()
+    nbytes = sum(t.numel() * t.element_size() for t in trainer.algorithm.mixed_tensors())
+    return {"steps": trainer.step, "clock": trainer.clock.time_s, "bytes": trainer.comm.stats.as_dict()["comm_bytes"],
+            "model_bytes": nbytes, "cost_s": float(trainer.comm.pair_cost(rank, 3, nbytes)[0]) if rank != 3 else None}
+
+
+def in_process_run(tmp_path, name, extra=()):
+    """``algo=ad_psgd`` (+ ``extra``) on the 4 workers of an in-process cluster (one torch thread):
+    (the run's records, each worker's :func:`_fit`, the composed config)."""
+    from lsgd.comm.inprocess.cluster import run
+
+    cfg = compose_cfg([*AB, f"results_dir={tmp_path}", *extra])
+    cfg["run_id"] = name
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        got = run(4, _fit, cfg, str(run_dir))
+    finally:
+        torch.set_num_threads(threads)
+    return [r for r in records(run_dir) if "kind" not in r], got, cfg
+
+
+def test_algo_ad_psgd_is_asynchronous_and_the_lockstep_variant_waits_for_the_straggler(tmp_path):
+    """A ring of 4 at speeds 1, 1, 1, 1/4, 10 ms a step at speed 1, 8 average steps. ``algo=ad_psgd``
+    runs the paper's asynchronous algorithm: the fast workers never wait, so the run takes the
+    network's step budget at the network's total speed, 4 x 8 x 10 ms / 3.25 = 98.5 ms, plus at most
+    the slow worker's last step (40 ms) and an averaging; ``algo.pairing=lockstep`` (the user's
+    explicit choice, still honoured) runs every step of every worker with the others', so the slow
+    worker (passive, never waiting: its partners are always ready first) sets the pace: exactly its
+    8 steps of 40 ms plus the averagings it took part in, 320 ms + m x c."""
+    recs_a, got_a, cfg_a = in_process_run(tmp_path, "async")
+    recs_l, got_l, cfg_l = in_process_run(tmp_path, "lockstep", ["algo.pairing=lockstep"])
+    assert cfg_a["algo"]["pairing"] == "virtual_time" and cfg_l["algo"]["pairing"] == "lockstep"
+    slow_s = STEP_TIME / 0.25
+    c = got_a[0]["cost_s"]
+    assert c == got_l[0]["cost_s"] == got_l[2]["cost_s"] and 0 < c < 0.1 * STEP_TIME
+    # asynchronous: the fast workers take about 4x the slow one's steps; the time follows the budget
+    async_s = recs_a[-1]["modeled_time_s"]
+    ideal = 4 * T_AB * STEP_TIME / sum(SPEEDS)
+    assert async_s == max(g["clock"] for g in got_a)
+    assert ideal <= async_s <= ideal + slow_s + c
+    plans = virtual_plan(Topology("ring", 4, "uniform", 0), 0, [STEP_TIME / s for s in SPEEDS], lambda a, p: c, T_AB)
+    assert async_s == pytest.approx(max(p.times[-1] for p in plans), rel=1e-12)  # its schedule's last step
+    assert [g["steps"] for g in got_a] == [p.steps for p in plans]
+    assert all(g["steps"] >= 3 * got_a[3]["steps"] for g in got_a[:3]), [g["steps"] for g in got_a]
+    # lock-step: every worker T steps; the slow worker's clock = its compute + its averagings, exactly
+    lock_s = recs_l[-1]["modeled_time_s"]
+    assert [g["steps"] for g in got_l] == [T_AB] * 4
+    averagings = got_l[3]["bytes"] // got_l[3]["model_bytes"]
+    assert 1 <= averagings <= 2 * T_AB
+    assert lock_s == max(g["clock"] for g in got_l) == got_l[3]["clock"]
+    assert lock_s == pytest.approx(T_AB * slow_s + averagings * c, rel=1e-12)
+    # so the asynchronous default saves at least the lock-step time less the budget and one slow
+    # step: here 0.120 s against 0.325 s (7 averagings of 0.70 ms)
+    assert lock_s - async_s >= T_AB * slow_s - ideal - slow_s - c

@@ -376,7 +376,9 @@ def test_ad_psgd_equals_its_recursion_and_keeps_the_mean(tmp_path, topology):
     from lsgd.algorithms.gossip.ad_psgd import step_partners
 
     steps = 6
-    got = train(tmp_path, "ad", N, cfg("ad_psgd", topology=topology), SGD_M, steps, schedule=WARMUP_COSINE)
+    # the lock-step variant (algo=ad_psgd's default is the asynchronous algorithm: tests/distributed/test_ad_psgd.py)
+    got = train(tmp_path, "ad", N, cfg("ad_psgd", topology=topology, pairing="lockstep"), SGD_M, steps,
+                schedule=WARMUP_COSINE)
     topo = Topology(topology, N, "uniform", 0)
     assert_models(got, reference_ad_psgd(topo, steps))
     picks = [step_partners(topo, 0, t) for t in range(steps)]

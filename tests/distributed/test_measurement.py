@@ -90,7 +90,8 @@ CONFIGS: dict[str, tuple[tuple[str, ...], int]] = {
     "sgp": (("algo=sgp", "algo.overlap=true"), 2),
     "dpsgd": (("algo=dpsgd", "algo.variant=awc", "algo.topology=complete"), 2),
     "decentlam": (("algo=decentlam", "algo.topology=complete", "optim.momentum=0"), 2),
-    "ad_psgd": (("algo=ad_psgd", "algo.topology=complete"), 2),
+    "ad_psgd": (("algo=ad_psgd", "algo.topology=complete"), 2),  # asynchronous (the default)
+    "ad_psgd_lockstep": (("algo=ad_psgd", "algo.topology=complete", "algo.pairing=lockstep"), 2),
     "lead": (("algo=lead", "algo.topology=complete", "optim.momentum=0"), 2),
     "param_server": (("algo=param_server",), 3),
     "adsaga": (("algo=adsaga", "model=logreg", "algo.num_samples=96"), 3),

@@ -155,17 +155,47 @@ def test_bad_input_is_refused():
 
 
 def test_the_option_is_checked_before_any_worker_starts():
+    """The asynchronous pairing (the default: also when the key is absent) needs the modeled step
+    times of cluster.compute=profile; under cluster.compute=measured the error names that key and
+    the lock-step variant, which takes any compute model."""
     from lsgd.algorithms.gossip.ad_psgd import ADPSGD
     from lsgd.core.errors import ConfigError
 
     algo = {"name": "ad_psgd", "topology": "ring", "weights": "uniform", "average_buffers": True, "seed": 0}
     ADPSGD.validate_config({**algo, "pairing": "virtual_time"}, 4)
-    ADPSGD.validate_config(algo, 4)  # lockstep when absent
+    ADPSGD.validate_config({**algo, "pairing": "lockstep"}, 4)
+    assert ADPSGD.parse_config(algo).pairing == "virtual_time"  # absent: asynchronous, as published
     with pytest.raises(ConfigError, match="algo.pairing"):
         ADPSGD.validate_config({**algo, "pairing": "rounds"}, 4)
-    with pytest.raises(ConfigError, match="cluster.compute=profile"):
-        ADPSGD.validate_run({"algo": {**algo, "pairing": "virtual_time"}, "cluster": {"compute": "measured"}}, 4)
-    ADPSGD.validate_run({"algo": algo, "cluster": {"compute": "measured"}}, 4)
+    for given in ({**algo, "pairing": "virtual_time"}, algo):
+        with pytest.raises(ConfigError, match=r"cluster.compute=profile.*algo.pairing=lockstep"):
+            ADPSGD.validate_run({"algo": given, "cluster": {"compute": "measured"}}, 4)
+    ADPSGD.validate_run({"algo": algo, "cluster": {"compute": "profile"}}, 4)
+    ADPSGD.validate_run({"algo": {**algo, "pairing": "lockstep"}, "cluster": {"compute": "measured"}}, 4)
+
+
+def test_algo_ad_psgd_composes_to_the_asynchronous_algorithm():
+    """Issue 41: ``algo=ad_psgd`` is the paper's asynchronous algorithm (algo.pairing=virtual_time)
+    under the default compute model (cluster.compute=profile, nothing to set), labelled
+    "asynchronous"; the lock-step form is a variant by name (``algo.pairing=lockstep``,
+    ``variant=ad_psgd_lockstep``), labelled "lock-step"; ``cluster.compute=measured`` is refused
+    before any worker starts, naming the keys to set."""
+    from lsgd.algorithms.gossip.ad_psgd import ADPSGD
+    from lsgd.config.validation import compose_config
+    from lsgd.core.errors import ConfigError
+    from lsgd.core.labels import config_label
+
+    cfg = compose_config(["algo=ad_psgd", "launcher.nproc_per_node=4"])
+    assert cfg["algo"]["pairing"] == "virtual_time" and cfg["cluster"]["compute"] == "profile"
+    assert config_label(cfg, ADPSGD.label_facts(cfg)) == "AD-PSGD, ring, asynchronous"
+    for over in (["algo=ad_psgd", "algo.pairing=lockstep"], ["experiment=swarm_fmnist", "variant=ad_psgd_lockstep"]):
+        lock = compose_config([*over, "launcher.nproc_per_node=4"])
+        assert lock["algo"]["pairing"] == "lockstep"
+        assert config_label(lock, ADPSGD.label_facts(lock)) == "AD-PSGD, ring, lock-step"
+    assert compose_config(["experiment=swarm_fmnist", "variant=ad_psgd_async"])["algo"]["pairing"] == "virtual_time"
+    with pytest.raises(ConfigError, match=r"cluster.compute=profile.*algo.pairing=lockstep"):
+        compose_config(["algo=ad_psgd", "cluster.compute=measured", "launcher.nproc_per_node=4"])
+    compose_config(["algo=ad_psgd", "algo.pairing=lockstep", "cluster.compute=measured", "launcher.nproc_per_node=4"])
 
 
 @pytest.mark.parametrize("n, d", [(16, 4), (64, 3), (64, 4)])

@@ -206,7 +206,7 @@ def test_every_variant_composes_with_its_study(variant):
     swarm = {"local_sgd_h4": "local_sgd", "dpsgd_ring": "dpsgd", "sgp": "sgp", "osgp": "sgp", "decentlam": "decentlam",
              "overlap_local_sgd": "overlap_local_sgd", "swarm_h1": "swarm_sgd", "swarm_h1_nonblocking": "swarm_sgd",
              "swarm_h4": "swarm_sgd", "swarm_h4_nonblocking": "swarm_sgd", "swarm_h1_async": "swarm_sgd",
-             "ad_psgd_ring": "ad_psgd", "ad_psgd_async": "ad_psgd"}
+             "ad_psgd_lockstep": "ad_psgd", "ad_psgd_async": "ad_psgd"}
     if variant.startswith("async_"):  # async_text's arms (and async_c4's: test_async_bundles_...)
         cfg = load(["experiment=async_text", f"variant={variant}"])
         assert cfg["algo"]["name"] == ("diloco" if variant == "async_sync_diloco" else "async_local_sgd")

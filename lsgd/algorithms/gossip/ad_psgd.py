@@ -24,15 +24,24 @@ passive workers) connected, else a ConfigError before any worker starts.
 
 Pairing (``algo.pairing``):
 
-* ``lockstep`` (default): the above, every worker's step ``t`` with every other's step ``t``; a
-  fast worker waits in each exchange for a slow partner, so the slowest worker sets the pace.
-* ``virtual_time``: asynchronous execution, as published (Lian et al. 2018, Algorithm 1): every
-  worker loops *gradient -> average with one neighbour -> apply the gradient* at its own speed and
-  never waits for a straggler. As with SwarmSGD's ``pairing=virtual_time``
-  (:mod:`lsgd.algorithms.gossip.virtual_pairing`), who averages with whom and when is decided on the
-  cluster clock: every rank simulates the same schedule (:func:`virtual_plan`) from the seed, the
-  topology, every worker's modeled seconds per step (``cluster.compute=profile``,
-  ``cluster.speeds``) and the modeled cost of one averaging, then follows its own part. Rules:
+* ``virtual_time`` (the default, ``algo=ad_psgd``): asynchronous execution, as published (Lian et
+  al. 2018, Algorithm 1): every worker loops *gradient -> average with one neighbour -> apply the
+  gradient* at its own speed and never waits for a straggler. As with SwarmSGD's
+  ``pairing=virtual_time`` (:mod:`lsgd.algorithms.gossip.virtual_pairing`), who averages with whom
+  and when is decided on the cluster clock: every rank simulates the same schedule
+  (:func:`virtual_plan`) from the seed, the topology, every worker's modeled seconds per step and
+  the modeled cost of one averaging, then follows its own part. The step times are those of
+  ``cluster.compute=profile``, the primary config's default (the roofline of the model on
+  ``cluster.device``, or ``cluster.step_time_s``), divided by ``cluster.speeds``; nothing has to be
+  set for it. A run that asks for ``cluster.compute=measured`` (command line or experiment) is a
+  ConfigError before any worker starts, naming ``cluster.compute=profile`` and
+  ``algo.pairing=lockstep`` (an algorithm's preset does not override an explicit compute model).
+* ``lockstep``: the lock-step variant (not the paper's execution; labelled "lock-step" in
+  reports, ``variant=ad_psgd_lockstep``), for comparisons that want it: the pairing rule above,
+  every worker's step ``t`` with every other's step ``t``; a fast worker waits in each exchange for
+  a slow partner, so the slowest worker sets the pace. Any ``cluster.compute``.
+
+Rules of ``virtual_time``:
 
   1. Worker ``i``'s gradient takes ``step_s[i]`` (the profile's step time / its speed) from the
      model it read when the step began.
@@ -343,20 +352,23 @@ class ADPSGDConfig(GossipConfig):
     weights: str = option("uniform", choices=WEIGHTS, doc="unused: pairs average 1/2 each")
     seed: int | None = option(None, doc="the active workers' choice of neighbour per step and "
                               "algo.topology=random_regular's graph (null: the run's seed)")
-    pairing: str = option("lockstep", choices=PAIRINGS, doc="lockstep: every worker's step t with the others' "
-                          "step t (the slowest sets the pace); virtual_time: asynchronous (cluster.compute=profile "
-                          "and cluster.speeds decide who averages when; fast workers take more steps, nobody waits "
-                          "for a straggler)")
+    pairing: str = option("virtual_time", choices=PAIRINGS, doc="virtual_time: asynchronous, as published (the "
+                          "modeled step times of cluster.compute=profile, the default, and cluster.speeds decide who "
+                          "averages when; fast workers take more steps, nobody waits for a straggler); lockstep: the "
+                          "lock-step variant, every worker's step t with the others' step t (the slowest sets the "
+                          "pace; any cluster.compute)",
+                          symbol={"virtual_time": "asynchronous", "lockstep": "lock-step"})
 
 
 class ADPSGD(Gossip):
-    """AD-PSGD: each step every active worker averages with a random passive neighbour."""
+    """AD-PSGD: each step every active worker averages with a random passive neighbour;
+    asynchronous by default (``algo.pairing=virtual_time``, as published), lock-step as a variant."""
 
     name = "ad_psgd"
     Config = ADPSGDConfig
     label = "AD-PSGD"
     paper = "docs/papers.md#ad-psgd"
-    defining_keys = ("algo.topology",)
+    defining_keys = ("algo.topology", "algo.pairing")  # "AD-PSGD, ring, asynchronous" / "..., lock-step"
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
@@ -370,8 +382,10 @@ class ADPSGD(Gossip):
 
     @classmethod
     def validate_run(cls, cfg: dict, world_size: int) -> None:
-        check_virtual_time_run(cfg)
         config = cls.parse_config(cfg.get("algo") or {})
+        check_virtual_time_run({**cfg, "algo": {**(cfg.get("algo") or {}), "pairing": config.pairing}},
+                               otherwise="algo.pairing=lockstep, AD-PSGD's lock-step variant (algo=ad_psgd runs "
+                                         "virtual_time, the asynchronous algorithm, by default)")
         if config.topology == "random_regular" and config.seed is None:  # the graph of the run's seed (setup)
             try:
                 check_bipartition(Topology(config.topology, world_size, config.weights, int(cfg.get("seed") or 0),
@@ -396,8 +410,9 @@ class ADPSGD(Gossip):
         """Every worker's asynchronous schedule (algo.pairing=virtual_time), identical on every rank."""
         step_s, total = self.ctx.worker_step_s, self.ctx.total_steps
         if step_s is None or total is None:
-            raise ConfigError("algo.pairing=virtual_time needs cluster.compute=profile (modeled step times of "
-                              "every worker) and a known run length")
+            raise ConfigError("algo=ad_psgd's algo.pairing=virtual_time (the default) needs cluster.compute=profile "
+                              "(modeled step times of every worker) and a known run length; or set "
+                              "algo.pairing=lockstep for the lock-step variant")
         nbytes = sum(t.numel() * t.element_size() for t in self.mixed_tensors())
         return virtual_plan(self.topology, self.seed, step_s,
                             lambda a, p: float(self.comm.pair_cost(a, p, nbytes)[0]), total,

@@ -79,9 +79,15 @@ def check_plan_inputs(topology: Topology, step_s: Sequence[float], total_steps: 
         raise ValueError(f"total_steps must be >= 1, got {total_steps}")
 
 
-def check_virtual_time_run(cfg: dict) -> None:
+def check_virtual_time_run(cfg: dict, otherwise: str = "") -> None:
     """``algo.pairing=virtual_time`` simulates the schedule from modeled step times, so it needs
     ``cluster.compute=profile`` (an algorithm's ``validate_run``, before any worker starts).
+
+    Args:
+        cfg: the run's config; ``cfg["algo"]["pairing"]`` the pairing it runs (the caller fills in
+            its algorithm's default where the key is absent).
+        otherwise: the other setting that takes any compute model, named in the error (e.g.
+            ``"algo.pairing=lockstep, AD-PSGD's lock-step variant"``).
 
     Raises:
         ConfigError: naming ``cluster.compute`` and the value it needs.
@@ -92,7 +98,8 @@ def check_virtual_time_run(cfg: dict) -> None:
         compute = (cfg.get("cluster") or {}).get("compute", "profile")
         if compute != "profile":
             raise ConfigError(f"algo.pairing=virtual_time needs cluster.compute=profile (the schedule is "
-                              f"simulated from modeled step times); got cluster.compute={compute!r}")
+                              f"simulated from modeled step times); got cluster.compute={compute!r}"
+                              + (f"; or set {otherwise}" if otherwise else ""))
 
 @dataclass
 class NodePlan:
