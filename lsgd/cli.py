@@ -273,7 +273,9 @@ def _conf_dir():
 
 def _group_options(group: str) -> list[str]:
     """The options of config group ``group`` (its YAML files under conf/), sorted."""
-    return sorted(f.name[:-5] for f in (_conf_dir() / group).iterdir() if f.name.endswith(".yaml"))
+    from lsgd.config.validation import group_options
+
+    return group_options(group)
 
 
 #: words whose full stop ends no sentence ("Lian et al. 2018")

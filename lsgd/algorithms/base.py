@@ -245,6 +245,11 @@ class Algorithm:
     #: (local SGD and its family, Overlap-Local-SGD, the gossip family).
     agreement_lag = 1
 
+    #: Config groups and keys this method runs only with, ``{group or key: value}`` (ADSAGA's
+    #: ``{"model": "logreg"}``): its :meth:`validate_run` rejects others, and ``debug=default``
+    #: selects them where the command line does not choose (:mod:`lsgd.config.adapt`).
+    requires: Mapping[str, Any] = {}
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         name = cls.__dict__.get("name")
@@ -282,6 +287,26 @@ class Algorithm:
             lsgd.core.errors.ConfigError: naming the key and the allowed values.
         """
         cls.parse_config(algo)
+
+    @classmethod
+    def smallest_world(cls, algo: dict, workers: int, limit: int = 64) -> tuple[int, list[str]] | None:
+        """The fewest processes, at most ``limit``, that run ``algo`` (this method's ``algo`` block)
+        with at least ``workers`` of them in the role ``worker`` (:meth:`roles`: a parameter server's
+        rank 0 comes on top) and that :meth:`validate_config` accepts (a ring has 3 nodes or more, a
+        torus rows x cols of at least 3 each), with the messages of the sizes it
+        rejected on the way; None when no size up to ``limit`` passes (the config is wrong for
+        another reason, which validation reports)."""
+        rejected: list[str] = []
+        for world in range(1, limit + 1):
+            if cls.roles(world).count("worker") < workers:
+                continue
+            try:
+                cls.validate_config(algo, world)
+            except ConfigError as exc:
+                rejected.append(str(exc))
+                continue
+            return world, rejected
+        return None
 
     @classmethod
     def validate_run(cls, cfg: dict, world_size: int) -> None:

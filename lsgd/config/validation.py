@@ -1,8 +1,9 @@
 """Validation of a resolved run config, in the main process, before any worker starts.
 
-Every check raises :class:`lsgd.core.errors.ConfigError` with the key and the allowed values.
-(Unknown group options, e.g. ``algo=foo``, are rejected earlier by Hydra, whose message lists the
-available options of the group.)
+Every check raises :class:`lsgd.core.errors.ConfigError` with the key and the allowed values. The
+command line's overrides are checked before Hydra composes anything (:func:`check_override_keys`):
+an option no config group has (``algo=swarmsgd``: :func:`check_group_options`), a key no config
+defines, a value its typed field cannot hold.
 """
 
 from __future__ import annotations
@@ -227,6 +228,48 @@ def compose_config(overrides: list[str], *, check: bool = True, throw_on_missing
     return cfg
 
 
+def check_ranks_from_study(overrides: list[str]) -> None:
+    """Reject a ``launcher.nproc_per_node=`` override that disagrees with an experiment that sets
+    it from its study keys (``nproc_per_node: ${lsgd_add:${study.workers},${study.servers}}``:
+    async_text, async_c4, async_at_scale; ``${study.workers}``: diloco_family): those keys set the
+    ranks *and* what depends on them (one speed per rank, the warm-up, the outer learning rate), so
+    the number of ranks is changed there. ``overrides``: the job's command-line overrides; the
+    config is composed again without the ``launcher.nproc_per_node`` one, inside a running Hydra
+    app (or within ``initialize_config_module``). A value that agrees with the study keys passes.
+
+    Raises:
+        ConfigError: naming the value given, the experiment, the study keys with their values and
+            the ranks they give, and the keys to set instead.
+    """
+    import re
+
+    from hydra import compose
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+    from omegaconf import OmegaConf
+
+    args = [a for a in overrides if "=" in a and not a.startswith("-")]
+    parsed = OverridesParser.create().parse_overrides(args) if args else []
+    given = [o for o in parsed if o.key_or_group == "launcher.nproc_per_node" and o.type != OverrideType.DEL]
+    experiment = [o.get_value_element_as_str() for o in parsed if o.key_or_group == "experiment"]
+    if not given or not experiment or given[-1].is_sweep_override():
+        return
+    node = compose(config_name="config",
+                   overrides=[a for o, a in zip(parsed, args) if o.key_or_group != "launcher.nproc_per_node"])
+    raw = OmegaConf.to_container(node.launcher, resolve=False).get("nproc_per_node")
+    if not isinstance(raw, str) or "${" not in raw or "study." not in raw:
+        return
+    expected, value = OmegaConf.select(node, "launcher.nproc_per_node"), given[-1].value()
+    if value == expected:
+        return
+    keys = list(dict.fromkeys(re.findall(r"study\.\w+", raw)))
+    values = ", ".join(f"{k}={OmegaConf.select(node, k)}" for k in keys)
+    instead = keys[0] + (f" (and {', '.join(keys[1:])})" if len(keys) > 1 else "")
+    raise ConfigError(f"launcher.nproc_per_node={value} disagrees with experiment={experiment[-1]}, which sets the "
+                      f"ranks from its study keys ({values}: {expected} ranks); set {instead} instead of "
+                      f"launcher.nproc_per_node")
+
+
 # --------------------------------------------------------------------------------------------
 # override keys
 # --------------------------------------------------------------------------------------------
@@ -234,6 +277,58 @@ def _conf_root():
     import importlib.resources
 
     return importlib.resources.files("lsgd.conf")
+
+
+def group_options(group: str) -> list[str]:
+    """The options of config group ``group`` (``algo``, ``optim/presets``): its YAML files under
+    conf/, sorted."""
+    path = _conf_root()
+    for part in group.replace(".", "/").split("/"):
+        path = path / part
+    return sorted(f.name[:-5] for f in path.iterdir() if f.name.endswith(".yaml"))
+
+
+def unknown_option_message(group: str, option: str, options: list[str]) -> str:
+    """``unknown GROUP=OPTION; did you mean CLOSEST? (options: ...)``: the closest options by
+    difflib, the way :func:`unknown_key_message` names the closest key."""
+    import difflib
+
+    close = difflib.get_close_matches(option, options, n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return f"unknown {group}={option}{hint} (options: {', '.join(options)})"
+
+
+def check_group_options(overrides: list[str]) -> None:
+    """Reject a command-line selection of a config group option that does not exist
+    (``algo=swarmsgd``, ``+experiment=asnyc_text``, each value of a sweep ``model=cnn,resnet`` or of
+    a list ``logger=[jsonl,tensorboard]``), naming the group, the closest options and all of them,
+    before Hydra composes anything (Hydra's own error prints its config search path). ``hydra/...``
+    groups (Hydra's and its plugins' options) and ``null`` (no option) are not checked.
+
+    Raises:
+        ConfigError: the first unknown option (:func:`unknown_option_message`).
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+
+    args = [a for a in overrides if "=" in a and not a.startswith("-")]
+    for o in OverridesParser.create().parse_overrides(args) if args else []:
+        group = o.key_or_group
+        if o.type == OverrideType.DEL or group.startswith("hydra") or o.package or not _is_group(group):
+            continue
+        try:
+            if o.is_sweep_override():
+                values = list(o.sweep_string_iterator())
+            elif isinstance(o.value(), list):  # several options at once: logger=[jsonl,tensorboard]
+                values = [str(v) for v in o.value()]
+            else:
+                values = [o.get_value_element_as_str()]
+        except Exception:  # noqa: BLE001 - a glob or range sweep: Hydra expands (and checks) it itself
+            continue
+        options = group_options(group)
+        for value in values:
+            if value not in options and value != "null":
+                raise ConfigError(unknown_option_message(group.replace(".", "/"), value, options))
 
 
 def _is_group(key: str) -> bool:
@@ -287,14 +382,18 @@ def check_override_keys(overrides: list[str]) -> None:
     when no such composition has it. ``hydra.*`` keys, group selections (``algo=``,
     ``+experiment=``) and deletions (``~key``) are not checked.
 
+    Group options are checked first (:func:`check_group_options`).
+
     Raises:
-        ConfigError: the first unknown key, with the closest existing key and its siblings.
+        ConfigError: the first unknown group option, with the closest options, or the first unknown
+            key, with the closest existing key and its siblings.
     """
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import OverrideType
 
+    check_group_options(overrides)
     args = [a for a in overrides if "=" in a and not a.startswith("-")]
     if not args:
         return

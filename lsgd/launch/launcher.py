@@ -67,11 +67,13 @@ def run(cfg_node) -> dict | None:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from lsgd.config.validation import validate
+    from lsgd.config.validation import check_ranks_from_study, validate
     from lsgd.training.preemption import resolve_mode
 
     launch_env = detect_launch_env(os.environ) if _join_mode(cfg_node) else None
     hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
+    task = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    check_ranks_from_study(task)  # launcher.nproc_per_node against an experiment's study.workers
     cfg = OmegaConf.to_container(cfg_node, resolve=True, throw_on_missing=True)
     if cfg.get("resume") and HydraConfig.initialized():
         # the run's own config, with only safe keys changed by this command line
@@ -83,6 +85,8 @@ def run(cfg_node) -> dict | None:
     if launch_env is not None and launch_env.world_size == 1:
         log.info("a single-task %s launch: starting launcher.nproc_per_node local workers", launch_env.source)
         launch_env = None
+    if not cfg.get("resume") and HydraConfig.initialized():
+        cfg = _adapt_to_algorithm(cfg, task, launch_env)
     if launch_env is None:
         # what a local launch loads (seconds of imports), before its run folder exists: a Ctrl-C
         # there leaves nothing behind, while one inside these imports after the folder was made
@@ -192,6 +196,24 @@ def write_run_config(run_dir: Path, cfg: dict, world_size: int) -> None:
         write_atomic(run_dir / CONFIG_FILE, yaml.safe_dump(saved, sort_keys=False))
     if not (run_dir / LABELS_FILE).exists() or not cfg.get("resume"):
         write_atomic(run_dir / LABELS_FILE, json.dumps(algo_cls.label_facts(cfg), indent=1) + "\n")
+
+
+def _adapt_to_algorithm(cfg: dict, task: list[str], launch_env: LaunchEnv | None) -> dict:
+    """``cfg`` composed again (:func:`lsgd.config.adapt.compose_job`) with what its algorithm needs
+    under ``debug=default`` (:func:`lsgd.config.adapt.adapt_overrides`: more workers for a ring,
+    a server's rank, ADSAGA's model), and one line on stdout saying so (from rank 0 of a joined
+    launch); ``cfg`` itself when nothing changes. ``task``: the job's command-line overrides, which win."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from lsgd.config.adapt import adapt_line, adapt_overrides, compose_job, explicit_keys
+
+    adapted = adapt_overrides(cfg, explicit_keys(task), joined=launch_env is not None)
+    if not adapted:
+        return cfg
+    option = HydraConfig.get().runtime.choices.get("debug") or "default"
+    if launch_env is None or launch_env.rank == 0:
+        print(f"{job_tag()}{adapt_line(cfg, adapted, option)}", flush=True)
+    return compose_job(task + [override for override, _ in adapted])
 
 
 def _join_mode(cfg_node) -> bool:

@@ -227,6 +227,8 @@ BAD_CONFIGS = [
     (["algo=local_sgd", "algo.local_step=4"], "unknown config key 'algo.local_step'; did you mean algo.local_steps?"),
     (["+foo=1"], "unknown config key 'foo'"),
     (["-m", "algo=ddp,local_sgd", "optim.lrr=0.1"], "unknown config key 'optim.lrr'; did you mean optim.lr?"),
+    # debug=default adapts the workers to a ring, but not when the command line sets them (issue 42)
+    (["algo=dpsgd", "launcher.nproc_per_node=2"], "algo.topology=ring needs at least 3 nodes"),
 ]
 
 
@@ -642,3 +644,110 @@ def test_a_run_rejected_before_it_starts_leaves_no_folder(rejected):
     cwd, res = rejected["batch_size=0"]
     assert res.returncode == 2 and "batch_size must be an integer >= 1" in res.stderr
     assert not (cwd / "r" / "debug").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# issue 42
+# --------------------------------------------------------------------------------------------
+#: the debug run of every algorithm: a few steps, one evaluation, on the in-process cluster (the
+#: same run(), adaptation and validation as worker processes; only the start differs)
+DEBUG_EVERY = ["launcher=inprocess", "max_steps=4", "eval_every=4", "checkpoint_every=0", "log_every=2",
+               "dataset.num_test=128"]
+
+
+@pytest.fixture(scope="module")
+def debug_every_algorithm(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict[str, Path]]:
+    """`lsgd train -m debug=default algo=<every registered algorithm>` (one sweep: one start-up for
+    all of them, ~35 s on 2 cores): (the result, {algo: its run folder})."""
+    from lsgd.algorithms import ALGORITHMS
+
+    tmp = tmp_path_factory.mktemp("debug_every")
+    res = lsgd(["train", "-m", "debug=default", f"algo={','.join(ALGORITHMS.names())}", *DEBUG_EVERY,
+                f"results_dir={tmp}/r"], tmp, timeout=600)
+    runs = {yaml.safe_load((run / "config.yaml").read_text())["algo"]["name"]: run for run in run_dirs(tmp / "r")}
+    return res, runs
+
+
+def _algorithms() -> list[str]:
+    from lsgd.algorithms import ALGORITHMS
+
+    return ALGORITHMS.names()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", _algorithms())
+def test_debug_default_runs_every_registered_algorithm(debug_every_algorithm, algo):
+    """README's `lsgd train debug=default algo=...` trains every method: 2 workers, or the fewest
+    ranks the method takes (a ring's 3 nodes, a server's rank on top), said in one line on stdout."""
+    from lsgd.algorithms import ALGORITHMS
+
+    res, runs = debug_every_algorithm
+    assert algo in runs, f"no run of {algo}\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}"
+    run = runs[algo]
+    assert summary(run)["status"] == "completed", (run / "summary.json").read_text()
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    world = cfg["world_size"]
+    assert ALGORITHMS[algo].roles(world).count("worker") >= 2
+    lines = [line for line in res.stdout.splitlines() if f"debug=default: algo={algo}: running" in line]
+    if world == 2:
+        assert not lines
+    else:
+        assert len(lines) == 1 and f"(launcher.nproc_per_node={world}), not 2: " in lines[0], lines
+    if algo == "dpsgd":  # the README's example
+        assert world == 3 and "algo.topology=ring needs at least 3 nodes" in lines[0]
+
+
+@pytest.fixture(scope="module")
+def rejected_options(tmp_path_factory) -> tuple[dict, dict, dict[str, subprocess.CompletedProcess]]:
+    """`lsgd train GROUP=TYPO` for every config group under conf/ (a typo of its longest option: its
+    middle letter dropped), and a sweep with one: ({key: (group, option, typo)}, {key: (args, cwd)},
+    {key: result})."""
+    import importlib.resources
+
+    root = importlib.resources.files("lsgd.conf")
+    groups = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in ("hydra", "__pycache__"))
+    assert {"algo", "model", "dataset", "optim", "schedule", "launcher", "network", "experiment", "variant", "debug",
+            "logger"} <= set(groups), groups
+    cases, jobs = {}, {}
+    for group in groups:
+        option = max(sorted(p.name[:-5] for p in (root / group).iterdir() if p.name.endswith(".yaml")), key=len)
+        typo = option[: len(option) // 2] + option[len(option) // 2 + 1:]
+        cases[group] = (group, option, typo)
+        cwd = tmp_path_factory.mktemp(f"option_{group}")
+        jobs[group] = (["train", f"{group}={typo}", f"results_dir={cwd}/r"], cwd)
+    cwd = tmp_path_factory.mktemp("option_sweep")
+    cases["sweep"] = ("algo", "swarm_sgd", "swarmsgd")
+    jobs["sweep"] = (["train", "-m", "debug=default", "algo=ddp,swarmsgd", f"results_dir={cwd}/r"], cwd)
+    return cases, jobs, lsgd_forked(jobs, timeout=300)
+
+
+@pytest.mark.parametrize("key", ["algo", "model", "dataset", "optim", "schedule", "launcher", "network", "experiment",
+                                 "variant", "debug", "logger", "sweep"])
+def test_an_unknown_group_option_is_one_line_naming_the_closest(rejected_options, key):
+    """`lsgd train algo=swarmsgd` (and every group, and a sweep): lsgd's one-line error with the
+    closest options, exit 2, before anything starts; not Hydra's message with its search path."""
+    cases, jobs, results = rejected_options
+    group, option, typo = cases[key]
+    res = results[key]
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    line = f"lsgd: invalid configuration: unknown {group}={typo}; did you mean "
+    assert res.stderr.startswith(line) and option in res.stderr.split("?")[0], res.stderr
+    assert "(options: " in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not (jobs[key][1] / "r").exists()  # no run folder, no sweep folder
+
+
+def test_an_async_bundle_takes_its_workers_from_study_workers(tmp_path):
+    """`lsgd train experiment=async_text launcher.nproc_per_node=8` names study.workers (not
+    cluster.speeds' 5 values), alone and as a sweep's arm; exit 2, before any worker starts."""
+    jobs = {"run": (["train", "experiment=async_text", "launcher.nproc_per_node=8", f"results_dir={tmp_path}/a"],
+                    tmp_path),
+            "sweep": (["train", "-m", "experiment=async_text", "launcher.nproc_per_node=8",
+                       f"results_dir={tmp_path}/b"], tmp_path)}
+    results = lsgd_forked(jobs, timeout=300)
+    message = ("launcher.nproc_per_node=8 disagrees with experiment=async_text, which sets the ranks from its study "
+               "keys (study.workers=4, study.servers=1: 5 ranks); set study.workers (and study.servers) instead of "
+               "launcher.nproc_per_node")
+    for key, res in results.items():
+        assert res.returncode == 2, (key, res.stdout, res.stderr)
+        assert message in res.stderr and "cluster.speeds" not in res.stderr, (key, res.stderr)
+    assert not list(tmp_path.rglob("train.log"))

@@ -551,3 +551,102 @@ def test_wire_overhead_resolves_and_rejects_bad_values():
         cfg = load(["debug=default", f"network.wire_overhead={bad}"])
         with pytest.raises(ConfigError, match="network.wire_overhead"):
             validate(cfg)
+
+
+# --------------------------------------------------------------------------------------------
+# issue 42: debug=default adapts to the algorithm; unknown group options; study-keyed ranks
+# --------------------------------------------------------------------------------------------
+def _adapted(overrides: list[str]) -> list[str]:
+    """The overrides ``lsgd train debug=default OVERRIDES`` adds (lsgd.config.adapt), and the adapted
+    config validates."""
+    from lsgd.config.adapt import adapt_overrides, explicit_keys
+
+    cfg = load(["debug=default", *overrides])
+    added = [o for o, _ in adapt_overrides(cfg, explicit_keys(overrides))]
+    validate(load(["debug=default", *overrides, *added]))
+    return added
+
+
+def test_debug_adapts_the_workers_and_model_to_the_algorithm():
+    """Two workers unless the method needs more ranks (a ring: 3 nodes; a server rank on top of the
+    two workers) or another config (ADSAGA's logreg, DecentLaM's plain SGD); every method then
+    validates."""
+    from lsgd.algorithms import ALGORITHMS
+
+    assert _adapted(["algo=dpsgd"]) == ["launcher.nproc_per_node=3"]
+    assert _adapted(["algo=param_server"]) == ["launcher.nproc_per_node=3"]
+    assert _adapted(["algo=adsaga"]) == ["model=logreg", "launcher.nproc_per_node=3"]
+    assert _adapted(["algo=decentlam"]) == ["optim.momentum=0.0", "launcher.nproc_per_node=3"]
+    assert _adapted(["algo=ddp"]) == [] and _adapted(["algo=swarm_sgd"]) == []
+    for name in ALGORITHMS.names():
+        _adapted([f"algo={name}"])
+    assert _adapted(["algo=dpsgd", "algo.topology=torus"]) == ["launcher.nproc_per_node=9"]  # the topology given
+
+
+def test_debug_adaptation_leaves_what_the_command_line_sets():
+    from lsgd.config.adapt import adapt_overrides, explicit_keys
+
+    def added(overrides):
+        return [o for o, _ in adapt_overrides(load(["debug=default", *overrides]), explicit_keys(overrides))]
+
+    assert added(["algo=dpsgd", "launcher.nproc_per_node=2"]) == []  # validation then names the ring
+    assert added(["algo=dpsgd", "algo.topology=complete"]) == []     # two workers fit a complete graph
+    assert added(["algo=adsaga", "model=cnn"]) == ["launcher.nproc_per_node=3"]
+    assert added(["algo=decentlam", "optim=adamw"]) == ["launcher.nproc_per_node=3"]  # nor optim's keys
+    assert added(["algo=dpsgd", "launcher.nproc_per_node=4"]) == []
+    assert adapt_overrides(load(["algo=dpsgd", "launcher.nproc_per_node=2"]), set()) == []  # no debug: nothing
+
+
+def test_smallest_world_counts_workers_and_what_validation_accepts():
+    from lsgd.algorithms import ALGORITHMS
+
+    assert ALGORITHMS["ddp"].smallest_world({"name": "ddp"}, 2) == (2, [])
+    assert ALGORITHMS["param_server"].smallest_world({"name": "param_server"}, 2) == (3, [])
+    world, rejected = ALGORITHMS["dpsgd"].smallest_world({"name": "dpsgd", "topology": "ring"}, 2)
+    assert world == 3 and rejected and "ring needs at least 3 nodes" in rejected[0]
+    assert ALGORITHMS["dpsgd"].smallest_world({"name": "dpsgd", "topology": "hypercube"}, 5)[0] == 8
+    assert ALGORITHMS["dpsgd"].smallest_world({"name": "dpsgd", "topology": "nonexistent"}, 2) is None
+
+
+def test_unknown_group_options_name_the_closest():
+    from lsgd.config.validation import check_group_options
+
+    for overrides, message in [
+        (["algo=swarmsgd"], "unknown algo=swarmsgd; did you mean swarm_sgd? (options: accordion, ad_psgd, "),
+        (["-m", "algo=ddp,swarmsgd"], "unknown algo=swarmsgd; did you mean swarm_sgd?"),
+        (["+experiment=asnyc_text"], "unknown experiment=asnyc_text; did you mean async_text"),
+        (["optim/presets=dem"], "unknown optim/presets=dem; did you mean demo? (options: demo)"),
+        (["model=zzzzz"], "unknown model=zzzzz (options: cnn, gpt, "),
+        (["logger=[jsonl,tensorbord]"], "unknown logger=tensorbord; did you mean tensorboard?"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            check_group_options(overrides)
+        assert str(info.value).startswith(message), str(info.value)
+    check_group_options(["algo=ddp,local_sgd", "experiment=null", "hydra/launcher=slurm", "algo.local_steps=4",
+                         "~variant", "model=glob(*)", "logger=[jsonl,tensorboard]", "debug=null"])
+
+
+def test_a_study_keyed_experiment_takes_its_ranks_from_the_study_keys():
+    """async_text / async_c4 / async_at_scale / diloco_family set launcher.nproc_per_node from
+    study.workers (+ study.servers): an override that disagrees names the keys to set instead."""
+    from lsgd.config.validation import check_ranks_from_study
+
+    _register_resolvers()
+    with initialize_config_module(config_module="lsgd.conf", version_base="1.3"):
+        with pytest.raises(ConfigError) as info:
+            check_ranks_from_study(["experiment=async_text", "launcher.nproc_per_node=8"])
+        assert str(info.value) == (
+            "launcher.nproc_per_node=8 disagrees with experiment=async_text, which sets the ranks from its study keys "
+            "(study.workers=4, study.servers=1: 5 ranks); set study.workers (and study.servers) instead of "
+            "launcher.nproc_per_node")
+        with pytest.raises(ConfigError, match=r"experiment=diloco_family, .*\(study.workers=16: 16 ranks\); set "
+                                              r"study.workers instead"):
+            check_ranks_from_study(["experiment=diloco_family", "launcher.nproc_per_node=6"])
+        with pytest.raises(ConfigError, match=r"study.workers=16, study.servers=0: 16 ranks"):
+            check_ranks_from_study(["experiment=async_at_scale", "variant=async_sync_diloco", "study.workers=16",
+                                    "launcher.nproc_per_node=17"])
+        for ok in (["experiment=async_text", "launcher.nproc_per_node=5"],
+                   ["experiment=async_text", "study.workers=7", "launcher.nproc_per_node=8"],
+                   ["experiment=fmnist_demo", "launcher.nproc_per_node=8"],  # its own number, no study keys
+                   ["experiment=async_text"]):
+            check_ranks_from_study(ok)

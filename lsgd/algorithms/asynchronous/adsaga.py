@@ -280,6 +280,7 @@ class ADSAGA(ServerAlgorithm):
     label = "ADSAGA"
     paper = "docs/papers.md#adsaga"
     lockstep = False
+    requires = {"model": "logreg"}
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
@@ -290,9 +291,9 @@ class ADSAGA(ServerAlgorithm):
     @classmethod
     def validate_run(cls, cfg: dict, world_size: int) -> None:
         model = (cfg.get("model") or {}).get("name")
-        if model != "logreg":
-            raise ConfigError(f"algo=adsaga needs model=logreg (its SAGA table stores logistic-regression residuals); "
-                              f"got model={model!r}")
+        if model != cls.requires["model"]:
+            raise ConfigError(f"algo=adsaga needs model={cls.requires['model']} (its SAGA table stores "
+                              f"logistic-regression residuals); got model={model!r}")
         wd = (cfg.get("optim") or {}).get("weight_decay", 0.0) or 0.0
         if wd != 0:
             raise ConfigError(f"algo=adsaga applies the L2 term itself (algo.l2); set optim.weight_decay=0, got {wd!r}")

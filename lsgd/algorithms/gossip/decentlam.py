@@ -44,11 +44,12 @@ class DecentLaM(Gossip):
     label = "DecentLaM"
     paper = "docs/papers.md#decentlam"
     defining_keys = ("algo.topology",)
+    requires = {"optim": "sgd", "optim.momentum": 0.0, "optim.nesterov": False}  # it applies its own momentum
 
     @classmethod
     def validate_run(cls, cfg: dict, world_size: int) -> None:
         optim = cfg.get("optim", {})
-        if optim.get("name") != "sgd" or optim.get("momentum", 0) or optim.get("nesterov", False):
+        if optim.get("name") != cls.requires["optim"] or optim.get("momentum", 0) or optim.get("nesterov", False):
             raise ConfigError(
                 "algo=decentlam applies its own momentum (algo.momentum) and needs optim=sgd with optim.momentum=0 "
                 f"and optim.nesterov=false; got optim.name={optim.get('name')!r}, optim.momentum={optim.get('momentum')!r}, "
