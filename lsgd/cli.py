@@ -193,17 +193,28 @@ def _analysis(cmd: str, argv: list[str]) -> int:
 
 
 def _write_analysis(cmd: str, args, out) -> int:
-    if cmd == "plot":
-        from lsgd.analysis.plots import plot_runs
+    import warnings
 
-        files = plot_runs(args.paths, out, width=args.width)
-        for f in files:
-            print(f)
-    else:
-        from lsgd.analysis.report import write_report
+    from lsgd.analysis.plots import SparseCurveWarning
 
-        path = write_report(args.paths, out, baseline=args.baseline, threshold=args.threshold, width=args.width)
-        print(f"report written to {path} and {path.with_name('report.html')}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SparseCurveWarning)
+        if cmd == "plot":
+            from lsgd.analysis.plots import plot_runs
+
+            files = plot_runs(args.paths, out, width=args.width)
+            for f in files:
+                print(f)
+        else:
+            from lsgd.analysis.report import write_report
+
+            path = write_report(args.paths, out, baseline=args.baseline, threshold=args.threshold, width=args.width)
+            print(f"report written to {path} and {path.with_name('report.html')}")
+    for w in caught:  # a figure with dots for curves: one plain line each; others as Python shows them
+        if issubclass(w.category, SparseCurveWarning):
+            print(f"lsgd {cmd}: warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     return 0
 
 

@@ -24,6 +24,7 @@ The modules, in the order the data flows: ``load`` (run folders -> frames), ``ar
 differ only in seed), ``stats`` (means and intervals over seeds), ``plots`` (the figures),
 ``tables`` (the report's numbers: per run and per arm, time to T, speedups, bytes, batch scaling),
 ``formats`` (their cells, Markdown and LaTeX), ``environment`` (what produced the runs),
+``modeled_cluster`` (what their modeled numbers model: each run's cluster in words),
 ``html_page`` (report.html), ``report`` (report.md and report.html). The studies' own tables:
 ``clock_validation``, ``time_claims``, ``gravac_gains``, ``suboptimality`` (ADSAGA), ``bench``
 (``make bench``'s BENCH lines), ``p2p_trace`` (the point-to-point trace); their entry points are

@@ -27,6 +27,33 @@ from lsgd.core.labels import is_missing as _is_missing
 #: Header of the tables' bytes column (``gb_sent_per_worker``: wire bytes per worker, workers only).
 GB_SENT = "GB on the wire / worker"
 
+#: Header of the peak column (``peak_step_bytes`` / 1e6), and its cell for a run that predates it.
+PEAK = "peak bytes / step (MB)"
+NOT_RECORDED = "-"
+
+#: Header of the payload ratio (``bytes_vs_dense``; the detailed table only).
+PAYLOAD_VS_DENSE = "payload vs dense"
+
+
+def wire_vs(baseline: str) -> str:
+    """Header of the wire-bytes ratio (``wire_vs_baseline``)."""
+    return f"wire bytes vs {baseline}"
+
+
+def peak_vs(baseline: str) -> str:
+    """Header of the peak ratio (``peak_vs_baseline``)."""
+    return f"peak vs {baseline}"
+
+
+def modeled_speedup(baseline: str) -> str:
+    """Header of the speedup on modeled time (the cluster the report's header names)."""
+    return f"modeled speedup vs {baseline} (cluster above)"
+
+
+def wall_speedup(baseline: str) -> str:
+    """Header of the speedup on wall time (measured where the runs ran)."""
+    return f"wall speedup vs {baseline} (this machine)"
+
 #: Separator of a mean and its interval's half-width in the tables (LaTeX: ``$\pm$``).
 PM = " ± "
 
@@ -54,18 +81,27 @@ def format_stat(mean, ci=math.nan, n_value=None, n=None, digits: str = ".3g") ->
     return text
 
 
-def _stat_cells(arms: pd.DataFrame, column: str, digits: str) -> pd.Series:
-    """:func:`format_stat` of ``column`` for each arm of an ``ExperimentTable.arms`` frame."""
+def _stat_cells(arms: pd.DataFrame, column: str, digits: str, scale: float = 1.0) -> pd.Series:
+    """:func:`format_stat` of ``column`` (times ``scale``) for each arm of an ``ExperimentTable.arms`` frame."""
     if f"{column}_mean" not in arms:
         return pd.Series("n/a", index=arms.index, dtype=object)
     return pd.Series(
         [
-            format_stat(m, h, k, n, digits)
+            format_stat(_num(m) * scale, _num(h) * scale, k, n, digits)
             for m, h, k, n in zip(arms[f"{column}_mean"], arms[f"{column}_ci"], arms[f"{column}_n"], arms["n"])
         ],
         index=arms.index,
         dtype=object,
     )
+
+
+def _peak_cells(arms: pd.DataFrame, column: str, digits: str, scale: float = 1.0) -> pd.Series:
+    """:func:`_stat_cells` of a peak column, :data:`NOT_RECORDED` for an arm none of whose runs
+    recorded ``peak_step_bytes`` (made before it)."""
+    cells = _stat_cells(arms, column, digits, scale)
+    if "peak_step_bytes_n" not in arms:
+        return pd.Series(NOT_RECORDED, index=arms.index, dtype=object)
+    return cells.where(arms["peak_step_bytes_n"].fillna(0) > 0, NOT_RECORDED)
 
 
 def arm_names(arms: pd.DataFrame) -> pd.Series:
@@ -104,11 +140,13 @@ def format_main_table(t: ExperimentTable) -> pd.DataFrame:
     """The report's main table: one row per arm, cells ``mean ± half-width`` (strings).
 
     Columns: ``method`` (the arm's label, :func:`arm_names`), ``n`` (runs = seeds), final and best
-    test accuracy (or perplexity), ``GB on the wire / worker``, ``bytes vs dense``, ``modeled time (s)``,
-    ``time to T, modeled (s)``, ``speedup vs <baseline>, modeled`` and ``Δ final <metric> vs
-    <baseline>, paired`` (the mean difference from the baseline over the seeds both have, with the
-    paired t interval; :func:`lsgd.analysis.tables._with_paired_differences`), as
-    :mod:`lsgd.analysis.tables` defines them.
+    test accuracy (or perplexity), one byte measure: ``GB on the wire / worker`` and ``wire bytes
+    vs <baseline>`` (its ratio to the baseline run's), then ``modeled time (s)``, ``time to T,
+    modeled (s)``, ``modeled speedup vs <baseline> (cluster above)`` with ``wall speedup vs
+    <baseline> (this machine)`` beside it (the same baseline runs and T, on wall time), and ``Δ
+    final <metric> vs <baseline>, paired`` (the mean difference from the baseline over the seeds
+    both have, with the paired t interval; :func:`lsgd.analysis.tables._with_paired_differences`),
+    as :mod:`lsgd.analysis.tables` defines them.
     """
     a = t.arms
     m, acc_digits = _metric_words(t.metric)
@@ -116,10 +154,11 @@ def format_main_table(t: ExperimentTable) -> pd.DataFrame:
     out[f"final {m}"] = _stat_cells(a, f"final_{t.metric}", acc_digits)
     out[f"best {m}"] = _stat_cells(a, f"best_{t.metric}", acc_digits)
     out[GB_SENT] = _stat_cells(a, "gb_sent_per_worker", ".4g")
-    out["bytes vs dense"] = _stat_cells(a, "bytes_vs_dense", ".3g")
+    out[wire_vs(t.baseline)] = _stat_cells(a, "wire_vs_baseline", ".3g")
     out["modeled time (s)"] = _stat_cells(a, "modeled_time_s", ".3g")
     out["time to T, modeled (s)"] = _stat_cells(a, "time_to_T_modeled_s", ".3g")
-    out[f"speedup vs {t.baseline}, modeled"] = _stat_cells(a, "speedup_modeled", ".2f")
+    out[modeled_speedup(t.baseline)] = _stat_cells(a, "speedup_modeled", ".2f")
+    out[wall_speedup(t.baseline)] = _stat_cells(a, "speedup_wall", ".2f")
     out[f"Δ final {m} vs {t.baseline}, paired"] = _paired_cells(a, f"final_{t.metric}", acc_digits)
     return out
 
@@ -130,8 +169,10 @@ def format_table(t: ExperimentTable) -> pd.DataFrame:
 
     Columns: ``method``, ``algo`` and the other differing config keys as written in the configs,
     ``status``, ``n``, ``seeds``, final and best metric, final test and train loss, GB on the
-    wire per worker, bytes vs dense, comm rounds, samples, wall and modeled time (s), modeled time at 1 and
-    10 Gbps (when runs log the alpha-beta terms), time to T and speedup on wall and modeled time,
+    wire per worker and its ratio to the baseline's, peak bytes / step (MB, ``-`` for runs made
+    before it) and its ratio, payload vs dense (``comm_bytes`` / the dense run's), comm rounds,
+    samples, wall and modeled time (s), modeled time at 1 and 10 Gbps (when runs log the
+    alpha-beta terms), time to T on wall and modeled time, the modeled and the wall speedup,
     the paired-by-seed difference of the final metric from the baseline and the baseline arm it is
     paired with, and the target columns when runs have ``target_acc``.
     """
@@ -149,7 +190,10 @@ def format_table(t: ExperimentTable) -> pd.DataFrame:
     out["final test loss"] = _stat_cells(a, "final_test_loss", ".4f")
     out["final train loss"] = _stat_cells(a, "final_train_loss", ".4f")
     out[GB_SENT] = _stat_cells(a, "gb_sent_per_worker", ".4g")
-    out["bytes vs dense"] = _stat_cells(a, "bytes_vs_dense", ".3g")
+    out[wire_vs(t.baseline)] = _stat_cells(a, "wire_vs_baseline", ".3g")
+    out[PEAK] = _peak_cells(a, "peak_step_bytes", ".4g", scale=1e-6)
+    out[peak_vs(t.baseline)] = _peak_cells(a, "peak_vs_baseline", ".3g")
+    out[PAYLOAD_VS_DENSE] = _stat_cells(a, "bytes_vs_dense", ".3g")
     out["comm rounds"] = _stat_cells(a, "comm_rounds", ".0f")
     out["samples"] = _stat_cells(a, "samples", ".0f")
     out["wall time (s)"] = _stat_cells(a, "wall_time_s", ".1f")
@@ -161,8 +205,8 @@ def format_table(t: ExperimentTable) -> pd.DataFrame:
             out[f"modeled @{format_value(bw)} Gbps (s)"] = cells.where(a[f"{col}_mean"].notna(), "")
     out["time to T, wall (s)"] = _stat_cells(a, "time_to_T_wall_s", ".1f")
     out["time to T, modeled (s)"] = _stat_cells(a, "time_to_T_modeled_s", ".3g")
-    out[f"speedup vs {t.baseline}, wall"] = _stat_cells(a, "speedup_wall", ".2f")
-    out[f"speedup vs {t.baseline}, modeled"] = _stat_cells(a, "speedup_modeled", ".2f")
+    out[modeled_speedup(t.baseline)] = _stat_cells(a, "speedup_modeled", ".2f")
+    out[wall_speedup(t.baseline)] = _stat_cells(a, "speedup_wall", ".2f")
     out[f"Δ final {m} vs {t.baseline}, paired"] = _paired_cells(a, f"final_{t.metric}", acc_digits)
     out["paired with"] = a["paired_with"].astype(str)
     if "time_to_target_s_mean" in a:

@@ -36,7 +36,9 @@ from lsgd.analysis.load import (
     summaries_frame,
     world_sizes,
 )
+from lsgd.analysis.modeled_cluster import cluster_groups
 from lsgd.analysis.stats import MIN_RUNS_FOR_CI_BAND, aggregate_curves, aggregate_seeds
+from lsgd.core.labels import format_value
 
 #: File formats each figure is saved in.
 FORMATS = ("png", "svg", "pdf")  # PDF for papers (vector, fonts embedded)
@@ -121,9 +123,10 @@ _METRIC_LABELS = {
     "test_acc": "test accuracy",
     "test_ppl": "test perplexity",
     "train_loss": "training loss",
-    "comm_bytes": "bytes sent per worker",
+    "comm_bytes": "payload bytes sent per worker (comm_bytes)",
+    "wire_bytes": "wire bytes sent per worker (wire_bytes)",
     "wall_time_s": "wall-clock time (s)",
-    "modeled_time_s": "modeled time on the configured network (s)",
+    "modeled_time_s": "modeled time on the modeled cluster (s)",
     "step": "step (optimizer steps per worker)",
     "server_updates": "server updates",
     "consensus_distance": "consensus distance (1/n) sum ||x_i - x_bar||^2",
@@ -142,7 +145,7 @@ class _Spec:
 
 
 _SPECS = (
-    _Spec("comm_bytes", None, logx=True),
+    _Spec("wire_bytes", None, logx=True),
     _Spec("wall_time_s", None),
     _Spec("modeled_time_s", None),
     _Spec("server_updates", None),  # drawn only for records that carry a server_updates count
@@ -218,28 +221,31 @@ def _draw_arm(ax, curve: pd.DataFrame, label: str, style: dict, marker=None, **k
                         alpha=0.2, linewidth=0, rasterized=kwargs.get("rasterized", False))  # fmt: skip
 
 
-def worker_comm_bytes(records: pd.DataFrame, summaries: pd.DataFrame | None = None) -> pd.Series:
-    """Per record, the payload bytes one worker has sent so far (the x axis of "test accuracy vs
-    bytes sent per worker"), the quantity of the report's bytes columns
-    (:func:`lsgd.analysis.tables.worker_bytes`): ``comm_bytes_workers``, the mean over the worker
-    ranks that runs with server ranks record (``param_server``, ``async_local_sgd``, ``adsaga``),
-    else ``comm_bytes`` for a run whose ranks are all workers; NaN for a record of a run with server
-    ranks that lacks it (``comm_bytes`` averages the server in: a parameter server's N messages
-    per step would count as a worker's; such runs are warned about and left out of the figure).
+def worker_record_bytes(records: pd.DataFrame, summaries: pd.DataFrame | None = None,
+                        key: str = "wire_bytes") -> pd.Series:
+    """Per record, the bytes one worker has sent so far: ``key`` = ``wire_bytes`` (what travels;
+    the x axis of "test accuracy vs wire bytes sent per worker" and the report's byte measure,
+    :func:`lsgd.analysis.tables.worker_bytes`) or ``comm_bytes`` (the payload handed to
+    collectives): ``<key>_workers``, the mean over the worker ranks that runs with server ranks
+    record (``param_server``, ``async_local_sgd``, ``adsaga``), else ``key`` for a run whose ranks
+    are all workers; NaN for a record of a run with server ranks that lacks it (``key`` averages
+    the server in: a parameter server's N messages per step would count as a worker's; such runs
+    are warned about and left out of the figure).
 
     Args:
         records: :func:`lsgd.analysis.load_runs` rows.
         summaries: :func:`lsgd.analysis.load_summaries` rows of the same runs (which runs have
             server ranks, :func:`lsgd.analysis.load.has_server_ranks`); None: from the records'
             ``algo.name``.
+        key: ``wire_bytes`` or ``comm_bytes``.
 
     Returns:
         Bytes, aligned with ``records``.
     """
-    total = pd.to_numeric(records["comm_bytes"], errors="coerce") if "comm_bytes" in records else pd.Series(
+    total = pd.to_numeric(records[key], errors="coerce") if key in records else pd.Series(
         math.nan, index=records.index)  # fmt: skip
-    if "comm_bytes_workers" in records:
-        workers = pd.to_numeric(records["comm_bytes_workers"], errors="coerce")
+    if f"{key}_workers" in records:
+        workers = pd.to_numeric(records[f"{key}_workers"], errors="coerce")
     else:
         workers = pd.Series(math.nan, index=records.index)
     source = summaries if summaries is not None and len(summaries) else records.drop_duplicates("run_dir")
@@ -248,15 +254,62 @@ def worker_comm_bytes(records: pd.DataFrame, summaries: pd.DataFrame | None = No
     out = workers.where(workers.notna(), total.where(~with_servers))
     lacking = sorted({str(d) for d in records.loc[with_servers & workers.isna() & total.notna(), "run_dir"]})
     if lacking:
-        warnings.warn(f"bytes per worker: {len(lacking)} run(s) with server ranks record no comm_bytes_workers "
+        warnings.warn(f"bytes per worker: {len(lacking)} run(s) with server ranks record no {key}_workers "
                       f"(recorded before it, or the server's own records): left out of the bytes figure: "
                       f"{', '.join(lacking)}", stacklevel=2)  # fmt: skip
     return out
 
 
+def worker_comm_bytes(records: pd.DataFrame, summaries: pd.DataFrame | None = None) -> pd.Series:
+    """:func:`worker_record_bytes` of the payload, ``comm_bytes``."""
+    return worker_record_bytes(records, summaries, key="comm_bytes")
+
+
 #: Metrics measured at some records only, whose missing points break the line instead of being
 #: drawn across (a straight segment over an unmeasured point looks like a measured V).
 GAP_METRICS = ("consensus_distance",)
+
+#: The fewest points an arm needs in a figure to be a curve; an arm with fewer (one evaluation
+#: per epoch of a 1-epoch run) is named in a warning (:func:`sparse_curve_message`).
+MIN_CURVE_POINTS = 3
+
+#: Evaluations (or records) per run that the warning's suggested settings give.
+SUGGESTED_POINTS = 10
+
+
+class SparseCurveWarning(UserWarning):
+    """A figure draws an arm with fewer than :data:`MIN_CURVE_POINTS` points: dots, not a curve."""
+
+
+def _written(records: pd.DataFrame, key: str) -> str:
+    """The config values of ``key`` among ``records``' runs, as written (``epoch``; ``1 / 2``)."""
+    if key not in records:
+        return "unset"
+    values = [format_value(v) for v in records.drop_duplicates("run_dir")[key]]
+    return " / ".join(dict.fromkeys(v or "unset" for v in values))
+
+
+def sparse_curve_message(title: str, y: str, few: Mapping[str, int], records: pd.DataFrame) -> str:
+    """The warning for a figure (``title``, its y metric ``y``) that draws the arms of ``few``
+    (``{arm: points}``) with fewer than :data:`MIN_CURVE_POINTS` points each: which arms, and the
+    config keys that give about :data:`SUGGESTED_POINTS` points over their runs (``records``: their
+    metrics records): ``eval_unit=step eval_every=...`` for evaluated metrics (or
+    ``consensus_every_record=true`` for the consensus distance), ``log_every=...`` for the
+    training loss."""
+    arms = ", ".join(f"{a} ({k} point{'s' if k != 1 else ''})" for a, k in few.items())
+    steps = int(pd.to_numeric(records["step"], errors="coerce").max()) if "step" in records and len(records) else 0
+    every = max(1, steps // SUGGESTED_POINTS)
+    verb = "has" if len(few) == 1 else "have"
+    if y == "train_loss":
+        what, keys = "logged records", f"`log_every={every}`"
+        now = f"`log_every={_written(records, 'log_every')}`"
+    else:
+        what, keys = "evaluated points", f"`eval_unit=step eval_every={every}`"
+        if y in GAP_METRICS:  # measured at the evaluations, or at every record
+            keys += " or `consensus_every_record=true`"
+        now = f"`eval_unit={_written(records, 'eval_unit')} eval_every={_written(records, 'eval_every')}`"
+    return (f'figure "{title}": {arms} {verb} fewer than {MIN_CURVE_POINTS} {what}, drawn as dots, not a '
+            f"curve; set {keys} (about {SUGGESTED_POINTS} over their {steps} steps; now {now}).")
 
 _EVAL_KEYS = ("test_loss", "test_acc", "test_ppl")
 
@@ -289,12 +342,14 @@ def plot_experiment(
     prefix: str,
     styles: Mapping[str, dict] | None = None,
     width: str | None = None,
+    sparse: dict[str, str] | None = None,
+    cluster: str | None = None,
 ) -> dict[str, list[Path]]:
     """The figures of one experiment over its metrics records; see :func:`plot_runs`.
 
     Args:
         records: :func:`lsgd.analysis.load_runs` rows of the experiment's runs; the bytes figure's
-            x axis is ``comm_bytes`` (pass :func:`worker_comm_bytes` there, as :func:`plot_frames`
+            x axis is ``wire_bytes`` (pass :func:`worker_record_bytes` there, as :func:`plot_frames`
             does, for runs with server ranks).
         labels: ``{run_dir: arm label}`` (:func:`lsgd.analysis.arms.arm_labels`): runs with one
             label are one arm, drawn as their mean with a band; also fixes line order and colors.
@@ -302,6 +357,11 @@ def plot_experiment(
         prefix: file name prefix, e.g. ``fmnist_demo_``.
         styles: ``{arm label: line style}`` (:func:`arm_styles`; default: from ``labels``).
         width: None (the default figure) or a paper width, ``one`` / ``two`` (:data:`PAPER_WIDTHS_IN`).
+        sparse: filled with ``{figure title: warning}`` (:func:`sparse_curve_message`) for each
+            figure that draws an arm with fewer than :data:`MIN_CURVE_POINTS` points.
+        cluster: the modeled cluster in a few words
+            (:func:`lsgd.analysis.modeled_cluster.short_cluster_text`), a second line of the
+            modeled-time axis label (not at ``width="one"``: the caption names it).
 
     Returns:
         ``{figure title: [png path, svg path, pdf path]}`` for the figures that had data.
@@ -328,6 +388,8 @@ def plot_experiment(
         curves = aggregate_curves(r, spec.x, y, labels, gaps=gaps)
         if curves.empty or curves["mean"].isna().all():
             continue  # e.g. no run has an evaluation yet
+        points = curves[curves["mean"].notna()].groupby("arm", sort=False)["x"].nunique()
+        few = {str(a): int(k) for a, k in points.items() if k < MIN_CURVE_POINTS}
         with mpl.rc_context(_rc(width)):
             arms = list(dict.fromkeys(curves["arm"]))
             n_of = curves.groupby("arm", sort=False)["n"].first()
@@ -352,12 +414,16 @@ def plot_experiment(
             scale = " (log scale, linear below the smallest nonzero value)" if zero_x else " (log scale)"
             if width == "one":
                 scale = " (log)" if not zero_x else " (symlog)"
-            ax.set_xlabel(_axis_label(spec.x, width) + (scale if spec.logx else ""))
+            on = f"\n{cluster}" if cluster and spec.x == "modeled_time_s" and width != "one" else ""
+            ax.set_xlabel(_axis_label(spec.x, width) + (scale if spec.logx else "") + on)
             ax.set_ylabel(_axis_label(y, width))
             # no title inside the figure: the report's caption names it (a paper's caption does)
             ax.grid(True, which="major", alpha=0.3)
             _legend(fig, ax, width, title=_band_note(curves))
             written[title] = _save(fig, out_dir / f"{prefix}{y}_vs_{spec.x}")
+        if few and sparse is not None:
+            dirs = [d for d, lab in labels.items() if lab in few]
+            sparse[title] = sparse_curve_message(title, y, few, r[r["run_dir"].isin(dirs)])
     return written
 
 
@@ -365,6 +431,7 @@ def plot_experiment(
 _SHORT_LABELS = {
     "consensus_distance": "consensus distance",
     "modeled_time_s": "modeled time (s)",
+    "wire_bytes": "wire bytes / worker",
     "step": "step",
 }
 
@@ -574,11 +641,14 @@ def plot_frames(
     out_dir: PathLike,
     compression: pd.DataFrame | None = None,
     width: str | None = None,
+    sparse: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, dict[str, list[Path]]]:
     """:func:`plot_runs` on frames already loaded: ``{experiment: {title: [png, svg, pdf]}}``.
 
     ``compression``: :func:`lsgd.analysis.load_compression` rows (None: no compression figures).
     ``width``: None (the default figures) or a paper width, ``one`` / ``two`` (:data:`PAPER_WIDTHS_IN`).
+    ``sparse``: filled with ``{experiment: {title: warning}}`` for the figures that draw an arm
+    with fewer than :data:`MIN_CURVE_POINTS` points (:func:`sparse_curve_message`).
     One arm -> style map (:func:`arm_styles`) over every experiment, in order of their names.
 
     Raises:
@@ -593,12 +663,18 @@ def plot_frames(
         labels_of[experiment] = arm_labels(runs)
     styles = arm_styles([lab for labels in labels_of.values() for lab in labels.values()])
     if len(records):
-        records = records.assign(comm_bytes=worker_comm_bytes(records, summaries))
+        records = records.assign(wire_bytes=worker_record_bytes(records, summaries, "wire_bytes"))
     for experiment, runs in groups:
         labels = labels_of[experiment]
         exp_records = records[records["experiment_name"] == experiment]
         prefix = f"{safe_name(experiment)}_"
-        out[experiment] = plot_experiment(exp_records, labels, out_dir, prefix=prefix, styles=styles, width=width)
+        clusters = list(dict.fromkeys(short for _, short, _ in cluster_groups(runs)))
+        cluster = clusters[0] if len(clusters) == 1 else "the cluster of each arm: see the report"
+        notes: dict[str, str] = {}
+        out[experiment] = plot_experiment(exp_records, labels, out_dir, prefix=prefix, styles=styles, width=width,
+                                          sparse=notes, cluster=cluster)  # fmt: skip
+        if sparse is not None and notes:
+            sparse[experiment] = notes
         out[experiment].update(plot_bytes_vs_nodes(runs, out_dir, prefix=prefix, styles=styles, width=width))
         if compression is not None and len(compression):
             exp_comp = compression[compression["experiment_name"] == experiment]
@@ -612,11 +688,14 @@ def plot_runs(paths: PathLike | Iterable[PathLike], out_dir: PathLike, width: st
     For each experiment (``experiment_name``) in ``paths``, with one line per arm (the runs that
     differ only in seed: their mean, with a band, see the module docstring):
 
-    - test accuracy vs cumulative bytes sent per worker (bytes, log x axis): the payload one
-      worker has sent, the mean over the worker ranks (:func:`worker_comm_bytes`:
-      ``comm_bytes_workers`` where a run has server ranks, else ``comm_bytes``),
+    - test accuracy vs cumulative wire bytes sent per worker (bytes, log x axis): what one worker
+      has put on the wire, the mean over the worker ranks (:func:`worker_record_bytes`:
+      ``wire_bytes_workers`` where a run has server ranks, else ``wire_bytes``), the report's
+      byte measure,
     - test accuracy vs wall-clock time (``wall_time_s``, seconds),
-    - test accuracy vs modeled time on the configured network (``modeled_time_s``, seconds),
+    - test accuracy vs modeled time on the modeled cluster (``modeled_time_s``, seconds; the axis
+      label names the cluster in a few words when the experiment's runs share one,
+      :mod:`lsgd.analysis.modeled_cluster`),
     - test accuracy vs server updates, for records that carry ``server_updates``,
     - training loss vs step,
     - consensus distance vs step (log y), for records that carry ``consensus_distance``; the line
@@ -634,7 +713,10 @@ def plot_runs(paths: PathLike | Iterable[PathLike], out_dir: PathLike, width: st
     (:func:`lsgd.analysis.arms.arm_labels`: the algorithm and the config keys needed to tell the
     arms apart, e.g. ``local SGD, H=8``) and n, the runs averaged. A run with no point to draw in a
     figure (no evaluation yet; only 0 bytes sent on a log axis) is left out of that figure (and of
-    its arm's n there), and a figure with no line at all is not written.
+    its arm's n there), and a figure with no line at all is not written. A figure that draws an
+    arm with fewer than :data:`MIN_CURVE_POINTS` points (one evaluation per epoch of a 1-epoch
+    run) gives a :class:`SparseCurveWarning` naming the arms and the keys to change
+    (:func:`sparse_curve_message`).
 
     An arm has one color (and dash) in every figure, also across the experiments drawn together
     (:func:`arm_styles`).
@@ -647,7 +729,7 @@ def plot_runs(paths: PathLike | Iterable[PathLike], out_dir: PathLike, width: st
     300 dpi; their PDF pages are that wide, so a paper includes them unscaled.
 
     Files are named ``<experiment>_<y>_vs_<x>.<png|svg|pdf>``, e.g.
-    ``fmnist_demo_test_acc_vs_comm_bytes.png``; the compression figure
+    ``fmnist_demo_test_acc_vs_wire_bytes.png``; the compression figure
     ``<experiment>_compression.<png|svg|pdf>``.
 
     Args:
@@ -664,5 +746,10 @@ def plot_runs(paths: PathLike | Iterable[PathLike], out_dir: PathLike, width: st
     """
     check_width(width)
     runs = read_runs(paths)
-    written = plot_frames(runs_frame(runs), summaries_frame(runs), out_dir, compression_frame(runs), width=width)
+    sparse: dict[str, dict[str, str]] = {}
+    written = plot_frames(runs_frame(runs), summaries_frame(runs), out_dir, compression_frame(runs), width=width,
+                          sparse=sparse)  # fmt: skip
+    for experiment, notes in sparse.items():
+        for note in notes.values():
+            warnings.warn(f"{experiment}: {note}", SparseCurveWarning, stacklevel=2)
     return [p for figures in written.values() for files in figures.values() for p in files]

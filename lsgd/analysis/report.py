@@ -1,13 +1,16 @@
 """The report, as Markdown (report.md) and as one self-contained HTML page (report.html: the same
 text, tables and figures embedded, :func:`lsgd.analysis.html_page.markdown_to_html`): per
-experiment, a compact main table over arms (runs that differ only in seed), a detailed table, CSV
-files with every number, a LaTeX version of the main table, what produced the runs, and the figures
-of :mod:`lsgd.analysis.plots`. :func:`write_report` writes it; the report's text (its definitions,
-the threshold and what differs between the runs) is written here too.
+experiment, a compact main table over arms (runs that differ only in seed) with one byte measure
+(wire bytes per worker and its ratio to the baseline's) and the modeled speedup beside the wall
+one, a detailed table, CSV files with every number, a LaTeX version of the main table, what
+produced the runs, the modeled cluster, and the figures of :mod:`lsgd.analysis.plots`.
+:func:`write_report` writes it; the report's text (its definitions, the threshold and what differs
+between the runs) is written here too.
 
 Where the parts come from: the numbers and their definitions (arms and seeds, ``m ± h``, T and
 time to T, speedup, paired differences, bytes, modeled time at other bandwidths, batch scaling) from
-:mod:`lsgd.analysis.tables`; the tables' cells, Markdown and LaTeX from
+:mod:`lsgd.analysis.tables`; what the modeled numbers model from
+:mod:`lsgd.analysis.modeled_cluster`; the tables' cells, Markdown and LaTeX from
 :mod:`lsgd.analysis.formats`; the environment (commit, versions, CPU, GPU) from
 :mod:`lsgd.analysis.environment`; report.html from :mod:`lsgd.analysis.html_page`.
 """
@@ -15,22 +18,31 @@ time to T, speedup, paired differences, bytes, modeled time at other bandwidths,
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
 from lsgd.analysis.environment import environment_differences, environment_note, environment_table, has_environment
 from lsgd.analysis.formats import (
     GB_SENT,
+    NOT_RECORDED,
+    PAYLOAD_VS_DENSE,
+    PEAK,
     PM,
     format_batch_scaling,
     format_main_table,
     format_table,
     latex_table,
     markdown_table,
+    modeled_speedup,
+    peak_vs,
+    wall_speedup,
+    wire_vs,
 )
 from lsgd.analysis.html_page import markdown_to_html
 from lsgd.analysis.load import RUNNING, PathLike, compression_frame, read_runs, runs_frame, summaries_frame
-from lsgd.analysis.plots import check_width, plot_frames, safe_name
+from lsgd.analysis.modeled_cluster import arm_cluster_texts, cluster_groups, cluster_lines
+from lsgd.analysis.plots import MIN_CURVE_POINTS, SparseCurveWarning, check_width, plot_frames, safe_name
 from lsgd.analysis.stats import CONFIDENCE
 from lsgd.analysis.tables import BASELINE_ALGO, ExperimentTable, batch_scaling_table, tables_from_frames
 from lsgd.core.files import write_atomic
@@ -124,33 +136,46 @@ def definitions_text(baseline: str, confidence: float = CONFIDENCE) -> list[str]
             "baseline arm that shares most of its other config keys (the detailed table names it)."
         ),
         (
-            f"- **Speedup vs {baseline}.** The baseline's time to T (the mean over the runs that "
-            f"`--baseline {baseline}` selects and that reached T) divided by the run's time to T; an "
-            "arm's speedup is the mean over its runs."
+            f"- **{modeled_speedup(baseline)}, {wall_speedup(baseline)}.** The baseline's time to T "
+            f"(the mean over the runs that `--baseline {baseline}` selects and that reached T) divided "
+            "by the run's time to T, on modeled time (the modeled cluster named above) and on wall "
+            "time (measured on the machine that ran each job): the same baseline runs and the same T; "
+            "an arm's speedup is the mean over its runs."
         ),
         (
-            f"- **{GB_SENT}** = `wire_bytes` / 1e9: the bytes a worker puts on the wire (what travels "
-            "under the standard algorithm of each collective: a ring all-reduce of n bytes sends "
-            "2(p-1)/p n, an all-gather of n-byte inputs (p-1) n, a message n), the mean over the "
-            "worker ranks (servers excluded: `wire_bytes_workers` where a run has server ranks); "
-            "**bytes vs dense** = the payload a worker handed to collectives and sends (`comm_bytes`, "
-            "over the same ranks) / that of the experiment's dense run (`ddp` or "
-            "`algo.compressor=none`, the same seed where there is one)."
+            f"- **Bytes: one measure, the wire.** **{GB_SENT}** = `wire_bytes` / 1e9: the bytes a "
+            "worker puts on the wire (what travels under the standard algorithm of each collective: a "
+            "ring all-reduce of n bytes sends 2(p-1)/p n, an all-gather of n-byte inputs (p-1) n, a "
+            "message n), the mean over the worker ranks (servers excluded: `wire_bytes_workers` where "
+            f"a run has server ranks); **{wire_vs(baseline)}** = that / the same of the run's baseline "
+            f"run (`--baseline {baseline}`; the one with the same seed and most other config keys). "
+            f"In the details: **{PEAK}** = `peak_step_bytes` / 1e6, the most wire bytes any rank "
+            f"(servers included) sent in one step, the peak bandwidth a method needs (`{NOT_RECORDED}`: "
+            f"a run made before lsgd recorded it), and **{peak_vs(baseline)}** its ratio; "
+            f"**{PAYLOAD_VS_DENSE}** = the payload a worker handed to collectives and sends "
+            "(`comm_bytes`, over the same ranks) / that of the experiment's dense run (`ddp` or "
+            "`algo.compressor=none`, the same seed where there is one): not what travels (an "
+            "all-reduce's tensor counts once, a gossip message once per neighbour), so it is no "
+            "ratio of wire bytes."
         ),
         (
             "- **Wall time** is measured on the machine that ran the job. **Modeled time** is the "
-            "cluster clock (`lsgd/clock/`): the slowest worker's virtual time on the configured "
-            "cluster, compute from `cluster.*` (a FLOP profile of the target device, or `step_time_s`) "
-            "and communication at its alpha-beta cost, overlapped where the algorithm overlaps it; "
-            "modeled @1 / @10 Gbps is the same clock with the inter-node link of the `network=1gbps` / "
-            "`network=10gbps` preset (1 Gbps at 50 us latency, 10 Gbps at 10 us). (Runs "
-            "recorded before the clock show measured compute plus the cost of every collective.)"
+            "cluster clock (`lsgd/clock/`): the slowest worker's virtual time on the modeled cluster "
+            "(named above, from each run's config: compute from `cluster.*`, a FLOP profile of the "
+            "target device at its MFU, or `cluster.step_time_s`, or measured; workers per node; the "
+            "inter-node link `network.*`), communication at its alpha-beta cost, overlapped where the "
+            "algorithm overlaps it; modeled @1 / @10 Gbps is the same clock with the inter-node link "
+            "of the `network=1gbps` / `network=10gbps` preset (1 Gbps at 50 us latency, 10 Gbps at "
+            "10 us). (Runs recorded before the clock show measured compute plus the cost of every "
+            "collective.)"
         ),
         (
             f"- **Figures.** One line per arm: the mean over its runs, with a band: the {pct} t interval "
             "for n >= 3, the min-max range for n = 2, none for n = 1. Where the seeds' x values differ "
             "(wall time), each run's curve is linearly interpolated onto the union of the runs' x "
-            "values inside the range all of them cover."
+            f"values inside the range all of them cover. An arm with fewer than {MIN_CURVE_POINTS} "
+            "points in a figure is a dot, not a curve: a warning under the figure names it and the "
+            "keys that evaluate (or log) more often."
         ),
         "- Runs without summary.json show status `running` and their progress so far.",
     ]
@@ -173,7 +198,9 @@ def write_report(
     browser or send as one file. Both are written atomically (:func:`lsgd.core.files.write_atomic`).
 
     The report says once what produced its runs (:func:`lsgd.analysis.environment.environment_note`: the shared torch,
-    commit and CPU capability, or the groups where runs differ), states its definitions once
+    commit and CPU capability, or the groups where runs differ), what its modeled numbers model
+    (:func:`lsgd.analysis.modeled_cluster.cluster_lines`: the compute, workers per node, links and
+    what-if links of each run's config; per arm where the arms differ), states its definitions once
     (:func:`definitions_text`: arms and seeds, the interval, T, speedup, bytes, wall and modeled
     time, the figures' bands), then per experiment:
     the number of runs and arms and the config keys that differ (seeds included); the threshold T;
@@ -183,7 +210,11 @@ def write_report(
     differ in effective batch (:func:`lsgd.analysis.tables.batch_scaling_table`); the environment table
     (:func:`lsgd.analysis.environment.environment_table`, when some run has ``environment.json``), after a line naming
     the groups when the runs differ in torch, commit or CPU capability; and the figures of
-    :func:`lsgd.analysis.plots.plot_runs` (PNG embedded, SVG linked, relative links).
+    :func:`lsgd.analysis.plots.plot_runs` (PNG embedded, SVG linked, relative links), the
+    modeled-time figures' captions naming the modeled cluster, and under each figure that draws an
+    arm with fewer than 3 points a warning naming the arms and the keys to change
+    (:func:`lsgd.analysis.plots.sparse_curve_message`), also issued as a
+    :class:`lsgd.analysis.plots.SparseCurveWarning` (stderr).
 
     Files next to report.md, per experiment ``<name>`` (:func:`lsgd.analysis.plots.safe_name`):
     ``<name>_main.tex`` (the main table, booktabs, :func:`lsgd.analysis.formats.latex_table`),
@@ -213,8 +244,18 @@ def write_report(
     runs = read_runs(paths)
     records, summaries = runs_frame(runs), summaries_frame(runs)
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures = plot_frames(records, summaries, out_dir / FIGURES_DIR, compression_frame(runs), width=width)
+    sparse: dict[str, dict[str, str]] = {}
+    figures = plot_frames(records, summaries, out_dir / FIGURES_DIR, compression_frame(runs), width=width,
+                          sparse=sparse)  # fmt: skip
     tables = tables_from_frames(records, summaries, baseline=baseline, threshold=threshold)
+    arm_of = {}  # run_dir -> (experiment, arm as the tables name it), in the tables' order
+    for name, t in tables.items():
+        rank = {(a, st): i for i, (a, st) in enumerate(zip(t.arms["arm"], t.arms["status"]))}
+        runs_in_order = sorted(zip(t.table["run_dir"], t.table["arm"], t.table["status"]),
+                               key=lambda r, rank=rank: rank.get((r[1], r[2]), len(rank)))  # fmt: skip
+        for d, a, st in runs_in_order:
+            arm_of[d] = (name, a if st == "completed" else f"{a} ({st})")
+    clusters = cluster_groups(summaries)
 
     given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     lines = [
@@ -226,6 +267,8 @@ def write_report(
         ),
         "",
         environment_note(summaries),
+        "",
+        *cluster_lines(summaries, arm_of),
         "",
         *definitions_text(baseline),
     ]
@@ -298,11 +341,19 @@ def write_report(
             ]
         if figures.get(name):
             lines += ["", "### Figures", ""]
+            on = arm_cluster_texts(clusters, arm_of, experiment=name)
+            on_text = (f"Modeled cluster: {on[0][0]}." if len(on) == 1 else
+                       "Modeled clusters: " + "; ".join(f"{arms}: {text}" for text, arms in on) + ".")  # fmt: skip
             for title, fig_files in figures[name].items():
                 by = {p.suffix: p for p in fig_files}
                 links = " · ".join(f"[{ext[1:].upper()}]({_rel(by[ext], out_dir)})" for ext in (".svg", ".pdf") if ext in by)
+                modeled = f" {on_text}" if "modeled time" in title else ""
                 lines += [f"![{title}]({_rel(by['.png'], out_dir)})", "",
-                          f"*{name}: {title}.* {links}", ""]
+                          f"*{name}: {title}.*{modeled} {links}", ""]
+                note = sparse.get(name, {}).get(title)
+                if note:
+                    lines += [f"**Warning:** {note}", ""]
+                    warnings.warn(f"{name}: {note}", SparseCurveWarning, stacklevel=2)
     text = "\n".join(lines).rstrip() + "\n"
     write_atomic(out_dir / HTML_FILE, markdown_to_html(text, out_dir))
     report = out_dir / REPORT_FILE

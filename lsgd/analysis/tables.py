@@ -45,11 +45,23 @@ Communication, per run:
   ADSAGA) uses ``wire_bytes_workers``, the mean without the servers (n/a for such a run recorded
   before that key existed, whose ``wire_bytes`` averages the servers in). ``floats_sent`` is the
   payload (``comm_bytes``, what papers count as floats x 4) / 4 over the same worker ranks.
-- bytes vs dense = the run's payload per worker (``comm_bytes``, over its worker ranks as above) /
-  that of the experiment's dense baseline
+- wire bytes vs the baseline (``wire_vs_baseline``) = the run's wire bytes per worker / those of its
+  baseline run (``baseline_run``: among the runs ``baseline`` selects, the run itself if it is one,
+  else the one that matches it on the most differing non-``algo.*`` config keys, the seed first,
+  then a completed one, then the first). The report's one byte measure: what travels.
+- peak bytes / step = ``peak_step_bytes`` (summary, else the last record): the most wire bytes any
+  rank, servers included, sent in one step (the peak bandwidth a method needs; NaN for a run
+  recorded before the key); ``peak_vs_baseline`` its ratio to the baseline run's.
+- payload vs dense (``bytes_vs_dense``) = the run's payload per worker (``comm_bytes``, over its
+  worker ranks as above) / that of the experiment's dense baseline
   (a run with ``algo.name == "ddp"`` or ``algo.compressor == "none"``; a dense run is its own
   baseline; among several, the one that matches the run on the most differing non-``algo.*``
   config keys, then a completed one, then the first). n/a when the experiment has no dense run.
+  The payload is what the algorithm hands to collectives and sends, not what travels: an
+  all-reduce's tensor counts once (its ring sends 2(p-1)/p of it), a gossip step's message once
+  per neighbour, so two methods with equal wire bytes can differ in payload (Adasum next to DDP)
+  and a ratio of payloads is not one of wire bytes (D-PSGD on a ring next to DDP); the report
+  shows it in the detailed table only.
 - modeled time at 1 and 10 Gbps = the cluster clock's what-if entries ``modeled_time_1gbps_s``,
   ``modeled_time_10gbps_s`` (the same run's events priced on the inter-node link of the network
   preset of that bandwidth, ``network=1gbps`` / ``network=10gbps``: its bandwidth and its latency,
@@ -184,11 +196,14 @@ class ExperimentTable:
             ``samples`` (training samples of all workers), ``wall_time_s``, ``modeled_time_s`` (s), ``time_to_T_wall_s``,
             ``time_to_T_modeled_s`` (s), ``speedup_wall``, ``speedup_modeled``, and, when a run
             has a target, ``target_acc``, ``time_to_target_s``, ``modeled_time_to_target_s`` (s).
-            Also ``bytes_vs_dense`` (payload per worker / the dense baseline's, see the module
-            docstring), ``dense_run`` (that baseline's run_id), ``floats_sent`` (payload / 4, per worker)
-            after ``gb_sent_per_worker``, and ``modeled_1gbps_s``, ``modeled_10gbps_s`` (s) after
-            ``modeled_time_s``. Last, the run's ``env.*`` columns (``env.commit``, ``env.torch``,
-            ``env.cpu_capability``, ...; :func:`lsgd.analysis.load.environment_fields`).
+            After ``gb_sent_per_worker``: ``wire_vs_baseline`` (wire bytes per worker / the
+            baseline run's), ``peak_step_bytes`` (bytes; NaN: not recorded), ``peak_vs_baseline``,
+            ``baseline_run`` (that baseline run's run_id), ``floats_sent`` (payload / 4, per
+            worker), ``bytes_vs_dense`` (payload per worker / the dense baseline's, see the module
+            docstring), ``dense_run`` (that baseline's run_id); and ``modeled_1gbps_s``,
+            ``modeled_10gbps_s`` (s) after ``modeled_time_s``. Last, the run's ``env.*`` columns
+            (``env.commit``, ``env.torch``, ``env.cpu_capability``, ...;
+            :func:`lsgd.analysis.load.environment_fields`).
         batch_scaling: :func:`batch_scaling_table` of the experiment when its runs differ in
             effective batch, else None.
         arms: one row per arm and status: :func:`lsgd.analysis.aggregate_seeds` of ``table`` by
@@ -267,15 +282,24 @@ def worker_bytes(s, last, key: str) -> float:
 
 def _dense_baselines(summaries: pd.DataFrame, keys: list[str]) -> dict[str, str | None]:
     """``{run_dir: run_dir of its dense baseline or None}`` (see the module docstring)."""
+    return _closest_runs(summaries, keys, [is_dense_baseline(s) for _, s in summaries.iterrows()])
+
+
+def _closest_runs(summaries: pd.DataFrame, keys: list[str], candidate) -> dict[str, str | None]:
+    """``{run_dir: run_dir of its closest candidate or None}``: a candidate (``candidate``: one bool
+    per row of ``summaries``) is its own; another run's is the candidate that matches it on the
+    most of ``keys`` outside ``algo.*``, then a completed one, then the first (None: no candidate).
+    The dense baseline of the payload ratio, the baseline run of the wire-bytes ratios."""
     rows = [s for _, s in summaries.iterrows()]
-    dense = [s for s in rows if is_dense_baseline(s)]
+    dense = [s for s, c in zip(rows, candidate) if c]
+    mine = {s["run_dir"] for s in dense}
     other = [k for k in keys if not k.startswith("algo.") and k in summaries.columns]
     out: dict[str, str | None] = {}
     for s in rows:
         if not dense:
             out[s["run_dir"]] = None
             continue
-        if is_dense_baseline(s):
+        if s["run_dir"] in mine:
             out[s["run_dir"]] = s["run_dir"]
             continue
 
@@ -320,7 +344,17 @@ def experiment_table(
     collapsed: dict[str, bool] = {}  # run_id -> final evaluation worse than the first
     run_records = {d: records[records["run_dir"] == d] for d in summaries["run_dir"]}
     dense_of = _dense_baselines(summaries, keys + seed_keys(summaries))  # same seed first
+    is_base = select_runs(summaries, baseline, labels).to_numpy()
+    base_of = _closest_runs(summaries, keys + seed_keys(summaries), is_base)  # same seed first
     by_dir = summaries.set_index("run_dir", drop=False)
+
+    def last_record(d):
+        return run_records[d].iloc[-1] if len(run_records[d]) else None
+
+    def peak(d):  # peak_step_bytes of run d: its summary, else its last record (NaN: not recorded)
+        value = _num(by_dir.loc[d].get("peak_step_bytes"))
+        last = last_record(d)
+        return _num(last.get("peak_step_bytes")) if math.isnan(value) and last is not None else value
     for _, s in summaries.iterrows():
         r = run_records[s["run_dir"]]
         evals = r[metric].dropna() if metric in r else pd.Series(dtype=float)
@@ -344,6 +378,10 @@ def experiment_table(
                                        "comm_bytes")
         else:
             dense_bytes = math.nan
+        wire = worker_bytes(s, last, "wire_bytes")
+        base = base_of[s["run_dir"]]
+        base_wire = worker_bytes(by_dir.loc[base], last_record(base), "wire_bytes") if base is not None else math.nan
+        base_peak = peak(base) if base is not None else math.nan
         compute, alpha_terms, beta_bytes = _network_terms(s, last)
         latency = _num(s.get("network.latency_us"))
         latency = latency if math.isfinite(latency) else DEFAULT_LATENCY_US
@@ -356,7 +394,11 @@ def experiment_table(
             **{f"final_{metric}": final, f"best_{metric}": best},
             final_test_loss=test_loss,
             final_train_loss=float(train_losses.iloc[-1]) if len(train_losses) else math.nan,
-            gb_sent_per_worker=worker_bytes(s, last, "wire_bytes") / 1e9,
+            gb_sent_per_worker=wire / 1e9,
+            wire_vs_baseline=wire / base_wire if base_wire > 0 else math.nan,
+            peak_step_bytes=peak(s["run_dir"]),
+            peak_vs_baseline=peak(s["run_dir"]) / base_peak if base_peak > 0 else math.nan,
+            baseline_run=str(by_dir.loc[base, "run_id"]) if base is not None else None,
             floats_sent=comm_bytes / 4,
             bytes_vs_dense=comm_bytes / dense_bytes if dense_bytes > 0 else math.nan,
             dense_run=str(by_dir.loc[dense, "run_id"]) if dense is not None else None,
@@ -395,7 +437,6 @@ def experiment_table(
             time_to_threshold(run_records[d], threshold, metric, time_col) if threshold is not None else math.nan
             for d in table["run_dir"]
         ]
-    is_base = select_runs(summaries, baseline, labels).to_numpy()
     for col in ("wall", "modeled"):
         base_times = table.loc[is_base, f"time_to_T_{col}_s"].dropna()
         base = float(base_times.mean()) if len(base_times) else math.nan

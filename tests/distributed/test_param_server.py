@@ -50,8 +50,9 @@ def test_param_server_equals_ddp_and_moves_the_ps_bytes(tmp_path):
     (table,) = (t.table for t in experiment_tables(tmp_path / "ps").values())
     assert table["gb_sent_per_worker"].tolist() == pytest.approx([steps * (2 * n + b) / 2 / 1e9])
     assert last["comm_rounds"] == steps
-    # the plot's bytes axis is the same quantity (issue 22 item 6): at each evaluation, the workers'
-    # own (2n + b) / 2 per step so far, not the all-rank mean (2n + b + N(n + b)) / 3 of comm_bytes
+    # the plot's bytes axis is the same quantity (issue 22 item 6; wire bytes since issue 42, equal
+    # to the payload for messages): at each evaluation, the workers' own (2n + b) / 2 per step so
+    # far, not the all-rank mean (2n + b + N(n + b)) / 3 of wire_bytes
     from unittest import mock
 
     from lsgd.analysis import plots
@@ -59,7 +60,7 @@ def test_param_server_equals_ddp_and_moves_the_ps_bytes(tmp_path):
     figures = {}
     with mock.patch.object(plots, "_save", lambda fig, stem: figures.setdefault(stem.name, fig) and []):
         plots.plot_runs(tmp_path / "ps", tmp_path / "plots")
-    (stem,) = [s for s in figures if s.endswith("_test_acc_vs_comm_bytes")]
+    (stem,) = [s for s in figures if s.endswith("_test_acc_vs_wire_bytes")]
     (line,) = [ln for ln in figures[stem].axes[0].get_lines() if not ln.get_label().startswith("_")]
     evals = [r["step"] for r in ps_recs if "test_acc" in r]
     assert evals and list(line.get_xdata()) == pytest.approx([s * (2 * n + b) / 2 for s in evals])

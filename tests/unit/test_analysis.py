@@ -81,6 +81,7 @@ def write_run(
     compression=None,
     optim=None,
     network=None,
+    cluster=None,
     seed=0,
     labels=True,
 ):
@@ -113,6 +114,7 @@ def write_run(
         "launcher": {"name": "local", "nproc_per_node": world},
         "logger": {"name": "jsonl"},
         "network": network or {"name": "ethernet", "bandwidth_gbps": 10.0, "latency_us": 50.0},
+        **({"cluster": cluster} if cluster is not None else {}),  # none: a run made before cluster.*
     }
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     if labels:  # as the launcher writes it: the label facts of the registry
@@ -451,10 +453,10 @@ def test_language_model_threshold_uses_perplexity(tmp_path):
     assert by_run(t.table, "time_to_T_wall_s") == pytest.approx({"lm_ddp": 70.0, "lm_local": 50.0})
     assert by_run(t.table, "speedup_wall")["lm_local"] == pytest.approx(1.4)
     files = plot_runs(tmp_path, tmp_path / "plots")
-    assert {p.name for p in files} >= {"wt2_test_ppl_vs_comm_bytes.png", "wt2_test_ppl_vs_wall_time_s.svg"}
+    assert {p.name for p in files} >= {"wt2_test_ppl_vs_wire_bytes.png", "wt2_test_ppl_vs_wall_time_s.svg"}
 
 
-@pytest.mark.filterwarnings("ignore:bytes per worker")  # the fake async runs record no comm_bytes_workers
+@pytest.mark.filterwarnings("ignore:bytes per worker")  # the fake async runs record no wire_bytes_workers
 def test_perplexity_vs_server_updates_for_sync_diloco_and_async_runs(tmp_path):
     """issue 13's figure: records carrying ``server_updates`` (async_local_sgd's server; diloco's
     rounds) give a test_ppl vs server_updates figure with one line per arm at the recorded counts;
@@ -480,7 +482,7 @@ def test_perplexity_vs_server_updates_for_sync_diloco_and_async_runs(tmp_path):
 
 
 # -- figures and report ---------------------------------------------------------------------------
-FIGURES = ("test_acc_vs_comm_bytes", "test_acc_vs_wall_time_s", "test_acc_vs_modeled_time_s", "train_loss_vs_step")
+FIGURES = ("test_acc_vs_wire_bytes", "test_acc_vs_wall_time_s", "test_acc_vs_modeled_time_s", "train_loss_vs_step")
 
 
 def test_plot_runs_writes_png_and_svg_per_figure(results, tmp_path):
@@ -520,9 +522,10 @@ def test_plot_runs_one_set_per_experiment(results, tmp_path):
 
 #: The arm labels of the main set (one seed each).
 LABELS = {"run_ddp": "DDP", "run_h8": "local SGD, H=8", "run_h16": "local SGD, H=16"}
-MAIN_COLUMNS = ["method", "n", "final test acc", "best test acc", "GB on the wire / worker", "bytes vs dense",
-                "modeled time (s)", "time to T, modeled (s)", "speedup vs ddp, modeled",
-                "Δ final test acc vs ddp, paired"]  # fmt: skip
+MAIN_COLUMNS = ["method", "n", "final test acc", "best test acc", "GB on the wire / worker", "wire bytes vs ddp",
+                "modeled time (s)", "time to T, modeled (s)", "modeled speedup vs ddp (cluster above)",
+                "wall speedup vs ddp (this machine)", "Δ final test acc vs ddp, paired"]  # fmt: skip
+MODELED, WALL = "modeled speedup vs ddp (cluster above)", "wall speedup vs ddp (this machine)"
 
 
 def test_write_report_tables_and_figures(results, tmp_path):
@@ -542,9 +545,9 @@ def test_write_report_tables_and_figures(results, tmp_path):
     assert rows["local SGD, H=4 (running)"]["status"] == "running"
     assert all(r["n"] == "1" and r["seeds"] == "0" for r in details)
     for run, (wall, modeled) in HAND_SPEEDUP.items():
-        assert rows[LABELS[run]]["speedup vs ddp, wall"] == f"{wall:.2f}"
-        assert rows[LABELS[run]]["speedup vs ddp, modeled"] == f"{modeled:.2f}"
-    assert rows["local SGD, H=4 (running)"]["speedup vs ddp, wall"] == "n/a"
+        assert rows[LABELS[run]][WALL] == f"{wall:.2f}"
+        assert rows[LABELS[run]][MODELED] == f"{modeled:.2f}"
+    assert rows["local SGD, H=4 (running)"][WALL] == "n/a"
     assert rows["DDP"]["final test acc"] == "0.9000" and rows["local SGD, H=16"]["best test acc"] == "0.8500"
     # wire bytes: 100 ring all-reduces of 4 MB on 4 workers, 2 x 3/4 x 4 MB each
     assert rows["DDP"]["GB on the wire / worker"] == "0.6" and rows["local SGD, H=8"]["comm rounds"] == "12"
@@ -652,9 +655,9 @@ def test_bytes_vs_dense(results, tmp_path, no_figures):
     assert set(t["dense_run"]) == {"run_ddp"}
     assert by_run(t, "floats_sent")["run_topk"] == pytest.approx(100 * PARAM_BYTES / 10 / 4)
     main, details = parse_markdown_tables(write_report(results, tmp_path / "r1").read_text())
-    for table in (main, details):
-        rows = {r["method"]: r for r in table}
-        assert rows["compressed, top-k, CF=10"]["bytes vs dense"] == "0.1" and rows["DDP"]["bytes vs dense"] == "1"
+    rows = {r["method"]: r for r in details}  # the payload ratio is in the details only (issue 42)
+    assert rows["compressed, top-k, CF=10"]["payload vs dense"] == "0.1" and rows["DDP"]["payload vs dense"] == "1"
+    assert not any("dense" in column for column in main[0])
 
     # two dense runs (ddp at batch 32 and 64): each run is compared with the one of its own batch size;
     # compressor=none is dense too
@@ -674,8 +677,8 @@ def test_bytes_vs_dense(results, tmp_path, no_figures):
     # no dense run: n/a
     t = experiment_tables([results / EXP / "run_h8", results / EXP / "run_topk"])[EXP].table
     assert t["bytes_vs_dense"].isna().all() and t["dense_run"].isna().all()
-    rows = parse_markdown_tables(write_report([results / EXP / "run_h8"], tmp_path / "r2").read_text())[0]
-    assert rows[0]["method"] == "local SGD, H=8" and rows[0]["bytes vs dense"] == "n/a"  # H defines local SGD
+    rows = parse_markdown_tables(write_report([results / EXP / "run_h8"], tmp_path / "r2").read_text())[1]
+    assert rows[0]["method"] == "local SGD, H=8" and rows[0]["payload vs dense"] == "n/a"  # H defines local SGD
 
 
 def test_gb_sent_per_worker_counts_the_wire_of_workers_only(tmp_path, no_figures):
@@ -949,10 +952,10 @@ def test_report_over_three_seeds_and_one_seed(tmp_path):
     assert list(rows) == ["DDP", "local SGD, H=8", "local SGD, H=16"]
     h_acc = T2 * 0.02 / math.sqrt(3)  # both 3-seed arms: s = 0.02 over their final accuracies
     assert rows["DDP"]["n"] == "3" and rows["DDP"]["final test acc"] == f"0.9200 ± {h_acc:.4f}" == "0.9200 ± 0.0497"
-    assert rows["DDP"]["speedup vs ddp, modeled"] == "1.00"  # the same in every seed: no "± 0" (issue 24)
+    assert rows["DDP"][MODELED] == "1.00"  # the same in every seed: no "± 0" (issue 24)
     assert rows["local SGD, H=8"]["final test acc"] == "0.8000 ± 0.0497"
     h_speedup = T2 * math.sqrt(0.57) / math.sqrt(3)
-    assert rows["local SGD, H=8"]["speedup vs ddp, modeled"] == f"3.70 ± {h_speedup:.2f}" == "3.70 ± 1.88"
+    assert rows["local SGD, H=8"][MODELED] == f"3.70 ± {h_speedup:.2f}" == "3.70 ± 1.88"
     assert rows["local SGD, H=8"]["time to T, modeled (s)"] == f"50 ± {T2 * 10 / math.sqrt(3):.3g}" == "50 ± 24.8"
     # paired by seed with DDP: d = 0.80 - 0.90, 0.82 - 0.92, 0.78 - 0.94 = -0.10, -0.10, -0.16;
     # mean -0.12, s = sqrt((0.02^2 + 0.02^2 + 0.04^2) / 2) = sqrt(0.0012); H=16 has seed 0 only
@@ -965,7 +968,7 @@ def test_report_over_three_seeds_and_one_seed(tmp_path):
     assert rows["local SGD, H=8"]["GB on the wire / worker"] == "0.072"  # the same bytes in every seed: no "± 0"
     # one seed: n=1, the value and no interval
     assert rows["local SGD, H=16"]["n"] == "1"
-    assert rows["local SGD, H=16"]["final test acc"] == "0.8500" and rows["local SGD, H=16"]["speedup vs ddp, modeled"] == "4.50"
+    assert rows["local SGD, H=16"]["final test acc"] == "0.8500" and rows["local SGD, H=16"][MODELED] == "4.50"
     assert not any("±" in cell for cell in rows["local SGD, H=16"].values())  # 1 seed, 1 pair
     # no run ids or dotted keys in the main table; the details name the seeds
     main_text = markdown_table(pd.DataFrame(main))
@@ -1065,7 +1068,10 @@ def test_baseline_option(results, tmp_path, no_figures):
     assert lsgd_cli(["report", str(results), "--out", str(tmp_path / "r"), "--baseline", "local SGD, H=8"]) == 0
     text = (tmp_path / "r" / "report.md").read_text()
     rows = {r["method"]: r for r in parse_markdown_tables(text)[0]}
-    assert rows["local SGD, H=16"]["speedup vs local SGD, H=8, modeled"] == "1.25"
+    assert rows["local SGD, H=16"]["modeled speedup vs local SGD, H=8 (cluster above)"] == "1.25"
+    assert rows["local SGD, H=16"]["wall speedup vs local SGD, H=8 (this machine)"] == "2.00"  # 50 s / 25 s
+    # the wire ratio is to the same baseline: 6 rounds of H=16 / 12 of H=8; DDP's 100 / 12
+    assert rows["local SGD, H=16"]["wire bytes vs local SGD, H=8"] == "0.5" and rows["DDP"]["wire bytes vs local SGD, H=8"] == "8.33"
     assert "baseline `local SGD, H=8`: 1 run." in text
 
 
@@ -1090,6 +1096,10 @@ def test_a_method_label_selects_its_arm_at_every_number_of_workers(tmp_path, no_
     # n = 4: 0.88 - 0.90, 0.91 - 0.92 -> mean -0.015; n = 16: 0.70 - 0.80, 0.72 - 0.84 -> mean -0.11
     assert arms.loc["local SGD, H=8, workers=4", "paired_diff_final_test_acc_mean"] == pytest.approx(-0.015)
     assert arms.loc["local SGD, H=8, workers=16", "paired_diff_final_test_acc_mean"] == pytest.approx(-0.11)
+    # wire bytes against the H = 1 run of the same n and seed: 12 rounds of 100 at either n (not
+    # 12 rounds at n = 16 against 100 at n = 4: 2 15/16 / (2 3/4) x 0.12)
+    assert arms["wire_vs_baseline_mean"].tolist() == pytest.approx([1.0, 1.0, 0.12, 0.12])
+    assert by_run(t.table, "baseline_run")["n16_h8_s1"] == "n16_h1_s1"
     # a label that is not the start of one with only run-level parts after it selects nothing
     assert experiment_tables(root, baseline="local SGD, H=1, workers")[EXP].baseline_runs == []
     assert experiment_tables(root, baseline="local SGD")[EXP].baseline_runs == []
@@ -1313,7 +1323,7 @@ def test_a_run_resumed_under_another_torch_and_commit_shows_both(tmp_path):
 
 
 def test_a_curve_at_zero_bytes_is_drawn_on_the_log_bytes_axis(tmp_path, monkeypatch):
-    """An arm that never communicates (comm_bytes 0 at every record) is drawn, not dropped by the
+    """An arm that never communicates (wire_bytes 0 at every record) is drawn, not dropped by the
     log axis: the axis becomes symmetric-log, linear below the smallest nonzero byte count (issue 24)."""
     import pandas as pd
 
@@ -1322,12 +1332,12 @@ def test_a_curve_at_zero_bytes_is_drawn_on_the_log_bytes_axis(tmp_path, monkeypa
     rows = []
     for run, scale in (("a", 1e6), ("b", 0.0)):
         for step in (10, 20, 30):
-            rows.append({"run_dir": run, "step": step, "comm_bytes": step * scale, "test_acc": 0.5 + step / 100,
+            rows.append({"run_dir": run, "step": step, "wire_bytes": step * scale, "test_acc": 0.5 + step / 100,
                          "modeled_time_s": step, "wall_time_s": step})
     figures = {}
     monkeypatch.setattr(plots, "_save", lambda fig, path: figures.setdefault(path.name, fig) and [path])
     plots.plot_experiment(pd.DataFrame(rows), {"a": "ddp", "b": "DiLoCo, H=100"}, tmp_path, "x_")
-    ax = figures["x_test_acc_vs_comm_bytes"].axes[0]
+    ax = figures["x_test_acc_vs_wire_bytes"].axes[0]
     assert ax.get_xscale() == "symlog"
     assert ax.get_title() == ""  # the report's caption names the figure, as a paper's does
     drawn = {line.get_label().split(" (n=")[0]: list(line.get_xdata()) for line in ax.get_lines()}
@@ -1430,7 +1440,7 @@ def test_paper_widths_give_figures_exactly_one_or_two_columns_wide(results, tmp_
 
     def save(fig, stem):  # one figure's files written (the others only drawn: a cheaper test)
         figures[stem.name] = fig
-        return real_save(fig, stem) if stem.name.endswith("test_acc_vs_comm_bytes") else []
+        return real_save(fig, stem) if stem.name.endswith("test_acc_vs_wire_bytes") else []
 
     import unittest.mock
 
@@ -1473,15 +1483,16 @@ def test_default_figure_size_is_unchanged(results, tmp_path, monkeypatch):
 
 
 def test_bytes_axis_is_the_workers_own_bytes_in_a_run_with_a_server(tmp_path, monkeypatch):
-    """A parameter-server run (1 server + 2 workers): its records' comm_bytes averages the server's N
-    messages per step in; the bytes figure's x is comm_bytes_workers, what one worker sent, as the
-    report's bytes column (issue 22 item 6). A server run that lacks it is left out with a warning."""
+    """A parameter-server run (1 server + 2 workers): its records' wire_bytes averages the server's N
+    messages per step in; the bytes figure's x is wire_bytes_workers, what one worker put on the
+    wire, as the report's bytes column (issue 22 item 6; wire bytes since issue 42). A server run
+    that lacks it is left out with a warning."""
     n = PARAM_BYTES
     ps = write_run(tmp_path / "r", "ps", {"name": "param_server"}, 0.009, 1.0, 1.0, world=3)
     lines = [json.loads(line) for line in (ps / "metrics.jsonl").read_text().splitlines()]
     for rec in lines:  # per step: the server sends 2 n, each worker n -> all-rank mean 4n/3, workers' n
-        rec["comm_bytes"] = rec["step"] * 4 * n / 3
-        rec["comm_bytes_workers"] = rec["step"] * n
+        rec["wire_bytes"] = rec["step"] * 4 * n / 3
+        rec["wire_bytes_workers"] = rec["step"] * n
     (ps / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     summary = json.loads((ps / "summary.json").read_text())
     (ps / "summary.json").write_text(json.dumps({**summary, "num_workers": 2}))
@@ -1490,13 +1501,14 @@ def test_bytes_axis_is_the_workers_own_bytes_in_a_run_with_a_server(tmp_path, mo
     figures = _capture_figures(monkeypatch)
     with pytest.warns(UserWarning, match="old_ps"):
         plot_runs(tmp_path / "r", tmp_path / "p")
-    lines = _lines(figures[f"{EXP}_test_acc_vs_comm_bytes"].axes[0])
+    lines = _lines(figures[f"{EXP}_test_acc_vs_wire_bytes"].axes[0])
     steps = list(range(EVAL_EVERY, STEPS + 1, EVAL_EVERY))
     by_label = {lab: line for lab, line in lines.items()}
     ps_line = next(line for lab, line in by_label.items() if "world" not in lab and lab.startswith("parameter server"))
     assert list(ps_line.get_xdata()) == [step * n for step in steps]  # not 4n/3 per step
-    assert list(by_label["DDP"].get_xdata()) == [step * n for step in steps]  # every rank a worker: comm_bytes
-    assert len(by_label) == 2 and old.exists()  # the run without comm_bytes_workers is not drawn
+    # every rank a worker: wire_bytes (write_run's ring all-reduce: 2 (p-1)/p of the payload, p = 2)
+    assert list(by_label["DDP"].get_xdata()) == [step * n for step in steps]
+    assert len(by_label) == 2 and old.exists()  # the run without wire_bytes_workers is not drawn
 
 
 #: Debian's Chromium (package ``chromium``; `make test` installs it as root), started as the machine
@@ -1676,7 +1688,7 @@ def test_width_option_of_lsgd_plot_and_report(results, tmp_path, monkeypatch, ca
     assert "invalid choice: 'three'" in capsys.readouterr().err
 
 
-@pytest.mark.filterwarnings("ignore:bytes per worker")  # the fake records carry no comm_bytes_workers
+@pytest.mark.filterwarnings("ignore:bytes per worker")  # the fake records carry no wire_bytes_workers
 def test_bytes_per_worker_vs_workers_counts_the_workers_of_a_server_run(tmp_path, monkeypatch):
     """Parameter-server runs of 1 server + 2 and 1 + 4 workers: the scaling figure puts them at 2 and
     4 workers with what one worker puts on the wire per step (n per step: its gradient), not at 3 and
@@ -1716,3 +1728,178 @@ def test_suboptimality_table_compares_the_runs_at_equal_server_iterations(tmp_pa
     # async at 25 iterations: 10^-2.5, between its records at 20 and 30; its final: 1e-3 at 30
     assert lines[2] == "| async | 0 | 0.5 | 1.000e-03 | 3.162e-03 | 30 | 120 | 6.0 / 6.0 | 1.500 | nan |"
     assert lines[3].startswith("| sync | 0 | 0.5 | 1.000e-04 | 1.000e-04 | 25 | 100 | 4.0 / 4.0 |")
+
+
+# -- what a report's numbers are (issue 42: a newcomer's first hour; issue 40: peak bytes) ---------
+def patch_summary(run_dir, **fields):
+    path = run_dir / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+def patch_records(run_dir, fn):
+    """Rewrite every regular record of run_dir's metrics.jsonl with fn(record)."""
+    path = run_dir / "metrics.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(r if "kind" in r else fn(r)) + "\n" for r in lines))
+
+
+#: A target cluster as config.yaml writes it: an h100 preset at the default MFU, 4 workers per node,
+#: a 10 Gbps / 10 us inter-node link with 2 ports, what-if links at 1 and 100 Gbps.
+H100 = {"compute": "profile", "device": "h100", "mfu": None, "step_time_s": None, "speeds": None, "gpus_per_node": 4}
+NET10 = {"name": "10gbps", "bandwidth_gbps": 10, "latency_us": 10, "wire_overhead": None, "ports": 2,
+         "intra_node": {"bandwidth_gbps": 2400, "latency_us": 2}, "report_gbps": [1, 100]}  # fmt: skip
+H100_TEXT = ("compute: `h100` preset at MFU 0.4; 4 workers / node (intra-node link 2400 Gbps, 2 us latency); "
+             "inter-node link 10 Gbps, 10 us latency, 2 ports (`network.ports`); what-if links 1 Gbps (50 us), "
+             "100 Gbps (2 us)")  # fmt: skip
+
+
+def test_the_report_names_the_modeled_cluster_of_every_modeled_number(tmp_path, monkeypatch):
+    """issue 42 item 1: the header names the cluster that modeled time models (compute preset and MFU,
+    workers per node, the inter-node link and its ports, the what-if links), read from each run's
+    config.yaml (a null cluster.mfu: the MFU summary.json's profile applied); the modeled-time
+    figure's caption and axis name it too; the modeled speedup has the wall speedup beside it.
+    Where arms differ in cluster, each arm's is named."""
+    root = tmp_path / "res"
+    for run in (DDP, H8):
+        d = write_run(root, *run, cluster=H100, network=NET10)
+        patch_summary(d, profile_mode="profile", profile_device="h100", profile_mfu=0.4)
+    write_run(root, "run_h8_running", {**H8[1], "local_steps": 4}, 0.008, 0.5, 0.5, cluster=H100, network=NET10,
+              with_summary=False)  # no summary (no profile_mfu): the same cluster all the same  # fmt: skip
+    write_run(root, "run_h2", {**H8[1], "local_steps": 2}, 0.008, 0.5, 0.5, cluster={**H100, "mfu": 0.4},
+              network=NET10)  # the MFU the others' default gives, written out: the same cluster  # fmt: skip
+    text = write_report(root, tmp_path / "r").read_text()
+    header = text[: text.index("## Definitions")]
+    assert f"**Modeled cluster** (what every modeled time and modeled speedup below models): {H100_TEXT}." in header
+    main = parse_markdown_tables(text)[0]
+    columns = list(main[0])
+    assert columns.index(WALL) == columns.index(MODELED) + 1  # beside it, named
+    rows = {r["method"]: r for r in main}
+    assert rows["local SGD, H=8"][MODELED] == "3.60" and rows["local SGD, H=8"][WALL] == "1.80"  # HAND_SPEEDUP
+    captions = [line for line in text.splitlines() if line.startswith(f"*{EXP}: ")]
+    modeled = [c for c in captions if "modeled time" in c]
+    assert len(modeled) == 1 and f"Modeled cluster: {H100_TEXT}." in modeled[0]
+    assert not any("Modeled cluster" in c for c in captions if c not in modeled)
+    svg = (tmp_path / "r" / "figures" / f"{EXP}_test_acc_vs_modeled_time_s.svg").read_text()
+    assert "modeled time on the modeled cluster (s)" in svg and "h100 at MFU 0.4, 4 workers / node, 10 Gbps, 10 us" in svg
+
+    # arms on different clusters: each named; a run made before cluster.* says so
+    monkeypatch.setattr("lsgd.analysis.report.plot_frames", lambda *args, **kwargs: {})
+    write_run(root, "run_h16", *H16[1:], cluster={**H100, "step_time_s": 0.05}, network={**NET10, "bandwidth_gbps": 100})
+    write_run(root, "run_measured", {**H8[1], "local_steps": 32}, 0.008, 0.5, 0.5, cluster={**H100, "compute": "measured"},
+              network=NET10)  # fmt: skip
+    write_run(root, "run_old", {**H8[1], "local_steps": 64}, 0.008, 0.5, 0.5)
+    text = write_report(root, tmp_path / "r2").read_text()
+    header = text[: text.index("## Definitions")]
+    assert "the arms differ, each on its own:" in header
+    assert f"- `{EXP}`: DDP, local SGD, H=2, local SGD, H=4 (running), local SGD, H=8: {H100_TEXT}." in header
+    assert ("- `fmnist_demo`: local SGD, H=16: compute: 50 ms / step (`cluster.step_time_s`); 4 workers / node "
+            "(intra-node link 2400 Gbps, 2 us latency); inter-node link 100 Gbps, 10 us latency") in header  # fmt: skip
+    assert "local SGD, H=32: compute: measured on the machine that ran it (`cluster.compute=measured`)" in header
+    assert ("local SGD, H=64: compute: not recorded (a run made before `cluster.*`); inter-node link 10 Gbps, "
+            "50 us latency; what-if links 1 Gbps (50 us), 10 Gbps (10 us).") in header  # fmt: skip
+
+
+def test_a_figure_with_fewer_than_three_points_per_arm_warns(results, tmp_path, capsys):
+    """issue 42 item 2: a run with one evaluation (steps = EVAL_EVERY) is a dot in every accuracy
+    figure: the report warns under each such figure, naming the arm and the keys to change, and on
+    stderr; the arms with curves are not named."""
+    from lsgd.analysis.plots import SparseCurveWarning
+
+    root = tmp_path / "res"
+    write_run(root, *DDP)  # 10 evaluations
+    write_run(root, "run_short", *H8[1:], steps=EVAL_EVERY)  # 1 evaluation, 2 records
+    with pytest.warns(SparseCurveWarning) as caught:
+        text = write_report(root, tmp_path / "r").read_text()
+    warned = [line for line in text.splitlines() if line.startswith("**Warning:**")]
+    accuracy = [w for w in warned if "test accuracy vs" in w]
+    assert len(accuracy) == 3  # wire bytes, wall time, modeled time
+    for w in accuracy:
+        assert ("local SGD, H=8 (1 point) has fewer than 3 evaluated points, drawn as dots, not a curve; set "
+                "`eval_unit=step eval_every=1` (about 10 over their 10 steps; now `eval_unit=steps eval_every=10`)") in w
+        assert "DDP" not in w
+    (loss,) = [w for w in warned if "training loss vs step" in w]
+    assert "local SGD, H=8 (2 points) has fewer than 3 logged records" in loss and "`log_every=1`" in loss
+    assert len(caught) == len(warned) and all(str(w.message).startswith(f"{EXP}: figure ") for w in caught)
+    # each warning under its figure's caption
+    lines = text.splitlines()
+    for w in warned:
+        i = lines.index(w)
+        assert lines[i - 2].startswith(f"*{EXP}: ") and lines[i - 2].split(".*")[0].split(": ", 1)[1] in w
+    # the CLI prints them on stderr, one plain line each
+    assert lsgd_cli(["report", str(root), "--out", str(tmp_path / "cli")]) == 0
+    err = capsys.readouterr().err
+    printed = [line for line in err.splitlines() if line.startswith("lsgd report: warning: ")]
+    assert len(printed) == len(warned) and all(f"{EXP}: figure " in line for line in printed)
+    # enough evaluations: no warning
+    with warnings_as_errors(SparseCurveWarning):
+        write_report(results, tmp_path / "quiet")
+
+
+def warnings_as_errors(category):
+    import warnings
+
+    class _Ctx:
+        def __enter__(self):
+            self._w = warnings.catch_warnings()
+            self._w.__enter__()
+            warnings.simplefilter("error", category)
+
+        def __exit__(self, *exc):
+            return self._w.__exit__(*exc)
+
+    return _Ctx()
+
+
+def test_the_headline_has_one_byte_measure_the_wire(tmp_path, monkeypatch):
+    """issue 42 item 3: an all-reduce method that hands twice DDP's payload to its collectives but
+    puts the same bytes on the wire (as Adasum's recursive halving does): the main table shows wire
+    bytes and their ratio to DDP's (1), nothing of the payload; the details show the payload ratio
+    (2) under its own name, defined; the accuracy-vs-communication figure's x axis is wire bytes."""
+    root = tmp_path / "res"
+    write_run(root, *DDP)
+    ada = write_run(root, "run_ada", {"name": "adasum", "target": "gradient"}, 0.0088, 1.0, 2.0,
+                    bytes_per_round=2 * PARAM_BYTES)  # fmt: skip
+    ring = lambda step: step * PARAM_BYTES * 2 * (WORLD - 1) // WORLD  # noqa: E731 (DDP's wire bytes)
+    patch_records(ada, lambda r: {**r, "wire_bytes": ring(r["step"])})
+    patch_summary(ada, wire_bytes=ring(STEPS))
+    figures = _capture_figures(monkeypatch)
+    plot_runs(root, tmp_path / "p")
+    ax = figures[f"{EXP}_test_acc_vs_wire_bytes"].axes[0]
+    assert ax.get_xlabel().startswith("wire bytes sent per worker (wire_bytes)")
+    lines = _lines(ax)
+    (other,) = [k for k in lines if k != "DDP"]
+    assert list(lines[other].get_xdata()) == list(lines["DDP"].get_xdata())  # equal wire bytes, not 2x
+
+    monkeypatch.setattr("lsgd.analysis.report.plot_frames", lambda *args, **kwargs: {})
+    text = write_report(root, tmp_path / "r").read_text()
+    main, details = parse_markdown_tables(text)
+    assert not any("dense" in c or "payload" in c for c in main[0])
+    rows = {r["method"]: r for r in main}
+    assert rows[other]["GB on the wire / worker"] == rows["DDP"]["GB on the wire / worker"] == "0.6"
+    assert rows[other]["wire bytes vs ddp"] == rows["DDP"]["wire bytes vs ddp"] == "1"
+    rows = {r["method"]: r for r in details}
+    assert rows[other]["payload vs dense"] == "2" and rows[other]["wire bytes vs ddp"] == "1"
+    assert "**payload vs dense** = the payload a worker handed to collectives and sends (`comm_bytes`" in text
+    assert "**wire bytes vs ddp** = that / the same of the run's baseline run" in text
+
+
+def test_peak_bytes_per_step_column_with_its_ratio_and_a_dash_for_old_runs(results, tmp_path, no_figures):
+    """issue 40: summary.json's peak_step_bytes (the most wire bytes any rank sent in one step) is a
+    column of the details, MB, with its ratio to the baseline's; a run folder made before the key
+    shows a dash and the report is written all the same; a running run reads it from its last record."""
+    patch_summary(results / EXP / "run_ddp", peak_step_bytes=6_000_000)  # DDP: 2 x 3/4 x 4 MB per step
+    patch_summary(results / EXP / "run_h8", peak_step_bytes=1_500_000)
+    running = write_run(results, "run_h4", {**H8[1], "local_steps": 4}, 0.008, 0.5, 0.5, with_summary=False)
+    patch_records(running, lambda r: {**r, "peak_step_bytes": 3_000_000})
+    t = experiment_tables(results)[EXP].table
+    assert by_run(t, "peak_step_bytes")["run_h4"] == 3e6 and math.isnan(by_run(t, "peak_step_bytes")["run_h16"])
+    assert by_run(t, "peak_vs_baseline") == pytest.approx({"run_ddp": 1.0, "run_h8": 0.25, "run_h4": 0.5,
+                                                           "run_h16": math.nan}, nan_ok=True)  # fmt: skip
+    details = parse_markdown_tables(write_report(results, tmp_path / "r").read_text())[1]
+    rows = {r["method"]: r for r in details}
+    got = {m: (r["peak bytes / step (MB)"], r["peak vs ddp"]) for m, r in rows.items()}
+    assert got == {"DDP": ("6", "1"), "local SGD, H=4 (running)": ("3", "0.5"), "local SGD, H=8": ("1.5", "0.25"),
+                   "local SGD, H=16": ("-", "-")}  # fmt: skip
+    # no run has it: dashes, no crash
+    details = parse_markdown_tables(write_report(results / EXP / "run_h16", tmp_path / "old").read_text())[1]
+    assert details[0]["peak bytes / step (MB)"] == "-" and details[0]["peak vs ddp"] == "-"
