@@ -2,8 +2,8 @@
 configs, so the defaults are stated once (the dataclass) and the page cannot drift from them.
 
 A line ``<!-- algo-keys NAME -->`` becomes the table of ``algo=NAME``'s keys: key, default, allowed
-values or bounds, meaning (the field's ``doc``), from ``lsgd.algorithms.ALGORITHMS``' entry. An
-unknown name fails the build.
+values or bounds (the default bold among the choices), meaning (the field's ``doc``), from
+``lsgd.algorithms.ALGORITHMS``' entry. An unknown name fails the build.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ def _value(v) -> str:
     return str(v)
 
 
-def _allowed(field: dataclasses.Field, tp) -> str:
+def _allowed(field: dataclasses.Field, tp, default=dataclasses.MISSING) -> str:
     from lsgd.core.typed_config import _bounds_text, _type_name
 
     meta = field.metadata
     if meta.get("choices"):
-        return " \\| ".join(_value(c) for c in meta["choices"])
+        return " \\| ".join(f"**{_value(c)}**" if c == default and type(c) is type(default) else _value(c)
+                             for c in meta["choices"])
     bounds = _bounds_text(meta)
     return f"{_type_name(tp)}{' ' + bounds if bounds else ''}"
 
@@ -45,7 +46,7 @@ def table(name: str) -> str:
             continue
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
         doc = (field.metadata.get("doc") or "").replace("|", "\\|")
-        rows.append(f"| `{field.name}` | `{_value(default)}` | {_allowed(field, hints[field.name])} | {doc} |")
+        rows.append(f"| `{field.name}` | `{_value(default)}` | {_allowed(field, hints[field.name], default)} | {doc} |")
     if len(rows) == 2:
         return "No keys besides `name`."
     where = f"`{entry.config.__name__}` in `{entry.obj.__module__.replace('.', '/')}.py`"

@@ -3,7 +3,10 @@
 their batch size and step counts from shared study keys, conf/experiment/local_vs_minibatch.yaml),
 ``${lsgd_add:a,b,...}``, their sum, ``${lsgd_div:a,b}``, an exact quotient (a fixed global batch split
 over the workers, conf/experiment/swarm_at_scale.yaml), ``${lsgd_ratio:a,b}``, a real quotient (an outer
-learning rate divided by the number of workers, conf/experiment/async_at_scale.yaml), and ``${lsgd_speeds:level,workers,servers}``, a heterogeneity
+learning rate divided by the number of workers, conf/experiment/async_at_scale.yaml),
+``${lsgd_period:samples,global_batch,epochs,points}``, the steps between ``points`` evenly spaced
+points of a run (about ten evaluations a run whatever the workers and batch,
+conf/experiment/swarm_fmnist.yaml), and ``${lsgd_speeds:level,workers,servers}``, a heterogeneity
 level's speeds for the workers behind ``servers`` server ranks (conf/experiment/async_text.yaml:
 the synchronous arm's 4 ranks and the asynchronous arms' 4 workers behind one server get the same
 speeds).
@@ -104,6 +107,25 @@ def ratio(numerator: float, denominator: float) -> float:
     return values[0] / values[1]
 
 
+def period(samples: int, global_batch: int, epochs: int, points: int) -> int:
+    """``${lsgd_period:60000,${lsgd_mul:${launcher.nproc_per_node},${batch_size}},${epochs},10}`` -> 46
+    at 4 workers of 32 for 1 epoch: the steps between ``points`` evenly spaced points of a run of
+    ``epochs`` passes over ``samples`` training samples at ``global_batch`` samples a step, the
+    trainer's steps of an epoch being ``samples // global_batch`` (lsgd.data.loader), so
+    ``eval_unit: step`` with this ``eval_every`` gives about ``points`` evaluations a run (the last
+    step evaluates too) at any number of workers, batch or epochs; ``epochs=1, points=1``: one epoch in
+    steps (``checkpoint_every`` under ``eval_unit: step``). At least 1 (a run shorter than
+    ``points`` steps evaluates every step).
+
+    Raises:
+        ValueError: an argument that is not an integer, samples < 0, global_batch, epochs or points < 1.
+    """
+    n, b, e, k = (_integer(v, "lsgd_period") for v in (samples, global_batch, epochs, points))
+    if n < 0 or min(b, e, k) < 1:
+        raise ValueError(f"lsgd_period: samples >= 0 and global_batch, epochs, points >= 1; got {n}, {b}, {e}, {k}")
+    return max(1, (n // b) * e // k)
+
+
 def speeds(level: str, workers: int, servers: int = 0) -> list[float]:
     """``${lsgd_speeds:very,4,1}`` -> ``[1.0, w_1, .., w_4]``: the speeds of heterogeneity ``level``
     (``lsgd.compute.workers.HETEROGENEITY``) for ``workers`` workers, as the preset gives them to a run of
@@ -129,9 +151,8 @@ def speeds(level: str, workers: int, servers: int = 0) -> list[float]:
 
 
 def register_resolvers() -> None:
-    """Register ``lsgd_run_id``, ``lsgd_mul``, ``lsgd_add``, ``lsgd_div``, ``lsgd_ratio`` and ``lsgd_speeds`` with
-    OmegaConf
-    (idempotent)."""
+    """Register ``lsgd_run_id``, ``lsgd_mul``, ``lsgd_add``, ``lsgd_div``, ``lsgd_ratio``, ``lsgd_period`` and
+    ``lsgd_speeds`` with OmegaConf (idempotent)."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("lsgd_run_id"):
@@ -144,5 +165,7 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("lsgd_div", div)
     if not OmegaConf.has_resolver("lsgd_ratio"):
         OmegaConf.register_new_resolver("lsgd_ratio", ratio)
+    if not OmegaConf.has_resolver("lsgd_period"):
+        OmegaConf.register_new_resolver("lsgd_period", period)
     if not OmegaConf.has_resolver("lsgd_speeds"):
         OmegaConf.register_new_resolver("lsgd_speeds", speeds)

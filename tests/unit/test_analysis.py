@@ -1218,6 +1218,67 @@ def test_a_launched_run_is_labelled_with_the_words_of_the_registry(tmp_path):
     assert (h8 / "config.yaml").read_text() == before and (h8 / LABELS_FILE).exists()
 
 
+#: the arms of experiment=swarm_fmnist: its header's sweep, and docs/studies/swarmsgd.md's sweep of
+#: heterogeneous workers (experiment_name=swarm_hetero, a report of its own)
+SWARM_FMNIST_ARMS = ("dense", "local_sgd_h4", "dpsgd_ring", "sgp", "decentlam", "overlap_local_sgd", "swarm_h1",
+                     "swarm_h1_nonblocking", "swarm_h4", "swarm_h4_nonblocking")
+SWARM_HETERO_ARMS = ("dense", "swarm_h1", "swarm_h1_async", "ad_psgd_lockstep", "ad_psgd_async")
+
+
+def _bundle_labels(root, experiment: str, arms) -> tuple[dict, dict]:
+    """``({arm: report label}, {arm: composed config})`` of ``experiment``'s ``arms``: each composed
+    with the bundle as ``lsgd train`` composes it, its run folder written as the launcher writes it,
+    labelled by the report's :func:`arm_labels`."""
+    from lsgd.config.validation import compose_config
+    from lsgd.launch.launcher import write_run_config
+
+    configs = {}
+    for arm in arms:
+        cfg = {**compose_config([f"experiment={experiment}", f"variant={arm}"], check=False), "run_id": arm}
+        run_dir = root / arm
+        run_dir.mkdir(parents=True)
+        write_run_config(run_dir, cfg, world_size=cfg["launcher"]["nproc_per_node"])
+        (run_dir / "summary.json").write_text(json.dumps({"status": "completed", "run_id": arm}))
+        configs[arm] = cfg
+    summaries = load_summaries(root)
+    by_id = dict(zip(summaries["run_dir"], summaries["run_id"]))
+    return {by_id[d]: lab for d, lab in arm_labels(summaries).items()}, configs
+
+
+def test_swarm_fmnist_labels_name_each_arms_graph_and_quantizer(tmp_path):
+    """Issue 42: swarm_fmnist compares SwarmSGD on the complete graph with the 8-bit lattice against
+    D-PSGD on a ring (and other methods on their own graphs; the graphs stay as the study pages
+    measured them): each arm's report label says its graph, and SwarmSGD's its quantizer."""
+    from pathlib import Path
+
+    from lsgd.analysis.arms import config_label
+    from lsgd.core.labels import format_value
+    from lsgd.core.typed_config import fields
+
+    header = (Path(__file__).resolve().parents[2] / "conf" / "experiment" / "swarm_fmnist.yaml").read_text()
+    assert f"variant={','.join(SWARM_FMNIST_ARMS)}" in header  # the arms are the bundle's own sweep
+    for name, arms in (("swarm_fmnist", SWARM_FMNIST_ARMS), ("swarm_hetero", SWARM_HETERO_ARMS)):
+        labels, configs = _bundle_labels(tmp_path / name, "swarm_fmnist", arms)
+        assert len(set(labels.values())) == len(labels), labels
+        for arm, cfg in configs.items():
+            parts, algo = labels[arm].split(", "), cfg["algo"]
+            if "topology" in fields(ALGORITHMS[algo["name"]].Config):  # a method on a graph says which
+                assert algo["topology"] in parts, (arm, labels[arm])
+            if algo.get("quantizer") == "lattice":
+                assert f"{format_value(algo['bits'])}-bit lattice" in parts, (arm, labels[arm])
+        if name == "swarm_fmnist":
+            assert labels["swarm_h1"] == "SwarmSGD, complete, H=1, 8-bit lattice, blocking"
+            assert labels["swarm_h4_nonblocking"] == "SwarmSGD, complete, H=4, 8-bit lattice, non-blocking"
+            assert labels["dpsgd_ring"] == "D-PSGD, ring" and labels["decentlam"] == "DecentLaM, ring"
+            assert labels["dense"] == "DDP"
+    # the same words name one run alone (a logger's run name)
+    swarm = configs["swarm_h1"]
+    alone = config_label(swarm, facts=ALGORITHMS["swarm_sgd"].label_facts(swarm))
+    assert alone == "SwarmSGD, complete, H=1, 8-bit lattice"
+    plain = {"algo": {"name": "swarm_sgd", "topology": "ring", "quantizer": "none"}}
+    assert ALGORITHMS["swarm_sgd"].label_facts(plain)["values"]["algo.quantizer"] == "unquantized"
+    assert config_label(plain, facts=ALGORITHMS["swarm_sgd"].label_facts(plain)) == "SwarmSGD, ring"
+
 def test_a_run_made_before_labels_json_is_labelled_with_plain_key_value_parts(tmp_path):
     """A run folder without labels.json (made before lsgd wrote it): its labels are plain parts, the
     method's name as it is and every key as its last dotted part, and no defining keys; an arm that

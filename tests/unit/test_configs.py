@@ -650,3 +650,106 @@ def test_a_study_keyed_experiment_takes_its_ranks_from_the_study_keys():
                    ["experiment=fmnist_demo", "launcher.nproc_per_node=8"],  # its own number, no study keys
                    ["experiment=async_text"]):
             check_ranks_from_study(ok)
+
+
+# --------------------------------------------------------------------------------------------
+# issue 42: experiment bundles evaluate often enough to draw a curve
+# --------------------------------------------------------------------------------------------
+#: training-set sizes a composed config does not give (lsgd.data.catalog.dataset_info knows them only
+#: once the data is read), as lower bounds, so that the counts below are conservative: the Austen
+#: corpus's training split in byte tokens (about 3.62M: 1,742 steps of 4 x 8 blocks of 65 bytes an
+#: epoch, conf/experiment/gravac_lstm_text.yaml; 878 of 4 x 8 blocks of 129, async_at_scale.yaml) and
+#: WMT17 de-en's training pairs (5.9M, conf/experiment/wmt17_transformer_swarm.yaml)
+TEXT_BYTE_TOKENS = 3_600_000
+WMT17_PAIRS = 5_900_000
+
+#: bundles that evaluate once on purpose: clock_validation times its window of records and evaluates
+#: after the last one (a record's wall time holds every earlier evaluation)
+EVALUATED_ONCE = {"clock_validation"}
+
+
+def steps_per_epoch(cfg: dict) -> int:
+    """A run's steps per epoch from its composed config, as lsgd.data.loader.ShardedLoader counts
+    them: ``dataset.steps_per_epoch`` of a streaming set (c4), else the training samples //
+    (workers x batch_size), the workers being the ranks the algorithm gives the data to (a server
+    takes none); text and wmt17 at :data:`TEXT_BYTE_TOKENS` / :data:`WMT17_PAIRS`."""
+    from lsgd.algorithms import ALGORITHMS
+    from lsgd.data import dataset_info
+
+    ranks = cfg["launcher"]["nproc_per_node"]
+    ranks = 4 if ranks == "auto" else int(ranks)  # auto: 4 on CPU (test_nproc_auto_is_four_on_cpu)
+    workers = ALGORITHMS[cfg["algo"]["name"]].roles(ranks).count("worker")
+    data = cfg["dataset"]
+    if data["name"] == "c4":
+        return int(data["steps_per_epoch"])
+    if data["name"] == "text":
+        assert data["tokenizer"] == "byte", "a text bundle with another tokenizer needs its own training-set size here"
+        samples = TEXT_BYTE_TOKENS // (data["seq_len"] + 1)  # blocks of seq_len + 1 tokens
+    elif data["name"] == "wmt17":
+        samples = WMT17_PAIRS
+    else:
+        samples = dataset_info(data).num_train
+    return samples // (workers * cfg["batch_size"])
+
+
+def evaluations(cfg: dict) -> int:
+    """How many evaluations a run of ``cfg`` makes, as lsgd.training.trainer.Trainer makes them: one at
+    every multiple of ``eval_every`` (in steps, or epochs of :func:`steps_per_epoch`) up to the run's
+    total steps (epochs x steps per epoch, or max_steps when smaller), and one at the total."""
+    per_epoch = steps_per_epoch(cfg)
+    total = cfg["epochs"] * per_epoch
+    if cfg.get("max_steps"):
+        total = min(total, cfg["max_steps"])
+    period = (per_epoch if cfg["eval_unit"] == "epoch" else 1) * cfg["eval_every"]
+    return total // period + (1 if total % period else 0)
+
+
+@pytest.mark.parametrize("experiment", options("experiment"))
+def test_every_experiment_evaluates_often_enough_to_draw_a_curve(experiment):
+    """Curves, not dots: a run of every bundle, at the bundle's own settings, evaluates at least 3
+    times (about 10 where the bundle sets it by lsgd_period), counted from its composed config."""
+    cfg = load([f"experiment={experiment}"])
+    n = evaluations(cfg)
+    if experiment in EVALUATED_ONCE:
+        assert n == 1, f"{experiment}: {n} evaluations; it evaluates once, after the window it times"
+        return
+    assert n >= 3, (f"experiment={experiment}: a run evaluates {n} time(s) (eval_unit={cfg['eval_unit']}, "
+                    f"eval_every={cfg['eval_every']}, {steps_per_epoch(cfg)} steps an epoch); set them for about ten")
+
+
+@pytest.mark.parametrize("experiment, overrides, expected", [
+    ("swarm_fmnist", [], 11),
+    ("swarm_fmnist", ["launcher.nproc_per_node=16"], 11),
+    ("fmnist_demo", [], 11),
+    ("fmnist_demo", ["launcher.nproc_per_node=8", "epochs=5"], 10),
+    ("fmnist_local_sgd_scaling", ["epochs=2"], 11),
+    ("gravac_fmnist", [], 11),
+    ("adasum_scaling", [], 11),
+    ("adasum_scaling", ["epochs=2", "batch_size=4096"], 6),   # 3 steps an epoch: every step
+    ("adasum_at_scale", ["launcher.nproc_per_node=256"], 12),
+    ("local_sgd_at_scale", ["launcher.nproc_per_node=4"], 11),
+    ("local_sgd_at_scale", ["launcher.nproc_per_node=256"], 14),
+    ("adsaga_logreg", [], 10),
+    ("gravac_lstm_text", [], 10),
+])
+def test_bundles_evaluate_about_ten_times_across_their_sweeps(experiment, overrides, expected):
+    """The bundles that evaluate by ``${lsgd_period:...}`` keep about ten evaluations a run at the
+    workers, batches and epochs their documented sweeps set, and checkpoint once an epoch in steps
+    as they did in epochs (none in a one-epoch run: not at the last step)."""
+    cfg = load([f"experiment={experiment}", *overrides])
+    assert cfg["eval_unit"] == "step"
+    assert evaluations(cfg) == expected
+    if cfg["checkpoint_every"]:
+        assert cfg["checkpoint_every"] == steps_per_epoch(cfg)
+
+
+def test_lsgd_period_resolver():
+    """Steps of ``epochs`` passes over ``samples`` at a global batch, // points; at least 1; integers only."""
+    from lsgd.config.resolvers import period
+
+    assert period(60000, 128, 1, 10) == 46 and period(60000, 128, 3, 10) == 140 and period(60000, 128, 1, 1) == 468
+    assert period("60000", "16384", "3", "10") == 1 and period(0, 4, 1, 1) == 1
+    for bad in [(60000, 0, 1, 10), (60000, 128, 0, 10), (60000, 128, 1, 0), (-1, 128, 1, 1), (60000, 128, 1.5, 10),
+                (True, 128, 1, 10), ("x", 128, 1, 10)]:
+        with pytest.raises(ValueError):
+            period(*bad)

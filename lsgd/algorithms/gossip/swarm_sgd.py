@@ -79,8 +79,9 @@ from lsgd.compression.lattice import (
     point_dtype,
 )
 from lsgd.core.errors import ConfigError
+from lsgd.core.labels import flatten, format_value, is_missing
 from lsgd.core.seeding import derive_seed
-from lsgd.core.typed_config import option
+from lsgd.core.typed_config import defaults, option
 
 QUANTIZERS = ("none", "lattice")
 STEP_DISTS = ("fixed", "geometric")
@@ -158,6 +159,24 @@ class SwarmSGD(Gossip):
     label = "SwarmSGD"
     paper = "docs/papers.md#swarmsgd"
     defining_keys = ("algo.topology", "algo.local_steps")
+
+    @classmethod
+    def label_facts(cls, cfg) -> dict:
+        """:meth:`Algorithm.label_facts`, with the quantizer written with its bits and, for the
+        lattice, in every label (a defining key after the graph and H): ``"SwarmSGD, complete, H=1,
+        8-bit lattice"``, so arms compared with an unquantized method never hide what SwarmSGD sends;
+        ``algo.quantizer=none`` is written ``unquantized`` where the arms differ in it."""
+        facts = super().label_facts(cfg)
+        flat = flatten(cfg)
+        quantizer = flat.get("algo.quantizer")
+        if quantizer == "lattice":
+            bits = flat.get("algo.bits")
+            bits = defaults(cls.Config)["bits"] if is_missing(bits) else bits
+            facts["values"]["algo.quantizer"] = f"{format_value(bits)}-bit lattice"
+            facts["defining_keys"].append("algo.quantizer")
+        elif quantizer == "none":
+            facts["values"]["algo.quantizer"] = "unquantized"
+        return facts
 
     @classmethod
     def validate_config(cls, algo: dict, world_size: int) -> None:
