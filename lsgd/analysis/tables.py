@@ -69,7 +69,8 @@ Communication, per run:
   last metrics record. Runs recorded before the cluster clock fall back to ``compute_time_s`` +
   ``NetworkModel(bandwidth_gbps, latency).cost(model_alpha_terms, model_beta_bytes)`` (no overlap)
   with the same latency (:func:`lsgd.clock.network.what_if_latency_us`; a bandwidth without a preset: the
-  run's ``network.latency_us``, else 10 us); blank for runs that lack those keys.
+  run's ``network.latency_us``, else 10 us) and the run's ``network.overhead_us`` (else 0); blank
+  for runs that lack those keys.
 
 Batch scaling (:func:`batch_scaling_table`): when an experiment's runs differ in effective batch
 (``batch_size`` x world size), final test accuracy (perplexity) per method and effective batch.
@@ -125,16 +126,18 @@ def modeled_time_column(bandwidth_gbps: float) -> str:
 
 
 def modeled_time_at(
-    compute_time_s: float, alpha_terms: float, beta_bytes: float, bandwidth_gbps: float, latency_us: float
+    compute_time_s: float, alpha_terms: float, beta_bytes: float, bandwidth_gbps: float, latency_us: float,
+    overhead_us: float = 0.0,
 ) -> float:
     """Seconds of a run on another network: measured ``compute_time_s`` + the alpha-beta cost
-    ``alpha_terms`` latencies + ``beta_bytes`` bytes (:meth:`lsgd.clock.network.NetworkModel.cost`).
-    NaN if an argument is missing."""
+    ``alpha_terms`` messages (each latency + 2 ``overhead_us``, LogGP's o) + ``beta_bytes`` bytes
+    (:meth:`lsgd.clock.network.NetworkModel.cost`). NaN if an argument is missing."""
     values = [_num(v) for v in (compute_time_s, alpha_terms, beta_bytes, bandwidth_gbps, latency_us)]
     if not all(math.isfinite(v) for v in values):
         return math.nan
     compute, a, b, bw, lat = values
-    return compute + NetworkModel(bandwidth_gbps=bw, latency_us=lat).cost(a, b)
+    o = _num(overhead_us)
+    return compute + NetworkModel(bandwidth_gbps=bw, latency_us=lat, overhead_us=o if math.isfinite(o) else 0.0).cost(a, b)
 
 
 def is_dense_baseline(row) -> bool:
@@ -253,7 +256,7 @@ def _network_terms(s: pd.Series, last: pd.Series | None) -> tuple[float, float, 
 
 
 def _clock_time_at(s: pd.Series, last: pd.Series | None, bw: float, compute: float, alpha_terms: float,
-                   beta_bytes: float, latency: float) -> float:
+                   beta_bytes: float, latency: float, overhead_us: float = 0.0) -> float:
     """The run's modeled time at inter-node bandwidth ``bw``: the clock's what-if entry
     ``modeled_time_<bw>gbps_s`` (summary, else last record), else the pre-clock formula."""
     key = f"modeled_time_{bw:g}gbps_s"
@@ -262,7 +265,7 @@ def _clock_time_at(s: pd.Series, last: pd.Series | None, bw: float, compute: flo
             return _num(src.get(key))
     if not all(math.isfinite(_num(v)) for v in (compute, alpha_terms, beta_bytes)):
         return math.nan
-    return modeled_time_at(compute, alpha_terms, beta_bytes, bw, what_if_latency_us(bw, latency))
+    return modeled_time_at(compute, alpha_terms, beta_bytes, bw, what_if_latency_us(bw, latency), overhead_us)
 
 
 def worker_bytes(s, last, key: str) -> float:
@@ -407,7 +410,8 @@ def experiment_table(
             wall_time_s=_num(s.get("wall_time_s")),
             modeled_time_s=_num(s.get("modeled_time_s")),
             **{
-                modeled_time_column(bw): _clock_time_at(s, last, bw, compute, alpha_terms, beta_bytes, latency)
+                modeled_time_column(bw): _clock_time_at(s, last, bw, compute, alpha_terms, beta_bytes, latency,
+                                                        s.get("network.overhead_us"))
                 for bw in REPORT_BANDWIDTHS_GBPS
             },
         )

@@ -30,9 +30,38 @@ p2p             alpha + n beta                                    n
 ==============  ==============================================  ===================================
 
 A group whose ranks all sit on one node (``cluster.gpus_per_node``) is priced on the intra-node
-link, any other on the inter-node link. Every cost has the form ``a * alpha + b * beta``; the
-communicator also sums ``a`` (``model_alpha_terms``) and ``b`` (``model_beta_bytes``): the cost of
-the operations on their own, without overlap or waiting. With ``p = 1`` every cost is zero.
+link, any other on the inter-node link. Every cost has the form ``a * (alpha + 2 o) + b * beta``
+(``o`` below; 0 by default, so ``a * alpha + b * beta``); the communicator also sums ``a``
+(``model_alpha_terms``) and ``b`` (``model_beta_bytes``): the cost of the operations on their own,
+without overlap or waiting. With ``p = 1`` every cost is zero.
+
+Per-message overhead (LogGP's o)
+--------------------------------
+``o`` = ``network.overhead_us``: the CPU time a host spends on each message it sends and on each
+message it receives, apart from the link (the software stack: gloo, Python, the kernel's sockets,
+the scheduler). LogP (Culler, Karp, Patterson, Sahay, Schauser, Santos, Subramonian and von Eicken,
+"LogP: Towards a Realistic Model of Parallel Computation", PPoPP 1993) charges a message ``o`` at
+its sender, the latency ``L`` on the way and ``o`` at its receiver: ``L + 2 o`` end to end; LogGP
+(Alexandrov, Ionescu, Schauser and Scheiman, SPAA 1995) adds ``G`` per byte for long messages:
+``o + L + (n - 1) G + o``. Each latency term ``a`` of the table above is one message step on the
+critical path (a send and its receive), so the overhead enters as one more term per message beside
+alpha: a step costs ``alpha + 2 o``, and
+
+==============  ==================================================================
+operation       modeled time with o
+==============  ==================================================================
+all-reduce      2 (p-1) (alpha + 2 o) + 2 (p-1)/p n beta     (ring: 2 (p-1) steps)
+all-gather      (p-1) (alpha + 2 o) + (p-1) n beta
+reduce-scatter  (p-1) (alpha + 2 o) + (p-1)/p n beta
+broadcast       short: ceil(log2 p) (alpha + 2 o + n beta); long:
+                (ceil(log2 p) + p - 1) (alpha + 2 o) + 2 (p-1)/p n beta
+p2p             alpha + 2 o + n beta
+==============  ==================================================================
+
+So ``model_alpha_terms`` counts the messages on the critical path, each paying ``alpha + 2 o``. The
+what-if links keep the configured ``o`` (it is the host's, not the link's bandwidth); the intra-node
+link takes ``network.intra_node.overhead_us`` where set, else ``network.overhead_us``. ``lsgd
+calibrate --network`` measures it on this host (:mod:`lsgd.comm.calibration`).
 Operations issued with ``count=False`` (metric reductions, evaluation, checkpoint barriers) are
 executed but neither counted nor clocked: they are measurement, not training.
 """
@@ -99,18 +128,24 @@ class NetworkModel:
         wire_overhead: wire bytes per payload byte (framing: protocol headers per segment), >= 1;
             multiplies beta. 1514/1448 for TCP/IPv4 with timestamps over Ethernet at MTU 1500
             (RFC 791, RFC 9293, RFC 7323's 12-byte timestamp option, the 14-byte Ethernet header).
+        overhead_us: LogGP's per-message overhead o in microseconds (>= 0, default 0): host CPU time
+            per message at its sender and again at its receiver, so every latency term costs
+            ``alpha + 2 o`` (module docstring).
 
     Raises:
-        ValueError: ``wire_overhead`` < 1.
+        ValueError: ``wire_overhead`` < 1 or ``overhead_us`` < 0.
     """
 
     bandwidth_gbps: float = 10.0
     latency_us: float = 10.0
     wire_overhead: float = 1.0
+    overhead_us: float = 0.0
 
     def __post_init__(self):
         if not self.wire_overhead >= 1.0:
             raise ValueError(f"wire_overhead must be >= 1 (wire bytes per payload byte), got {self.wire_overhead!r}")
+        if not (self.overhead_us >= 0.0 and math.isfinite(self.overhead_us)):
+            raise ValueError(f"overhead_us must be a finite number >= 0 (LogGP's o, us per message), got {self.overhead_us!r}")
 
     @property
     def alpha(self) -> float:
@@ -118,13 +153,25 @@ class NetworkModel:
         return self.latency_us * 1e-6
 
     @property
+    def overhead(self) -> float:
+        """LogGP's o in seconds: host time per message at the sender, and again at the receiver."""
+        return self.overhead_us * 1e-6
+
+    @property
+    def message_s(self) -> float:
+        """Seconds of one latency term: ``alpha + 2 o`` (a message's send overhead, its latency and
+        its receive overhead; exactly ``alpha`` when ``o`` is 0)."""
+        return self.alpha + 2.0 * self.overhead
+
+    @property
     def beta(self) -> float:
         """Seconds per payload byte: ``8 wire_overhead / (bandwidth_gbps 1e9)``."""
         return 8.0 * self.wire_overhead / (self.bandwidth_gbps * 1e9)
 
     def cost(self, alpha_terms: float, beta_bytes: float) -> float:
-        """Seconds of ``alpha_terms`` latencies plus ``beta_bytes`` bytes at this bandwidth."""
-        return alpha_terms * self.alpha + beta_bytes * self.beta
+        """Seconds of ``alpha_terms`` messages (each ``alpha + 2 o``: :attr:`message_s`) plus
+        ``beta_bytes`` bytes at this bandwidth."""
+        return alpha_terms * self.message_s + beta_bytes * self.beta
 
     def all_reduce(self, nbytes: int, p: int) -> float:
         """Modeled seconds of a ring all-reduce of ``nbytes`` payload bytes over ``p`` workers."""
@@ -153,7 +200,11 @@ def _bcast_is_short(nbytes: float, p: int) -> bool:
 
 
 def cost_terms(kind: str, nbytes: float, p: int) -> tuple[float, float]:
-    """(latency terms ``a``, bandwidth bytes ``b``) of operation ``kind``: its cost is ``a alpha + b beta``.
+    """(latency terms ``a``, bandwidth bytes ``b``) of operation ``kind``: its cost is
+    ``a (alpha + 2 o) + b beta`` (:meth:`NetworkModel.cost`). ``a`` is the number of message steps
+    on the operation's critical path (each a send and its receive: LogGP's ``o`` at both ends,
+    Alexandrov et al. 1995): ring all-reduce ``2 (p-1)``, all-gather and reduce-scatter ``p - 1``,
+    binomial broadcast ``ceil(log2 p)`` (long: ``+ p - 1`` for its ring all-gather), a message 1.
 
     Raises:
         ValueError: unknown ``kind`` (allowed: all_reduce, all_gather, broadcast, p2p).
@@ -228,8 +279,8 @@ class Network:
     ``models(link)`` gives the K link models of the clock entries: the configured link first, then
     (inter-node only) the what-if link at each bandwidth, with the latency of that bandwidth's
     network preset (:func:`what_if_latency_us`; the configured latency where no preset has that
-    bandwidth) and the inter-node link's ``wire_overhead`` (the framing is the protocol stack's, not
-    the bandwidth's).
+    bandwidth) and the inter-node link's ``wire_overhead`` and ``overhead_us`` (the framing is the
+    protocol stack's and the per-message overhead the host's, not the bandwidth's).
     """
 
     inter: NetworkModel = field(default_factory=NetworkModel)
@@ -253,12 +304,17 @@ class Network:
         link; ``intra_node``: ``{bandwidth_gbps, latency_us}``; ``report_gbps``: what-if list; ``ports``:
         lanes per port, default 1; ``wire_overhead``: wire bytes per payload byte of the inter-node
         link and its what-if links, default 1; ``intra_node.wire_overhead`` the same inside a node,
-        default 1)."""
+        default 1; ``overhead_us``: LogGP's per-message overhead o of every link, default 0;
+        ``intra_node.overhead_us`` the intra-node link's instead, where set). ``overhead_us`` must be
+        a number here: ``measured`` is resolved before (:func:`lsgd.config.validation.resolve_overhead`)."""
+        overhead = float(network.get("overhead_us") or 0.0)
         inter = NetworkModel(float(network["bandwidth_gbps"]), float(network["latency_us"]),
-                             float(network.get("wire_overhead") or 1.0))
+                             float(network.get("wire_overhead") or 1.0), overhead)
         intra_cfg = network.get("intra_node") or None
+        intra_o = intra_cfg.get("overhead_us") if intra_cfg else None
         intra = NetworkModel(float(intra_cfg["bandwidth_gbps"]), float(intra_cfg["latency_us"]),
-                             float(intra_cfg.get("wire_overhead") or 1.0)) if intra_cfg else None
+                             float(intra_cfg.get("wire_overhead") or 1.0),
+                             overhead if intra_o is None else float(intra_o)) if intra_cfg else None
         return cls(inter, intra, int(gpus_per_node or 1), tuple(network.get("report_gbps") or ()),
                    int(network.get("ports") or 1))
 
@@ -277,7 +333,8 @@ class Network:
     def models(self, link: str) -> list[NetworkModel]:
         if link == "intra":
             return [self.intra] * self.k
-        return [self.inter] + [NetworkModel(b, what_if_latency_us(b, self.inter.latency_us), self.inter.wire_overhead)
+        return [self.inter] + [NetworkModel(b, what_if_latency_us(b, self.inter.latency_us), self.inter.wire_overhead,
+                                            self.inter.overhead_us)
                                for b in self.report_gbps]
 
     def costs(self, link: str, kind: str, nbytes: float, p: int) -> np.ndarray:

@@ -12,29 +12,41 @@ nodes give every GPU its own NIC; a NIC shared by several ranks of a node would 
 across processes, which the clock (one per process) does not have. ``network.ports`` (lanes,
 integer >= 1, default 1) is how many messages one port carries at once; a message takes the
 earliest-free lane. This is a conservative LogGP (Alexandrov, Ionescu, Schauser and Scheiman,
-"LogGP: Incorporating Long Messages into the LogP Model", SPAA 1995) with gap ``g = alpha``, gap
-per byte ``G = beta`` and overhead ``o = 0``: a message holds both its sender's egress and its
-receiver's ingress for its whole cost ``alpha + n beta``, so
+"LogGP: Incorporating Long Messages into the LogP Model", SPAA 1995) with gap ``g = alpha + 2 o``,
+gap per byte ``G = beta`` and overhead ``o`` = ``network.overhead_us`` (default 0): a message holds
+both its sender's egress and its receiver's ingress for its whole cost ``alpha + 2 o + n beta``
+(:meth:`lsgd.clock.network.NetworkModel.cost`), so
 
 * the sends of one exchange serialize on the sender's egress, in a deterministic order: by
   ``(peer - rank) mod p`` (the shift order of pairwise exchanges, so that in a regular graph the
   ``j``-th message every worker sends is the ``j``-th every worker receives and nobody's ingress
-  is a hot spot); ``k`` sends cost ``k (alpha + n beta)``;
+  is a hot spot); ``k`` sends cost ``k (alpha + 2 o + n beta)``;
 * the receives serialize on the receiver's ingress, in order of the sender's start stamp, then
   peer rank (per clock entry), each in the order the worker completes its operations;
 * the sender is not held back by a busy receiver (its send completes at ``start + cost``: the
   data waits at the receiver), and a paired exchange (both directions at once) costs
-  ``alpha + n beta`` (full duplex);
+  ``alpha + 2 o + n beta`` (full duplex);
 * a collective keeps its formula and occupies its members' ports of its link: it starts at the
   max over its members of ``(issue, stream free, egress free, ingress free)`` (the members'
   earliest-free lanes, folded into the settlement's exchange) and holds those lanes of
   every member until its end;
-* a parameter server's incast of ``N`` messages costs ``N (alpha + n beta)`` at its ingress, its
-  broadcast the same at its egress.
+* a parameter server's incast of ``N`` messages costs ``N (alpha + 2 o + n beta)`` at its ingress,
+  its broadcast the same at its egress.
+
+The overhead ``o`` (LogGP: CPU time of the sender, and again of the receiver, per message; ``g``
+the least gap between two messages of one port) is part of the message's cost, so it occupies
+the ports with the rest: a sender's next message starts ``alpha + 2 o + n beta`` after its
+previous one. Conservative, as ``g = alpha`` is: in LogGP the receiver's ``o`` runs on the
+receiver's CPU while the sender's next message already leaves (the last of ``k`` small messages
+to ``k`` peers is received at ``k o + L + o`` when ``g <= o``; here at ``k (alpha + 2 o)``). Kept
+so because it is exact where it matters most (one message, a paired exchange, the steps of a
+collective, each ``alpha + 2 o``) and it keeps one cost per message, so the identity below holds
+with the overhead too.
 
 So for operations that do not overlap, the clock's communication time equals the communicator's
-tallies, ``NetworkModel.cost(model_alpha_terms, model_beta_bytes)`` (:mod:`lsgd.clock.network`). Port free
-times are part of the clock's state (:meth:`lsgd.clock.worker_clock.Clock.state_dict`).
+tallies, ``NetworkModel.cost(model_alpha_terms, model_beta_bytes)`` = ``model_alpha_terms (alpha +
+2 o) + model_beta_bytes beta`` (:mod:`lsgd.clock.network`). Port free times are part of the clock's
+state (:meth:`lsgd.clock.worker_clock.Clock.state_dict`).
 
 When the ports are read and taken: a send takes its egress lane when it is issued; a receive takes
 its ingress lane when its operation's end is first computed (its wait, or a checkpoint's

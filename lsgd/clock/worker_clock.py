@@ -11,7 +11,8 @@ The cluster clock
 Every worker carries a virtual clock in seconds (:class:`Clock`). The trainer advances it by each
 step's compute time (from a FLOP profile of the target device, or measured; :mod:`lsgd.compute.model`),
 and the communicator by communication, with these rules (``cost`` = the alpha-beta cost of
-:mod:`lsgd.clock.network`):
+:mod:`lsgd.clock.network`, each message ``alpha + 2 o`` with LogGP's per-message overhead ``o`` =
+``network.overhead_us``):
 
 * a collective ends for all its participants at ``max_i(start_i) + cost`` (the starts are
   exchanged in an uncounted settlement: an all-gather of the participants' clocks, MAX taken

@@ -36,6 +36,48 @@ def resolve_wire_overhead(cfg: dict) -> float:
     return float(net["wire_overhead"])
 
 
+def resolve_overhead(cfg: dict, several_nodes: bool = False) -> float:
+    """Check ``network.overhead_us`` (LogGP's per-message overhead o, us: a finite number >= 0, or
+    ``measured``; null is 0) and ``network.intra_node.overhead_us`` (the same, or null: the
+    inter-node one) and resolve them in place: ``measured`` becomes this host's figure from ``lsgd
+    calibrate --network`` (:func:`lsgd.comm.calibration.read_network_profile`, its median), so the
+    run's ``config.yaml`` holds the number the clock used. Returns ``network.overhead_us``.
+    ``several_nodes``: a joined launch over several hosts, whose ranks would each read their own
+    host's figure (and price one message differently): ``measured`` is then refused.
+
+    Raises:
+        ConfigError: a negative, infinite or non-numeric value, or ``measured`` without a
+            calibration file or on several nodes.
+    """
+    import math
+
+    net = cfg["network"]
+    measured = None
+    for block, where in ((net, "network."), (net.get("intra_node") or {}, "network.intra_node.")):
+        value = block.get("overhead_us")
+        if value is None:
+            if block is net:
+                net["overhead_us"] = 0.0
+            continue
+        if value == "measured":
+            if several_nodes:
+                raise ConfigError(f"{where}overhead_us=measured on a launch over several nodes: each would read its "
+                                  "own host's figure; give the number (`lsgd calibrate --network` prints it)")
+            if measured is None:
+                from lsgd.comm.calibration import OVERHEAD_KEY, network_profile_path, read_network_profile
+
+                record = read_network_profile()
+                if record is None or not isinstance(record.get(OVERHEAD_KEY), (int, float)):
+                    raise ConfigError(f"{where}overhead_us=measured needs this host's figure in {network_profile_path()}: "
+                                      "run `lsgd calibrate --network` first (or give a number in us)")
+                measured = float(record[OVERHEAD_KEY])
+            block["overhead_us"] = measured
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0 and math.isfinite(value)):
+            raise ConfigError(f"{where}overhead_us must be a number >= 0 (us per message) or measured, got {value!r}")
+    return float(net["overhead_us"])
+
+
 def validate(cfg: dict, world_size: int | None = None, local_world_size: int | None = None) -> None:
     """Check a resolved config (plain dict) and resolve ``launcher.nproc_per_node: auto`` in place.
 
@@ -99,6 +141,8 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
         positive(intra, "bandwidth_gbps", "network.intra_node.")
         number_at_least(intra, "latency_us", 0, "network.intra_node.")
     resolve_wire_overhead(cfg)
+    resolve_overhead(cfg, several_nodes=world_size is not None and local_world_size is not None
+                     and int(world_size) > int(local_world_size))
     if cfg["network"].get("ports") is not None:  # lanes per port (lsgd.clock.ports.Ports)
         int_at_least(cfg["network"], "ports", 1, "network.")
     report = cfg["network"].get("report_gbps") or []

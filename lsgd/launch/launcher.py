@@ -131,7 +131,8 @@ def run(cfg_node) -> dict | None:
     # with a config and no summary
     try:
         # what produced the run (lsgd.training.provenance); a resumed run appends its session to the first one's
-        provenance.write_environment(run_dir, provenance.collect(provenance.launch_facts(cfg, launch_env)),
+        provenance.write_environment(run_dir, provenance.collect(provenance.launch_facts(cfg, launch_env),
+                                                                 provenance.network_facts(cfg)),
                                      resume=bool(cfg.get("resume")))
         # a local launch owns Ctrl-C / SIGTERM from here (MainSignals): a first signal while the data
         # are prepared starts no worker, a second one stops the preparation at once

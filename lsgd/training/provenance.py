@@ -234,12 +234,14 @@ def node_info() -> dict:
             "gpus": [g["name"] for g in gpu_info()], "torch": t.get("version")}  # fmt: skip
 
 
-def collect(distributed: dict | None = None) -> dict:
+def collect(distributed: dict | None = None, network: dict | None = None) -> dict:
     """This process's record (one session of ``environment.json``; docs/results.md).
 
-    ``distributed``: the launch's facts (device, backend, world size, ...) as the caller knows them.
+    ``distributed``: the launch's facts (device, backend, world size, ...) as the caller knows them;
+    ``network``: the clock's per-message overhead and this host's measurement of it
+    (:func:`network_facts`), recorded under ``network`` where given.
     """
-    return {
+    out = {
         "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "lsgd": lsgd_info(),
         "python": {"version": platform.python_version(), "implementation": platform.python_implementation(),
@@ -254,6 +256,32 @@ def collect(distributed: dict | None = None) -> dict:
         "packages": package_versions(),
         "env": {k: os.environ[k] for k in NUMERIC_ENV_VARS if k in os.environ},
     }  # fmt: skip
+    if network is not None:
+        out["network"] = dict(network)
+    return out
+
+
+#: the figures of this host's network calibration (``lsgd calibrate --network``) a run records
+NETWORK_CALIBRATION_KEYS = ("overhead_us", "overhead_us_p90", "overhead_us_mean", "allreduce_overhead_us",
+                            "repeats", "loadavg", "measured_at", "hostname")
+
+
+def network_facts(cfg: dict) -> dict:
+    """The ``network`` entry of a run's record: ``overhead_us``, the per-message overhead (LogGP's
+    o, us) the clock uses (``network.overhead_us`` as validation resolved it: ``measured`` is the
+    calibration's median by then), and ``calibration``: this host's ``lsgd calibrate --network``
+    figures (:data:`NETWORK_CALIBRATION_KEYS` and the file's ``path``), or None where the host has
+    none. Never raises (an unreadable file: ``calibration`` None)."""
+    out: dict = {"overhead_us": ((cfg.get("network") or {}).get("overhead_us"))}
+    try:
+        from lsgd.comm.calibration import network_profile_path, read_network_profile
+
+        record = read_network_profile()
+        out["calibration"] = None if record is None else {
+            **{k: record[k] for k in NETWORK_CALIBRATION_KEYS if k in record}, "path": str(network_profile_path())}
+    except Exception:  # noqa: BLE001 (a record never fails the run)
+        out["calibration"] = None
+    return out
 
 
 def launch_facts(cfg: dict, launch_env=None) -> dict:

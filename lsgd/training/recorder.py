@@ -366,6 +366,8 @@ class Recorder:
             "comm_rounds": s.comm_rounds,
             "wall_time_s": wall,
             "comm_time_s": s.comm_time_s,
+            # LogGP's per-message overhead o the clock priced every message with (network.overhead_us)
+            "network_overhead_us": trainer.comm.network_config.inter.overhead_us,
             **(self.figures or self.worker_figures(trainer, gather=False)),
             **{f"profile_{k}": v for k, v in trainer.compute_model.profile.items()},
             "target_acc": self.cfg.get("target_acc"),

@@ -258,6 +258,10 @@ def test_local_sgd_averaging_time_is_communication_not_compute(tmp_path):
 
 
 # -- ports (LogGP, issue 22): a worker's sends share its egress, its receives its ingress -------------
+O = 500e-6  # LogGP's per-message overhead o of LINK_O (network.overhead_us=500)
+LINK_O = NetworkModel(bandwidth_gbps=1, latency_us=5, overhead_us=500)
+
+
 def _ports_cases(rank, world, out):
     """On one gloo group of 4, each case with a fresh clock (no compute, 4000-byte messages):
 
@@ -335,6 +339,23 @@ def _ports_cases(rank, world, out):
     everyone = [r for r in range(world) if r != rank]
     comm.exchange({q: x.clone() for q in everyone}, {q: torch.zeros(1000) for q in everyone})
     res["tallies"] = (comm.clock.time_s, LINK.cost(comm.stats.model_alpha_terms, comm.stats.model_beta_bytes))
+    # LogGP's per-message overhead o (network.overhead_us): each operation alone on a fresh clock,
+    # on the link without and with o
+    for name, link in (("o0", LINK), ("o", LINK_O)):
+        got = {}
+        ops = {
+            "pair": lambda c: c.sendrecv(x.clone(), torch.zeros(1000), rank ^ 1),
+            "ring": lambda c: c.exchange({q: x.clone() for q in ring}, {q: torch.zeros(1000) for q in ring}),
+            "all_reduce": lambda c: c.all_reduce(torch.ones(1000)),
+            "broadcast": lambda c: c.broadcast_([torch.ones(1000)], src=0),
+            "all_gather": lambda c: c.all_gather(torch.ones(1000)),
+            "reduce_scatter": lambda c: c.reduce_scatter(torch.zeros(250), torch.ones(1000)),
+        }
+        for op, run in ops.items():
+            comm = Communicator(Network(link), clock=Clock(1))
+            run(comm)
+            got[op] = (comm.clock.time_s, comm.stats.model_alpha_terms)
+        res[f"overhead_{name}"] = got
     torch.save(res, out / f"{rank}.pt")
 
 
@@ -416,6 +437,32 @@ def test_clock_equals_the_tallies_without_overlap(ports_cases):
     for g in ports_cases:
         clock_s, tallies_s = g["tallies"]
         assert clock_s == pytest.approx(tallies_s, rel=1e-12)
+
+
+def test_overhead_is_paid_per_message_step_on_the_clock(ports_cases):
+    """network.overhead_us = o: each message step on the critical path costs alpha + 2 o (o at its
+    sender, o at its receiver; LogGP, Alexandrov et al. 1995), through the communicator and the
+    clock on 4 gloo ranks, 4000-byte payloads: a paired exchange alpha + 2 o + n beta; a ring
+    gossip to both neighbours 2 messages on the egress; a ring all-reduce 2 (p-1) = 6 steps;
+    a binomial broadcast ceil(log2 4) = 2; an all-gather and a reduce-scatter p - 1 = 3. Without o
+    each is the same minus 2 o per step: the clock moves by exactly model_alpha_terms x 2 o."""
+    n, p, step = 4000, 4, ALPHA + 2 * O
+    closed = {
+        "pair": step + n * BETA,
+        "ring": 2 * (step + n * BETA),
+        "all_reduce": 2 * (p - 1) * step + 2 * (p - 1) / p * n * BETA,
+        "broadcast": 2 * (step + n * BETA),
+        "all_gather": (p - 1) * step + (p - 1) * n * BETA,
+        "reduce_scatter": (p - 1) * step + (p - 1) / p * n * BETA,
+    }
+    terms = {"pair": 1, "ring": 2, "all_reduce": 6, "broadcast": 2, "all_gather": 3, "reduce_scatter": 3}
+    for g in ports_cases:
+        for op, t in closed.items():
+            time_o, a = g["overhead_o"][op]
+            time_0, a0 = g["overhead_o0"][op]
+            assert a == a0 == terms[op], op
+            assert time_o == pytest.approx(t, rel=1e-12), op
+            assert time_o - time_0 == pytest.approx(a * 2 * O, rel=1e-9), op
 
 
 def test_ports_are_part_of_the_clock_state():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lsgd.clock.network import Network, NetworkModel, wire_bytes
+from lsgd.clock.network import Network, NetworkModel, cost_terms, wire_bytes
 from lsgd.clock.worker_clock import Clock
 from lsgd.comm.accounting import tensor_bytes
 from lsgd.comm.communicator import Communicator
@@ -127,6 +127,66 @@ def test_wire_overhead_multiplies_beta_of_the_inter_node_links():
     assert net.costs("inter", "p2p", n, 2) == pytest.approx([100e-6 + n * 8 * w / 50e6, 50e-6 + n * 8 * w / 1e9], rel=1e-13)
     with pytest.raises(ValueError, match="wire_overhead"):
         NetworkModel(1, 1, wire_overhead=0.9)
+
+
+def test_overhead_adds_two_o_per_message_step():
+    """network.overhead_us = o (LogGP's per-message overhead: Culler et al. 1993; Alexandrov et al.
+    1995): every message step on an operation's critical path pays o at its sender and o at its
+    receiver, so each latency term of cost_terms costs alpha + 2 o. Closed forms with p = 4,
+    alpha = 5 us, o = 500 us, through Network.costs (what the communicator charges: Accounting.count,
+    PointToPoint.pair_cost) and NetworkModel's own methods; the what-if links keep the configured o,
+    the intra-node link takes its own where set."""
+    alpha, o, beta = 5e-6, 500e-6, 8 / 10e9
+    n, p = 4000, 4
+    link = NetworkModel(bandwidth_gbps=10, latency_us=5, overhead_us=500)
+    assert link.message_s == pytest.approx(alpha + 2 * o, rel=1e-15)
+    step = alpha + 2 * o
+    closed = {
+        "p2p": step + n * beta,                                     # one message: o + alpha + o + n beta
+        "all_reduce": 2 * (p - 1) * step + 2 * (p - 1) / p * n * beta,  # ring: 2 (p-1) steps
+        "all_gather": (p - 1) * step + (p - 1) * n * beta,
+        "reduce_scatter": (p - 1) * step + (p - 1) / p * n * beta,
+        "broadcast": 2 * (step + n * beta),                         # binomial tree: ceil(log2 4) = 2 steps
+    }
+    net = Network(link, report_gbps=(1, 3))
+    for kind, cost in closed.items():
+        got = net.costs("inter", kind, n, 2 if kind == "p2p" else p)
+        assert got[0] == pytest.approx(cost, rel=1e-13), kind
+    assert link.p2p(n) == pytest.approx(closed["p2p"], rel=1e-13)
+    assert link.all_reduce(n, p) == pytest.approx(closed["all_reduce"], rel=1e-13)
+    assert link.all_gather(n, p) == pytest.approx(closed["all_gather"], rel=1e-13)
+    assert link.broadcast(n, p) == pytest.approx(closed["broadcast"], rel=1e-13)
+    # long broadcast on 16 ranks: binomial scatter + ring all-gather, (log2 16 + 15) steps
+    assert link.broadcast(80_000, 16) == pytest.approx((4 + 15) * step + 2 * 15 / 16 * 80_000 * beta, rel=1e-13)
+    # what-if links: their preset's latency and bandwidth, the same o (the host's)
+    assert net.costs("inter", "p2p", n, 2)[1] == pytest.approx(50e-6 + 2 * o + n * 8 / 1e9, rel=1e-13)
+    assert net.costs("inter", "p2p", n, 2)[2] == pytest.approx(5e-6 + 2 * o + n * 8 / 3e9, rel=1e-13)
+    # the overhead is one more term per message: model_alpha_terms x 2 o on top of the o = 0 cost
+    plain = NetworkModel(bandwidth_gbps=10, latency_us=5)
+    comm = Communicator(plain)
+    comm.count("all_reduce", n, p=p)
+    comm.count("p2p", n, p=2)
+    comm.count("broadcast", n, p=p)
+    a, b = comm.stats.model_alpha_terms, comm.stats.model_beta_bytes
+    assert a == 2 * (p - 1) + 1 + 2
+    assert link.cost(a, b) - plain.cost(a, b) == pytest.approx(a * 2 * o, rel=1e-12)
+    # o = 0 (every preset's default) leaves every cost bit for bit as before: a alpha + b beta
+    for kind in closed:
+        for q in (2, 3, 8, 17):
+            ta, tb = cost_terms(kind, 12_345, q)
+            assert plain.cost(ta, tb) == ta * plain.alpha + tb * plain.beta
+    # config: network.overhead_us for every link, intra_node.overhead_us instead inside a node
+    cfg = {"bandwidth_gbps": 10, "latency_us": 5, "overhead_us": 500, "report_gbps": [1],
+           "intra_node": {"bandwidth_gbps": 100, "latency_us": 1}}
+    net = Network.from_config(cfg, gpus_per_node=2)
+    assert [m.overhead_us for m in net.models("inter")] == [500, 500]
+    assert net.models("intra")[0].overhead_us == 500
+    cfg["intra_node"]["overhead_us"] = 20
+    assert Network.from_config(cfg, gpus_per_node=2).models("intra")[0].overhead_us == 20
+    assert Network.from_config({"bandwidth_gbps": 10, "latency_us": 5}).inter.overhead_us == 0.0
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="overhead_us"):
+            NetworkModel(10, 5, overhead_us=bad)
 
 
 def test_clock_backward_window_and_state():

@@ -146,6 +146,9 @@ def test_slurm_launcher_composes():
         (["network.report_gbps=[0]"], "network.report_gbps"),
         (["network.ports=0"], "network.ports"),
         (["network.ports=1.5"], "network.ports"),
+        (["network.overhead_us=-1"], "network.overhead_us"),
+        (["network.overhead_us=fast"], "network.overhead_us"),
+        (["network.intra_node.overhead_us=-0.5"], "network.intra_node.overhead_us"),
         (["optim.lr_scaling=cubic"], "optim.lr_scaling"),
         (["schedule=inverse_sqrt", "schedule.warmup_steps=0"], "schedule.warmup_steps"),
         (["schedule=step", "schedule.warmup_epochs=-1"], "schedule.warmup_epochs"),
@@ -551,6 +554,34 @@ def test_wire_overhead_resolves_and_rejects_bad_values():
         cfg = load(["debug=default", f"network.wire_overhead={bad}"])
         with pytest.raises(ConfigError, match="network.wire_overhead"):
             validate(cfg)
+
+
+def test_overhead_defaults_to_zero_and_measured_reads_the_calibration(tmp_path, monkeypatch):
+    """network.overhead_us (LogGP's o): 0 in every network preset (no modeled time moves), a number
+    stays; ``measured`` is this host's median from ``lsgd calibrate --network``'s file, resolved in
+    place (the run's config.yaml then holds the number), intra_node's too; without the file a
+    ConfigError says to run the calibration."""
+    from lsgd.comm.calibration import network_profile_path, write_network_profile
+    from lsgd.config.validation import resolve_overhead
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for name in options("network"):
+        cfg = load([f"network={name}"])
+        assert cfg["network"]["overhead_us"] == 0 and cfg["network"]["intra_node"]["overhead_us"] is None, name
+    cfg = load(["debug=default", "network.overhead_us=250"])
+    assert resolve_overhead(cfg) == 250.0
+    cfg = load(["debug=default", "network.overhead_us=measured", "network.intra_node.overhead_us=measured"])
+    with pytest.raises(ConfigError, match="lsgd calibrate --network"):
+        validate(cfg)
+    path = write_network_profile({"overhead_us": 41.5, "overhead_us_p90": 60.0})
+    assert path == network_profile_path() == tmp_path / "lsgd" / "network.json"
+    cfg = load(["debug=default", "network.overhead_us=measured", "network.intra_node.overhead_us=measured"])
+    validate(cfg)
+    assert cfg["network"]["overhead_us"] == 41.5 and cfg["network"]["intra_node"]["overhead_us"] == 41.5
+    # a launch over several nodes: each rank would read its own host's figure
+    cfg = load(["debug=default", "network.overhead_us=measured"])
+    with pytest.raises(ConfigError, match="several nodes"):
+        resolve_overhead(cfg, several_nodes=True)
 
 
 # --------------------------------------------------------------------------------------------
