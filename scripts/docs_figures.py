@@ -391,8 +391,56 @@ def async_at_scale(out: str) -> str:
     fig.tight_layout()
     return save(fig, out, "async_at_scale")
 
+#: diloco_family (docs/studies/diloco-family.md), means over the seeds: arm -> (final test perplexity,
+#: MB sent per worker, peak KB per step, modeled seconds of the run at 1 / 0.1 / 0.01 Gbit/s)
+DILOCO_FAMILY = {
+    'DDP': (13.75, 980.951, 3406.1, [11.16, 81.788, 788.073]),
+    'DiLoCo': (13.55, 20.436, 3406.1, [3.052, 4.524, 19.238]),
+    'Streaming P=2 tau=0 fp32': (11.95, 20.436, 1854.7, [3.061, 4.533, 19.247]),
+    'Streaming P=2 tau=0 4-bit': (12.15, 2.679, 240.5, [2.919, 3.112, 5.041]),
+    'Streaming P=2 tau=5 fp32': (12.37, 20.436, 1854.7, [2.88, 3.933, 18.647]),
+    'Streaming P=2 tau=5 4-bit': (12.8, 2.679, 240.5, [2.88, 2.88, 4.441]),
+    'Streaming P=4 tau=0 fp32': (12.46, 20.436, 988.8, [3.079, 4.551, 19.265]),
+    'Streaming P=4 tau=0 4-bit': (12.01, 2.679, 128.4, [2.937, 3.13, 5.059]),
+    'Streaming P=4 tau=5 fp32': (12.32, 20.436, 988.8, [2.88, 3.351, 18.065]),
+    'Streaming P=4 tau=5 4-bit': (11.99, 2.679, 128.4, [2.88, 2.88, 3.859]),
+    'eager (P=2)': (32.29, 17.03, 1854.7, [2.88, 2.88, 13.879]),
+    'DeMo': (11.6, 275.374, 956.2, [6.343, 26.17, 224.439]),
+    'SparseLoCo': (15.59, 2.278, 379.7, [2.903, 3.067, 4.707]),
+}
+
+
+def diloco_family(out: str) -> str:
+    fig, (a, b) = plt.subplots(1, 2, figsize=(7.4, 3.0))
+    colors = {"DDP": "C7", "DiLoCo": "C0", "eager (P=2)": "C3", "DeMo": "C4", "SparseLoCo": "C5"}
+    for label, (ppl, mb, peak, times) in DILOCO_FAMILY.items():
+        color = colors.get(label, "C1" if "P=2" in label else "C2")
+        marker = "s" if "4-bit" in label else "o"
+        filled = "tau=5" in label or not label.startswith("Streaming")
+        a.scatter(mb, ppl, s=18, marker=marker, color=color if filled else "none", edgecolors=color)
+        b.scatter(peak, times[1], s=18, marker=marker, color=color if filled else "none", edgecolors=color)
+    for label, color in colors.items():
+        ppl, mb, peak, times = DILOCO_FAMILY[label]
+        a.annotate(label.replace(" (P=2)", ", P=2"), (mb, ppl), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        b.annotate(label.replace(" (P=2)", ", P=2"), (peak, times[1]), fontsize=7, xytext=(3, 3),
+                   textcoords="offset points")
+    handles = [plt.Line2D([], [], ls="", marker="o", color="C1", label="Streaming P=2"),
+               plt.Line2D([], [], ls="", marker="o", color="C2", label="Streaming P=4"),
+               plt.Line2D([], [], ls="", marker="s", color="0.4", label="4-bit outer gradients"),
+               plt.Line2D([], [], ls="", marker="o", color="0.4", markerfacecolor="none", label="tau = 0 (open)")]
+    a.legend(handles=handles, fontsize=7, loc="upper right")
+    a.set(xscale="log", yscale="log", xlabel="MB sent per worker (wire bytes)", ylabel="final test perplexity",
+          yticks=[12, 15, 20, 30], yticklabels=["12", "15", "20", "30"])
+    b.set(xscale="log", yscale="log", xlabel="peak KB sent in one step (peak_step_bytes)",
+          ylabel="modeled time at 100 Mbit/s (s)", yticks=[3, 5, 10, 30, 100], yticklabels=["3", "5", "10", "30", "100"])
+    for ax in (a, b):
+        ax.minorticks_off()
+    fig.tight_layout()
+    return save(fig, out, "diloco_family")
+
 
 FIGURES = {
+    "diloco_family": diloco_family,
     "local_sgd_at_scale": local_sgd_at_scale,
     "swarm_at_scale": swarm_at_scale,
     "async_at_scale": async_at_scale,
