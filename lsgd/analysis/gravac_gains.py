@@ -5,13 +5,15 @@ epsilon rule and its theta_min raise (Algorithm 1 of Tyagi and Swany 2023) decid
 :func:`summarize` reads every ``gravac`` run's per-step compression rows (``"kind": "compression"``
 in metrics.jsonl, docs/results.md, through :func:`lsgd.analysis.load.read_runs`) into two
 tables, :func:`markdown` writes them, the seeds of an arm pooled (an arm: experiment, ``algo.compressor``,
-``algo.epsilon``, ``algo.omega``, ``algo.window``):
+``algo.epsilon``, ``algo.omega``, ``algo.window``, ``algo.gain``: a run without the key, from before
+it existed, used the paper's rule):
 
 * gains per CF: for each CF the controller evaluated, as theta_min (``gain_min`` of the rows with
   that ``cf_min``) and as the candidate (``gain_candidate`` of the rows with that
   ``cf_candidate``): steps observed (all seeds), median, 10th and 90th percentile, min and max.
-  These are the controller's EWMA-smoothed gains ``||C(g_ef)||^2 / ||g_ef||^2`` (the smoothing
-  restarts when a CF changes), the values the epsilon rule compares with eps and the omega rule
+  These are the controller's EWMA-smoothed gains ``||C(g_ef)||^2 / ||g_ef||^2`` (``algo.gain=paper``;
+  ``authors_code``: the authors' code's ratio of unsquared per-layer norms, docs/papers.md#gravac;
+  the smoothing restarts when a CF changes), the values the epsilon rule compares with eps and the omega rule
   compares with each other;
 * decisions: per arm, the share of steps that sent the candidate, theta_min or dense, the
   relative gap ``|gain_min - gain_candidate| / gain_min`` at the window ends (the omega rule's
@@ -34,14 +36,17 @@ def _fmt_cf(cf: float) -> str:
 
 
 def arm_of(run) -> tuple:
-    """(experiment, compressor, epsilon, omega, window) of a run: the seeds of an arm share it."""
+    """(experiment, compressor, epsilon, omega, window, gain rule) of a run: the seeds of an arm share it."""
     c = run.config
-    return (run.experiment_name, c.get("algo.compressor"), c.get("algo.epsilon"), c.get("algo.omega"), c.get("algo.window"))
+    return (run.experiment_name, c.get("algo.compressor"), c.get("algo.epsilon"), c.get("algo.omega"), c.get("algo.window"),
+            c.get("algo.gain") or "paper")
 
 
 def arm_label(arm: tuple) -> str:
-    exp, comp, eps, omega, window = arm
-    return f"{exp}: GraVAC/{comp} eps={eps:g} omega={omega:g} window={window}"
+    """The arm's name; the gain rule is named when it is not the paper's (the default)."""
+    exp, comp, eps, omega, window, gain = arm
+    rule = "" if gain == "paper" else f" gain={gain}"
+    return f"{exp}: GraVAC/{comp} eps={eps:g} omega={omega:g} window={window}{rule}"
 
 
 def _stats(values: list[float]) -> dict:

@@ -259,7 +259,8 @@ class GraVACController:
 
         Args:
             gain_min: raw gain ``||C(g_ef, theta_min)||^2 / ||g_ef||^2`` of this iteration (the
-                same on every worker), >= 0.
+                same on every worker), >= 0 (``gravac``'s ``algo.gain=authors_code``: the authors'
+                code's ratio of unsquared norms, which can exceed 1; docs/papers.md#gravac).
             gain_candidate: raw gain of the candidate CF, >= 0.
             t_iter_s: seconds an iteration sending theta_min takes, compression included, > 0;
                 NaN records no throughput at this call (measured mode: the sent CF's sample

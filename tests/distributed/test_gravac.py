@@ -1,10 +1,12 @@
 """GraVAC (Tyagi and Swany, IEEE CLOUD 2023, Algorithm 1) through the real trainer on 2 gloo ranks:
 decisions are reproducible (same seed, same decisions; a resumed run crossing window ends takes
 those of an uninterrupted one) and modeled iteration times are the clock's compute profile plus
-the payload's modeled exchange time."""
+the payload's modeled exchange time; the authors' code's gain rule (``algo.gain=authors_code``) runs
+and records its gains."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -87,3 +89,19 @@ def test_record_cf_is_the_byte_ratio_since_the_previous_record(tmp_path):
         assert rec["cf"] == pytest.approx(len(steps) / sum(1 / per_step[s] for s in steps), rel=1e-9)
         prev = rec["step"]
     assert len({per_step[s] for s in per_step}) > 1  # the factors differ across steps
+
+
+def test_authors_code_gain_runs_and_records_its_gains(tmp_path):
+    """``algo.gain=authors_code`` (the authors' public code's gain, tests/unit/test_gravac_gain.py) in a
+    short real run: it completes, records both gains every step, and they are not the paper rule's
+    (same seed: the same first gradient, residual 0, so only the rule differs at step 1)."""
+    common = ["algo=gravac", "algo.compressor=topk", "algo.window=2", "max_steps=4", "log_every=2"]
+    authors = run(tmp_path, [*common, "algo.gain=authors_code"], name="authors")
+    paper = run(tmp_path, common, name="paper")
+    a, p = rows(authors), rows(paper)
+    assert [r["step"] for r in a] == [1, 2, 3, 4]
+    for r in a:
+        assert math.isfinite(r["gain_min"]) and r["gain_min"] > 0
+        assert math.isfinite(r["gain_candidate"]) and r["gain_candidate"] > 0
+    assert a[0]["gain_min"] != p[0]["gain_min"] and a[0]["gain_candidate"] != p[0]["gain_candidate"]
+    assert json.loads((authors / "summary.json").read_text())["status"] == "completed"

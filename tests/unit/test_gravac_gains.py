@@ -12,9 +12,9 @@ from lsgd.analysis import gravac_gains
 from lsgd.analysis.load import RunData
 
 
-def _run(seed: int, rows: list[tuple], algo: str = "gravac") -> RunData:
+def _run(seed: int, rows: list[tuple], algo: str = "gravac", **keys) -> RunData:
     config = {"experiment_name": "e", "seed": seed, "algo.name": algo, "algo.compressor": "dgc",
-              "algo.epsilon": 0.7, "algo.omega": 0.01, "algo.window": 2}
+              "algo.epsilon": 0.7, "algo.omega": 0.01, "algo.window": 2, **keys}
     keys = ("step", "cf_min", "cf_candidate", "gain_min", "gain_candidate", "sent")
     return RunData(run_dir=Path(f"/r{seed}"), config=config, summary=None,
                    compression=[{"kind": "compression", **dict(zip(keys, r))} for r in rows])
@@ -63,3 +63,18 @@ def test_markdown_has_the_two_tables():
     assert lines[2 + len(gains)] == ""  # then the decisions
     assert lines[-1] == (f"| {arm} | 14.3% / 71.4% / 14.3% | 0.010 (0.000) | "
                          "seed 0: 10x@1 -> 40x@5; seed 1: 10x@1 (settled) |")
+
+
+def test_the_gain_rules_are_separate_arms():
+    """Runs under algo.gain=authors_code are not pooled with the paper's (a run without the key,
+    from before it existed, is the paper's)."""
+    runs = [*RUNS, _run(3, [(1, 10, 20, 1.2, 1.1, "candidate")], **{"algo.gain": "authors_code"}),
+            _run(4, [(1, 10, 20, 0.5, 0.4, "min")], **{"algo.gain": "paper"})]
+    gains, decisions = gravac_gains.summarize(runs)
+    arms = [d["arm"] for d in decisions]
+    assert arms == ["e: GraVAC/dgc eps=0.7 omega=0.01 window=2 gain=authors_code", "e: GraVAC/dgc eps=0.7 omega=0.01 window=2"]
+    authors = {(g["cf"], g["as"]): g for g in gains if g["arm"] == arms[0]}
+    assert authors[10, "theta_min"]["steps"] == 1 and authors[10, "theta_min"]["median"] == 1.2
+    paper = {(g["cf"], g["as"]): g for g in gains if g["arm"] == arms[1]}
+    assert paper[10, "theta_min"]["steps"] == 7  # seeds 0, 1 (no algo.gain) and 4 (paper)
+    assert decisions[1]["paths"][-1] == "seed 4: 10x@1"

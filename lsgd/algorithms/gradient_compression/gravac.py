@@ -1,5 +1,5 @@
 """``gravac``: GraVAC's adaptive compression factor (Tyagi and Swany, IEEE CLOUD 2023, Algorithm 1,
-the paper's version; docs/papers.md#gravac).
+the paper's version; the authors' code's gain rule with ``algo.gain=authors_code``; docs/papers.md#gravac).
 
 Every step, after backward, on the whole model (the decision needs the gain of all layers, so
 this runs after backward rather than per DDP bucket):
@@ -11,7 +11,8 @@ this runs after backward rather than per DDP bucket):
 2. Compression gains with error feedback in numerator and denominator,
    ``gain = sum ||c||^2 / sum ||g_ef||^2`` over all tensors and all workers (the sums are all-reduced
    with the payload sizes and the time term below, 48 counted bytes, so every worker takes the
-   same decision).
+   same decision). ``algo.gain=authors_code`` computes the gain and the candidate as the authors'
+   public code does instead (below).
 3. :class:`lsgd.compression.adaptive.GraVACController` smooths the gains (EWMA), applies the
    epsilon rule (candidate, else theta_min, else dense with the residuals reset), records the
    compression throughput ``T = T_system * gain`` per CF and every ``window`` steps scales theta_s,
@@ -35,7 +36,45 @@ this runs after backward rather than per DDP bucket):
   sample for the CF it actually sent, so a higher CF's shorter iterations count for it (dense
   iterations record nothing). Decisions follow timing noise: not reproducible by design.
 
-Every value a decision depends on is the same on every worker: the three squared norms, the
+``algo.gain`` (the gain rule):
+
+* ``paper`` (default): steps 1 and 2 above (the paper's gain and Algorithm 1).
+* ``authors_code``: the rule of the authors' public code, github.com/sahiltyagi4/GraVAC at commit
+  cbcd352 (its GraVAC code, unchanged since commit 9efa6bf; paths under ``gravac_py3/``):
+
+  - the candidate is a second, separate compression of the same error-compensated gradient,
+    ``c_c = C(g_ef, theta_c)``, not ``C(c_min, theta_c / theta_min)``: the code keeps two
+    compressors, one for theta_min and one for the candidate (``run/compression_throughput.py``
+    lines 57-62), and hands both the backpropagated gradients ``bp_grads`` (lines 221, 224, 229);
+    its README says multi-level compression "still needs implementation";
+  - the gain is a ratio of *unsquared* L2 norms, each taken per layer and summed over the layers,
+    ``sum_l ||D(c)_l|| / sum_l ||g_l||``: ``ModelHelper.grad_norm`` (``helper/misc.py`` lines
+    133-139) adds ``torch.norm(g.flatten())`` of each layer, and ``compression_gain`` (lines
+    161-163) divides the compressed sum by the uncompressed one;
+  - the denominator is the raw gradient ``g`` (``p.grad`` after backward), without the residual:
+    ``bpgrad_norm`` is the norm of ``bp_grads`` (``run/compression_throughput.py`` lines 221-222),
+    while the numerator is the decompressed output of ``C(g + r)`` (``layerwise_compressed_grads``,
+    ``helper/misc.py`` lines 165-171, returns what ``ResidualGrads.update`` stored,
+    ``compressors/residual_gradients.py`` lines 16-21, after ``compensate`` added the residual,
+    lines 10-14). So the gain can exceed 1. (lsgd takes the norms in float64, the code in the
+    gradient's float32.)
+
+  lsgd takes these three and keeps the rest of the paper's rules: one residual, of what was sent
+  (the code keeps one per compressor, each updated as if its own output had been sent,
+  ``compressors/variable_compression.py`` lines 40-50, and never reset at a dense step); the sums
+  are all-reduced over the workers like the paper rule's (the code decides on each worker's own
+  gradient, with no collective for the gain: with one worker the two agree); the controller
+  smooths the ratio (the code smooths numerator and denominator separately, a pandas EWMA over
+  the last ``--windowsize`` values, ``helper/misc.py`` lines 67-85) and runs Algorithm 1. The
+  gains feed the code's decision by the paper's epsilon rule (``run/compression_throughput.py``
+  lines 235-283), but the code never raises theta_min: the candidate is set at each epoch's end
+  to ``min_cf * cfstepsize`` or ``max_cf`` (lines 310-311), and settling compares the last
+  throughput sample of each CF (lines 305, 313-330). The candidate's gain is that of the
+  candidate's own output: as written, lines 230-231 take the norm of the theta_min
+  compressor's output for the candidate too, which would make the two gains differ only by
+  their smoothing. docs/papers.md#gravac lists every difference.
+
+Every value a decision depends on is the same on every worker: the three norm sums, the
 payload sizes of both CFs and the time term are summed in one all-reduce (6 float64, 48 counted
 bytes) and averaged over workers (compute and payloads can differ across workers: heterogeneous
 speeds, DGC's variable selection). A measured time is known only after the exchange, so it rides
@@ -76,6 +115,10 @@ from lsgd.core.errors import ConfigError
 from lsgd.core.typed_config import option
 
 THROUGHPUT_TIMES = ("modeled", "measured")
+#: ``algo.gain``: the paper's gain (squared norms, error feedback in numerator and denominator,
+#: multi-level candidate) or the authors' public code's (unsquared per-layer norms, no error
+#: feedback in the denominator, two separate compressions); module docstring
+GAINS = ("paper", "authors_code")
 
 
 @dataclass
@@ -100,6 +143,12 @@ class GraVACConfig(DGCSampling, AlgoConfig):
     ewma: float = option(0.9, at_least=0, at_most=1, doc="smoothing of the gains (exponential moving average)")
     error_feedback: bool = option(True, doc="residual memory per tensor, in gradient units (saved in checkpoints)",
                                   symbol=("error feedback", "no error feedback"))
+    gain: str = option("paper", choices=GAINS, doc="the compression gain rule: paper (squared norms of the whole "
+                       "gradient, error feedback in numerator and denominator, the candidate compressed from "
+                       "theta_min's output) | authors_code (the authors' public code: unsquared norms per layer, "
+                       "summed, the raw gradient in the denominator, the candidate a separate compression of "
+                       "g + r; docs/papers.md#gravac)",
+                       symbol={"paper": "paper's gain", "authors_code": "authors' code gain"})
     throughput_time: str = option("modeled", choices=THROUGHPUT_TIMES, doc="t_iter of T_system: modeled (clock "
                                   "compute profile + network model per CF; reproducible) | measured (paper: wall "
                                   "time of the iterations that sent each CF)")
@@ -110,7 +159,7 @@ class GraVAC(Algorithm):
 
     Config keys (:class:`GraVACConfig`): ``compressor`` (topk, dgc, redsync, randomk), ``epsilon``,
     ``cf_min``, ``cf_max``, ``window``, ``omega``, ``policy``, ``ratio``, ``scale_start``, ``ewma``,
-    ``error_feedback``, ``throughput_time``, plus the compressor's own keys (``seed``,
+    ``error_feedback``, ``gain``, ``throughput_time``, plus the compressor's own keys (``seed``,
     ``sample_ratio``).
     """
 
@@ -146,6 +195,7 @@ class GraVAC(Algorithm):
         self.dense = C.build("none")
         self.memory = ErrorFeedback() if config.error_feedback else NoMemory()
         self.modeled = config.throughput_time == "modeled"
+        self.authors_gain = config.gain == "authors_code"
         # measured mode: (cf sent, its smoothed gain, observation count, local seconds) of the
         # previous iteration, whose time joins this iteration's all-reduce
         self.pending: tuple[float, float, int, float] | None = None
@@ -198,6 +248,13 @@ class GraVAC(Algorithm):
             def work(key=key, grad=p.grad):
                 g_ef = self.memory.compensate(key, grad)
                 c_min = self.compressor.compress(g_ef, step=step, key=key, cf=cf_min)
+                if self.authors_gain:  # the authors' code: a second, separate compression of g_ef;
+                    # unsquared norms of this tensor (layer); the raw gradient in the denominator
+                    c_cand = (self.compressor.compress(g_ef, step=step, key=key, cf=cf_cand)
+                              if cf_cand > cf_min else c_min)
+                    terms = (grad.detach().double().norm(), self.compressor.decompress(c_min).double().norm(),
+                             self.compressor.decompress(c_cand).double().norm())
+                    return g_ef, c_min, c_cand, terms
                 c_cand = (
                     self.compressor.compress_further(c_min, cf_cand / cf_min, step=step, key=key)
                     if cf_cand > cf_min
@@ -218,7 +275,7 @@ class GraVAC(Algorithm):
             cands.append(c_cand)
         if compress_s and self.comm.clock is not None:
             self.comm.clock.compute(compress_s)  # compressing at both CFs (lsgd.compute.model's roofline)
-        # one all-reduce of everything the decision reads: squared norms, payload bytes of both
+        # one all-reduce of everything the decision reads: the norm sums (algo.gain), payload bytes of both
         # CFs, and the time term (modeled: this step's compute; measured: the previous iteration)
         pending = self.pending
         t_local = (modeled_s if self.modeled else (pending[3] if pending is not None else 0.0))
@@ -227,10 +284,10 @@ class GraVAC(Algorithm):
             dtype=torch.float64, device=device)])
         self.comm.all_reduce(shared)
         n = self.comm.world_size
-        ef2, min2, cand2 = shared[:3].tolist()
+        den, num_min, num_cand = shared[:3].tolist()  # paper: ||g_ef||^2, ||c_min||^2, ||c_c||^2 summed
         bytes_min, bytes_cand, t_mean = (v / n for v in shared[3:].tolist())
-        gain_min = min2 / ef2 if ef2 > 0 else 1.0
-        gain_cand = cand2 / ef2 if ef2 > 0 else 1.0
+        gain_min = num_min / den if den > 0 else 1.0
+        gain_cand = num_cand / den if den > 0 else 1.0
         samples = n * (self.batch_size or 1)
         t_min = t_cand = math.nan
         if self.modeled and not math.isnan(modeled_s):  # each CF's iteration time on the configured network
