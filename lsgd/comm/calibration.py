@@ -40,7 +40,6 @@ figure belongs to this host under its load at the time: ``loadavg`` is recorded)
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import math
@@ -53,6 +52,7 @@ from pathlib import Path
 from queue import Empty
 
 from lsgd.core.errors import ConfigError
+from lsgd.core.files import write_atomic
 
 #: the network calibration file's format
 NETWORK_PROFILE_FORMAT = 1
@@ -247,15 +247,7 @@ def write_network_profile(record: dict, path: Path | None = None) -> Path:
     path = network_profile_path() if path is None else Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps({"format": NETWORK_PROFILE_FORMAT, "record": record}, indent=2, sort_keys=True) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".network.", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, text)
     return path
 
 

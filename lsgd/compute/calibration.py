@@ -67,7 +67,6 @@ each repeat did not close it), which leaves ResNet-20 the lowest ratio.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import logging
@@ -75,7 +74,6 @@ import math
 import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -87,6 +85,7 @@ from torch import nn
 from lsgd.compute.opcount import count_step
 from lsgd.compute.roofline import DeviceSpec
 from lsgd.core.errors import ConfigError
+from lsgd.core.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -370,15 +369,7 @@ def write_cpu_profile(record: dict, path: Path | None = None) -> Path:
     profiles = _read_cpu_profiles(path) if path.exists() else {}
     profiles[str(int(record["threads"]))] = record
     text = json.dumps({"format": CPU_PROFILE_FORMAT, "by_threads": profiles}, indent=2, sort_keys=True) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".cpu.", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, text)
     return path
 
 
