@@ -662,24 +662,16 @@ def debug_every_algorithm(tmp_path_factory) -> tuple[subprocess.CompletedProcess
     from lsgd.algorithms import ALGORITHMS
 
     tmp = tmp_path_factory.mktemp("debug_every")
-    names = [a for a in ALGORITHMS.names() if a not in HANGS_UNDER_DEBUG]
-    res = lsgd(["train", "-m", "debug=default", f"algo={','.join(names)}", *DEBUG_EVERY,
+    res = lsgd(["train", "-m", "debug=default", f"algo={','.join(ALGORITHMS.names())}", *DEBUG_EVERY,
                 f"results_dir={tmp}/r"], tmp, timeout=600)
     runs = {yaml.safe_load((run / "config.yaml").read_text())["algo"]["name"]: run for run in run_dirs(tmp / "r")}
     return res, runs
 
 
-#: known defect (found when issue 41 made AD-PSGD asynchronous by default): `debug=default algo=ad_psgd`
-#: (virtual_time pairing, 3 workers on a ring, 4 steps) does not finish on the in-process cluster; kept
-#: out of the sweep, which it would stall, and listed as an expected failure until it is fixed
-HANGS_UNDER_DEBUG = ("ad_psgd",)
-
-
-def _algorithms() -> list:
+def _algorithms() -> list[str]:
     from lsgd.algorithms import ALGORITHMS
 
-    return [pytest.param(a, marks=pytest.mark.xfail(run=False, reason="hangs under debug=default (known defect)"))
-            if a in HANGS_UNDER_DEBUG else a for a in ALGORITHMS.names()]
+    return ALGORITHMS.names()
 
 
 @pytest.mark.slow

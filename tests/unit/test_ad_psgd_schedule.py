@@ -39,6 +39,24 @@ def test_a_slow_passive_worker_answers_during_its_step_and_never_holds_the_activ
     assert active.progress == [0, 1, 2] and passive.progress == [1, 2]
 
 
+def test_a_passive_worker_whose_ports_are_never_idle_still_steps():
+    """Actives 0 and 2 share passive 1 (complete graph of 3: even / odd), 1 s steps, an averaging
+    costs 1.5 s, 2 steps: requests come faster than the passive's port can serve them. At 1 both
+    actives ask; 0's runs 1 -> 2.5 in the passive's step 1, 2's can start only at 2.5, after the
+    passive's compute (0..1): its gradient goes first, step 1 ends at 2.5 and 2's averaging (2.5 ->
+    4.0) is in its step 2 (compute 2.5..3.5). 0 asks again at 3.5 and starts at 4.0, after step 2's
+    compute: step 2 ends at 4.0, the averaging (4.0 -> 5.5) is in step 3. 2 asks at 5.0; its
+    averaging could start only at 5.5 = t_end (G = 6 = n x total at 2.5, 2.5, 4.0, 4.0, 5.5, 5.5),
+    after the passive's last step: it does not run, and 2 stops at the end (5.5). Before the rule
+    that a gradient goes before a queued averaging, the passive's step 1 never ended and the plan
+    never returned."""
+    active0, passive, active2 = virtual_plan(Topology("complete", 3), 0, [1.0] * 3, lambda a, p: 1.5, 2)
+    assert active0.times == [2.5, 5.5] and passive.times == [2.5, 4.0, 5.5] and active2.times == [4.0, 5.5]
+    assert active0.exchanges == {1: [(1, 1.0)], 2: [(1, 3.5)]} and active2.exchanges == {1: [(1, 1.0)]}
+    assert passive.exchanges == {1: [(0, 1.0)], 2: [(2, 1.0)], 3: [(0, 3.5)]}
+    assert active0.progress == [0, 2] and passive.progress == [0, 0, 2] and active2.progress == [1, 2]
+
+
 def ops(plans, every=1):
     """Every rank's operations in its program order: in local step k its averagings (by their
     identity: time, active, passive), then the records it crosses at the boundary after k."""
@@ -75,9 +93,10 @@ def execute(plans, every=1):
 
 
 @pytest.mark.parametrize("topology,n", [("ring", 4), ("ring", 8), ("complete", 6), ("torus", 16), ("hypercube", 8)])
-@pytest.mark.parametrize("cost", [0.0, 0.003])
+@pytest.mark.parametrize("cost", [0.0, 0.003, 0.05])
 def test_invariants_under_heterogeneous_speeds(topology, n, cost):
-    """Speeds 1, 1/2, 1/3, 1/4, ... (mod 5): every averaging is seen by both ends at one time, between
+    """Speeds 1, 1/2, 1/3, 1/4, ... (mod 5), averagings free, cheap, or dearer than a step (a
+    passive's ports then never idle): every averaging is seen by both ends at one time, between
     an active worker and a passive neighbour, an active worker averages at most once a step, its
     gradient is applied at s + c, s = max(x, the passive's ports free) (it never waits for compute,
     only for the passive's port: one averaging at a time there, lsgd.clock.ports); progress is
@@ -108,6 +127,9 @@ def test_invariants_under_heterogeneous_speeds(topology, n, cost):
                 assert x == pytest.approx((node.times[k - 2] if k > 1 else 0.0) + step_s[i], abs=1e-12)
                 assert node.times[k - 1] == pytest.approx(done_at[(i, x)], abs=1e-12)
                 assert node.times[k - 1] >= x + cost - 1e-12
+            else:  # a passive worker's averagings start by its compute's end (a queued one waits a step)
+                step_start = node.times[k - 2] if k > 1 else 0.0
+                assert all(done_at[(a, x)] - cost <= step_start + step_s[i] + 1e-12 for a, x in exs)
             xs = [x for _, x in exs]
             assert xs == sorted(xs)
             for peer, x in exs:

@@ -58,8 +58,11 @@ Rules of ``virtual_time``:
      stamped ``x`` on the cluster clock, and it applies its own gradient, taken at the model it
      read before the averagings, once its compute is done and the averagings that reached it during
      the step are complete: at ``max(its compute end, s + c)``. A passive worker may average any
-     number of times in one step (each with the model the previous one left), or none; a request
-     that reaches it after its compute, while an averaging is still completing, joins that step.
+     number of times in one step (each with the model the previous one left), or none. An averaging
+     that can start only after its compute is done (``s`` after it: its ports were busy) falls
+     in its next step: the gradient is applied first, when the averaging in progress ends, as a fair
+     lock on the model would order them; so a passive worker whose ports are never idle (requests
+     arriving faster than ``c`` apart) still takes its steps.
   4. In the processes, every averaging of a worker's step runs in that step's
      :meth:`ADPSGD.optimizer_step`, after its backward pass and before its gradient is applied
      (the same code as lock-step), in virtual-time order (ties by the active worker's id).
@@ -228,8 +231,9 @@ def virtual_plan(topology: Topology, seed: int, step_s: Sequence[float], cost_s:
     side, nbrs = sides(topology), bipartite_neighbors(topology)
     target = n * total_steps
     times: list[list[float]] = [[] for _ in range(n)]          # gradient applied, per local step
-    events: list[tuple[float, int, int, int, int]] = []         # (x, active, its step, passive, its step)
+    events: list[tuple[float, int, int, int, int, float]] = []  # (x, active, its step, passive, its step, s)
     bound = [float(step_s[i]) for i in range(n)]                # passive: when its current step ends (so far)
+    computed = list(bound)                                      # passive: when its current step's gradient is done
     heap = [(float(step_s[i]), side[i], i, 1) for i in range(n)]  # (time, 0 active / 1 passive, worker, step)
     ports = [[0.0] * int(lanes) for _ in range(n)]            # passive: when each lane of its ports is free
     heapq.heapify(heap)
@@ -253,9 +257,14 @@ def virtual_plan(topology: Topology, seed: int, step_s: Sequence[float], cost_s:
             rng = np.random.default_rng(derive_seed("ad_psgd_async", int(seed), i, k))
             p = nbrs[i][int(rng.integers(len(nbrs[i])))]
             c = float(cost_s(i, p))
-            events.append((t, i, k, p, len(times[p]) + 1))  # the passive's step under way (its end is >= t)
             lane = min(range(len(ports[p])), key=lambda q: (ports[p][q], q))  # its earliest-free lane
-            done = max(t, ports[p][lane]) + c                 # the passive's ports: one averaging at a time
+            start = max(t, ports[p][lane])                    # the passive's ports: one averaging at a time
+            while start > computed[p]:  # its gradient is done before this averaging can start: it is
+                ended(p, bound[p])       # applied first (rule 3), and the averaging falls in a later step
+                bound[p] = computed[p] = bound[p] + float(step_s[p])
+                heapq.heappush(heap, (bound[p], 1, p, len(times[p]) + 1))
+            events.append((t, i, k, p, len(times[p]) + 1, start))  # the passive's step under way (its end >= t)
+            done = start + c
             ports[p][lane] = done
             bound[p] = max(bound[p], done)                    # it applies its gradient once the averaging is done
             heapq.heappush(heap, (bound[p], 1, p, len(times[p]) + 1))
@@ -263,7 +272,7 @@ def virtual_plan(topology: Topology, seed: int, step_s: Sequence[float], cost_s:
             heapq.heappush(heap, (done + float(step_s[i]), 0, i, k + 1))
         elif k == len(times[i]) + 1 and t == bound[i]:  # a passive worker's step ends (stale entries skipped)
             ended(i, t)
-            bound[i] = t + float(step_s[i])
+            bound[i] = computed[i] = t + float(step_s[i])
             heapq.heappush(heap, (bound[i], 1, i, k + 1))
 
     ends = sorted(t for ts in times for t in ts)
@@ -277,11 +286,13 @@ def virtual_plan(topology: Topology, seed: int, step_s: Sequence[float], cost_s:
         t = times[i][k - 1]
         return total_steps if t >= t_end else bisect.bisect_right(ends, t) // n
 
-    # the averagings that run: requested before the end (both ends within their last step)
-    run = sorted(e for e in events if e[0] < t_end)
-    level = [min(natural(a, ka - 1), natural(p, kp - 1)) for _, a, ka, p, kp in run]
+    # the averagings that run: requested before the end, and (ports busy to the end) starting within
+    # the passive worker's last step; the active end's step is then its last (its gradient is done
+    # before t_end and applied after the passive's last step ends, at or after t_end)
+    run = sorted(e for e in events if e[0] < t_end and e[4] <= last[e[3]])
+    level = [min(natural(a, ka - 1), natural(p, kp - 1)) for _, a, ka, p, kp, _ in run]
     seq: list[list[int]] = [[] for _ in range(n)]  # each worker's averagings, in its program order
-    for e, (_, a, _, p, _) in enumerate(run):
+    for e, (_, a, _, p, _, _) in enumerate(run):
         seq[a].append(e)
         seq[p].append(e)
 
@@ -305,18 +316,22 @@ def virtual_plan(topology: Topology, seed: int, step_s: Sequence[float], cost_s:
                     level[s[j]] = level[s[j - 1]]
                     changed = True
 
-    # a worker's last step without the averagings that do not run (requested at or after t_end)
-    ran: list[dict[int, list[tuple[float, int]]]] = [{} for _ in range(n)]  # worker -> step -> [(x, peer)]
-    for x, a, ka, p, kp in run:
-        ran[a].setdefault(ka, []).append((x, p))
-        ran[p].setdefault(kp, []).append((x, a))
+    # a worker's last step without the averagings that do not run (requested at or after t_end, or
+    # starting after the passive worker's last step)
+    ran: list[dict[int, list[float]]] = [{} for _ in range(n)]  # worker -> step -> [when each averaging ends]
+    for _, a, ka, p, kp, start in run:
+        for i, k in ((a, ka), (p, kp)):
+            ran[i].setdefault(k, []).append(start + float(cost_s(a, p)))
+    for x, a, ka, p, kp, _ in events:  # the passive worker had stopped: the active one stops at the end
+        if x < t_end and kp > last[p]:
+            ran[a].setdefault(ka, []).append(t_end)
     for i in range(n):
         k = last[i]
         done = (times[i][k - 2] if k > 1 else 0.0) + float(step_s[i])  # the gradient is done
-        times[i][k - 1] = max([done] + [x + float(cost_s(*((i, j) if side[i] == 0 else (j, i)))) for x, j in ran[i].get(k, [])])
+        times[i][k - 1] = max([done] + ran[i].get(k, []))
     plans = [VirtualNode(times=times[i][: last[i]]) for i in range(n)]
     constrained: list[dict[int, int]] = [{} for _ in range(n)]  # boundary k (before step k + 1) -> level
-    for e, (x, a, ka, p, kp) in enumerate(run):
+    for e, (x, a, ka, p, kp, _) in enumerate(run):
         for i, k, peer in ((a, ka, p), (p, kp, a)):
             plans[i].exchanges.setdefault(k, []).append((peer, x))
             constrained[i][k - 1] = level[e]
