@@ -1117,19 +1117,21 @@ def with_label_facts(frame: pd.DataFrame) -> pd.DataFrame:
 def test_readable_labels():
     frame = pd.DataFrame(
         {
-            "run_dir": list("abcdef"),
-            "run_id": list("abcdef"),
-            "algo.name": ["compressed", "compressed", "gravac", "swarm_sgd", "swarm_sgd", "ddp"],
-            "algo.compressor": ["topk", "topk", "dgc", None, None, None],
-            "algo.cf": [10, 100, None, None, None, None],
-            "algo.blocking": [None, None, None, True, False, None],
-            "seed": [0, 0, 0, 0, 0, 0],
+            "run_dir": list("abcdefg"),
+            "run_id": list("abcdefg"),
+            "algo.name": ["compressed", "compressed", "gravac", "swarm_sgd", "swarm_sgd", "ddp", "swarm_sgd"],
+            "algo.compressor": ["topk", "topk", "dgc", None, None, None, None],
+            "algo.cf": [10, 100, None, None, None, None, None],
+            "algo.blocking": [None, None, None, True, False, None, True],
+            "algo.pairing": [None, None, None, "rounds", "rounds", None, "virtual_time"],
+            "seed": [0] * 7,
         }
     )
-    frame.attrs["config_keys"] = ["algo.name", "algo.compressor", "algo.cf", "algo.blocking", "seed"]
+    frame.attrs["config_keys"] = ["algo.name", "algo.compressor", "algo.cf", "algo.blocking", "algo.pairing", "seed"]
     assert arm_labels(with_label_facts(frame)) == {
-        "a": "compressed, top-k, CF=10", "b": "compressed, top-k, CF=100", "c": "GraVAC, DGC", "d": "SwarmSGD, blocking",
-        "e": "SwarmSGD, non-blocking", "f": "DDP",
+        "a": "compressed, top-k, CF=10", "b": "compressed, top-k, CF=100", "c": "GraVAC, DGC",
+        "d": "SwarmSGD, blocking, rounds", "e": "SwarmSGD, non-blocking, rounds", "f": "DDP",
+        "g": "SwarmSGD, blocking, asynchronous",
     }  # fmt: skip
 
 

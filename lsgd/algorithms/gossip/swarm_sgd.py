@@ -145,7 +145,7 @@ class SwarmSGDConfig(GossipConfig):
                          "quantizer=lattice)")
     pairing: str = option("rounds", choices=PAIRINGS, doc="rounds: lock-step matchings; virtual_time: asynchronous "
                           "(cluster.compute=profile and cluster.speeds decide who is free to pair; fast nodes "
-                          "take more steps)")
+                          "take more steps)", symbol={"rounds": "rounds", "virtual_time": "asynchronous"})
 
 
 class SwarmSGD(Gossip):
