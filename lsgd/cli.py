@@ -41,7 +41,7 @@ commands:
   calibrate  measure this machine's matmul and convolution FLOP/s (by shape), memory and first-touch bandwidth,
              batch-norm and max-pool rates and per-op overhead for
              cluster.device=cpu: lsgd calibrate [--threads N]
-             --network: this host's per-message overhead o instead (network.overhead_us; 2 local gloo ranks)
+             --network [--nproc N]: this host's per-message overhead o instead (network.overhead_us; N local gloo ranks)
   list     the options of the config groups with their descriptions:
              lsgd list [algorithms|experiments|variants|models|datasets|optimizers|schedules|networks|...]
   emulate  the emulated cluster (launcher.emulate=true, root): lsgd emulate --cleanup [--all] removes
@@ -251,9 +251,10 @@ def calibrate(argv: list[str]) -> int:
     """``lsgd calibrate [--threads N]``: measure this machine for ``cluster.device=cpu``
     (:func:`lsgd.compute.calibration.calibrate_cpu`) with N torch threads (default: torch's current count) and
     store the figures where that preset reads them (:func:`lsgd.compute.calibration.cpu_profile_path`).
-    ``lsgd calibrate --network [--repeats N]``: measure this host's per-message overhead (LogGP's o,
-    ``network.overhead_us``) with two local gloo ranks (:func:`lsgd.comm.calibration.measure_overhead`)
-    and store it beside (:func:`lsgd.comm.calibration.network_profile_path`)."""
+    ``lsgd calibrate --network [--nproc N] [--repeats N]``: measure this host's per-message overhead
+    (LogGP's o, ``network.overhead_us``) with N local gloo ranks (default 2; as many as the runs it is
+    for: :func:`lsgd.comm.calibration.measure_overhead`) and store it beside
+    (:func:`lsgd.comm.calibration.network_profile_path`)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="lsgd calibrate", description=calibrate.__doc__)
@@ -262,16 +263,23 @@ def calibrate(argv: list[str]) -> int:
                         help="measure this host's per-message overhead o (network.overhead_us) instead of the cpu profile")
     parser.add_argument("--repeats", type=int, default=None,
                         help="with --network: round trips per message size (default 200; 3 sizes, 1 B to 1 KiB)")
+    parser.add_argument("--nproc", type=int, default=None,
+                        help="with --network: gloo ranks on this host (default 2; as many as the runs it is for)")
     args = parser.parse_args(argv)
     if args.repeats is not None and not args.network:
         parser.error("--repeats is for --network")
+    if args.nproc is not None and not args.network:
+        parser.error("--nproc is for --network")
     if args.network:
         args.repeats = 200 if args.repeats is None else args.repeats
         if args.threads is not None:
             parser.error("--threads is for the cpu profile; --network runs one torch thread per rank")
         if args.repeats < 1:
             parser.error(f"--repeats must be >= 1, got {args.repeats}")
-        return _calibrate_network(args.repeats)
+        args.nproc = 2 if args.nproc is None else args.nproc
+        if args.nproc < 2:
+            parser.error(f"--nproc must be >= 2, got {args.nproc}")
+        return _calibrate_network(args.repeats, args.nproc)
 
     import torch
 
@@ -294,12 +302,12 @@ def calibrate(argv: list[str]) -> int:
     return 0
 
 
-def _calibrate_network(repeats: int) -> int:
+def _calibrate_network(repeats: int, nproc: int = 2) -> int:
     """``lsgd calibrate --network``: measure, store and print this host's per-message overhead."""
     from lsgd.comm.calibration import measure_overhead, overhead_line, write_network_profile
 
     try:
-        record = measure_overhead(repeats=repeats)
+        record = measure_overhead(repeats=repeats, nproc=nproc)
     except RuntimeError as exc:
         print(str(exc), file=sys.stderr)
         return 1
@@ -307,14 +315,15 @@ def _calibrate_network(repeats: int) -> int:
     one = record["one_way_us"]
     sizes = ", ".join(f"{n} B {us:.1f}" for n, us in record["by_size"].items())
     load = record["loadavg"]
-    print(f"{record['cpu']}: gloo ping-pong between 2 local ranks, {record['repeats']} round trips per size; one way "
-          f"(2 o + L) median {one['median']:.1f} us, p90 {one['p90']:.1f}, mean {one['mean']:.1f} (by size: {sizes}); "
-          f"o = one way / 2: median {record['overhead_us']:.1f} us, p90 {record['overhead_us_p90']:.1f}, "
-          f"mean {record['overhead_us_mean']:.1f} "
-          f"(loopback latency L not separated: o + L/2); 2-rank all-reduce (2 steps) gives "
-          f"o {record['allreduce_overhead_us']:.1f} us (p90 {record['allreduce_overhead_us_p90']:.1f}); "
-          f"load average {'-' if load[0] is None else f'{load[0]:.2f}'}")
-    print(f"written to {path} (network.overhead_us=measured reads its median; the figure belongs to this host)")
+    ar = record["allreduce_us"]
+    print(f"{record['cpu']}: {nproc} local gloo ranks, {record['repeats']} of each size "
+          f"({', '.join(map(str, record['sizes']))} B); all-reduce of {nproc} ranks median {ar['median']:.1f} us = "
+          f"{2 * (nproc - 1)} message steps of 2 o + L: o median {record['overhead_us']:.1f} us, "
+          f"p90 {record['overhead_us_p90']:.1f}, mean {record['overhead_us_mean']:.1f} (latency L not separated: "
+          f"o + L/2); ping-pong of ranks 0 and 1: one way median {one['median']:.1f} us (by size: {sizes}), "
+          f"o {record['pingpong_overhead_us']:.1f} us; load average {'-' if load[0] is None else f'{load[0]:.2f}'}")
+    print(f"written to {path} (network.overhead_us=measured reads its median; the figure belongs to this host "
+          f"and to {nproc} ranks on it)")
     print(overhead_line(record))
     return 0
 

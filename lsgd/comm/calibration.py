@@ -5,32 +5,33 @@
 
 What is measured
 ----------------
-Two local gloo processes (one torch thread each, rendezvous through a file store, gloo's default
-interface as a local ``lsgd train`` uses it) play ping-pong with small messages (default 1, 64 and
-1024 bytes, ``repeats`` round trips each after a warm-up), through lsgd's own point-to-point path:
-:meth:`lsgd.comm.communicator.Communicator.exchange` (receives posted before sends, gloo's
-``isend`` / ``irecv``, the handle's wait; uncounted, so without the clock's start stamp). Rank 0
-times each round trip with ``time.perf_counter``: its exchange posts the receive of the answer and
-sends the ping; rank 1 receives the ping, then sends it back. By LogP (Culler et al., PPoPP 1993)
-a round trip is two messages, each ``o`` at its sender, the latency ``L`` on the way and ``o`` at
-its receiver (the bytes' time on loopback, ``n G``, is below 1 us at 1 KB and left in), so
+``nproc`` local gloo processes (``--nproc``, default 2; one torch thread each, rendezvous through a
+file store, gloo's default interface as a local ``lsgd train`` uses it) time small messages (default
+1, 64 and 1024 bytes, ``repeats`` of each after a warm-up) in two ways, on rank 0 with
+``time.perf_counter``:
 
-    one way = round trip / 2 = 2 o + L,  o = (one way - L) / 2.
+* **all-reduces of every rank** (:meth:`lsgd.comm.communicator.Communicator.all_reduce`,
+  uncounted): the figure ``network.overhead_us=measured`` reads. The clock prices an all-reduce of
+  ``p`` ranks as a ring, ``2 (p - 1)`` message steps of ``alpha + 2 o`` each (and bytes, negligible
+  here), so ``o = time / (2 (p - 1)) / 2``, the latency folded in (``o + L / 2``): the ``o`` that
+  makes the clock's count of a small all-reduce equal its measured time on this host. Measured
+  with as many ranks as the runs it is for, because on a host with fewer cores than ranks a
+  message waits for its receiver to get a core: on the 2-core VM these docs were written on, 2
+  ranks give about 75 us, 4 ranks 360-400 us, 8 ranks 690-760 us (gloo's reduction and collective
+  bookkeeping are in the figure too; they are per message step as the clock counts them).
+* **ping-pong between ranks 0 and 1** (the others wait at a barrier), through lsgd's own
+  point-to-point path (:meth:`lsgd.comm.communicator.Communicator.exchange`: receives posted before
+  sends, gloo's ``isend`` / ``irecv``): recorded (``pingpong_overhead_us``) as the host's bare
+  figure. By LogP (Culler et al., PPoPP 1993) a round trip is two messages, each ``o`` at its
+  sender, the latency ``L`` on the way and ``o`` at its receiver (the bytes' time on loopback,
+  ``n G``, is below 1 us at 1 KB and left in), so one way = round trip / 2 = ``2 o + L`` and the
+  figure is round trip / 4 = ``o + L / 2``.
 
 ``L`` is not separated: loopback TCP has no wire, its latency is itself the kernel's software
 (the clock-validation study measured an 18 us TCP round trip between two emulated nodes, so
-``L`` <= 9 us, against a one-way time of 60 us and more here); the figure reported is
-``one way / 2`` = ``o + L / 2``, an upper bound of ``o`` by at most a few microseconds. Nor are the
-sender's and the receiver's shares separated (LogP's model has them equal). The median over
-all sizes and repeats is the figure to use (:func:`overhead_line`); the 90th percentile and the
+``L`` <= 9 us); nor are the sender's and the receiver's shares (LogP has them equal). The median
+over all sizes and repeats is the figure to use (:func:`overhead_line`); the 90th percentile and the
 mean show the tail (this host's scheduler: a 4 ms tick, CONFIG_HZ=250, on a shared 2-core VM).
-
-For comparison it also times ``repeats`` small all-reduces on the same two ranks
-(:meth:`lsgd.comm.communicator.Communicator.all_reduce`, uncounted): a ring all-reduce of 2 ranks is
-``2 (p - 1)`` = 2 message steps, so its ``o`` estimate is ``time / 2 / 2``, which also holds gloo's
-reduction and its collective bookkeeping (the clock-validation study: 306 us per 64-byte
-all-reduce against 124 us per send-and-answer). It is recorded (``allreduce_*``), not what
-``network.overhead_us=measured`` reads.
 
 What is not in it: a clocked lsgd message sends its start stamp (a float64 message) after the
 payload, and a collective's clock settlement exchanges start times: both are the harness's, not the
@@ -91,10 +92,12 @@ def _summary_us(seconds: list[float], scale: float) -> dict:
             "min": min(us), "max": max(us), "n": len(us)}
 
 
-def _worker(rank: int, store_path: str, sizes: tuple[int, ...], repeats: int, warmup: int, queue) -> None:
-    """One of the two ranks (a spawned process): join a gloo group of 2, time the ping-pongs and
-    the all-reduces on rank 0 and put ``{"pingpong": {size: [round trip s, ...]}, "allreduce": {...}}``
-    (rank 0) or None (rank 1) on ``queue``; an exception's text instead if one is raised."""
+def _worker(rank: int, world: int, store_path: str, sizes: tuple[int, ...], repeats: int, warmup: int,
+            queue) -> None:
+    """One of the ``world`` ranks (a spawned process): join a gloo group, time the ping-pongs of
+    ranks 0 and 1 (the others wait at a barrier) and the all-reduces of every rank, on rank 0, and
+    put ``{"pingpong": {size: [round trip s, ...]}, "allreduce": {...}}`` (rank 0) or None (the
+    others) on ``queue``; an exception's text instead if one is raised."""
     try:
         import torch
         import torch.distributed as dist
@@ -102,8 +105,8 @@ def _worker(rank: int, store_path: str, sizes: tuple[int, ...], repeats: int, wa
         from lsgd.comm.communicator import Communicator
 
         torch.set_num_threads(1)
-        store = dist.FileStore(store_path, 2)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=2,
+        store = dist.FileStore(store_path, world)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=120))
         try:
             comm = Communicator()
@@ -111,7 +114,7 @@ def _worker(rank: int, store_path: str, sizes: tuple[int, ...], repeats: int, wa
             out: dict = {"pingpong": {n: [] for n in sizes}, "allreduce": {n: [] for n in sizes}}
             # the sizes interleaved, repeat by repeat: a phase of load on the machine falls on every size alike
             bufs = {n: (torch.zeros(n, dtype=torch.uint8), torch.zeros(n, dtype=torch.uint8)) for n in sizes}
-            for i in range(warmup + repeats):
+            for i in range(warmup + repeats if rank < 2 else 0):
                 for n in sizes:
                     buf, back = bufs[n]
                     if rank == 0:
@@ -123,7 +126,7 @@ def _worker(rank: int, store_path: str, sizes: tuple[int, ...], repeats: int, wa
                         comm.exchange(None, {peer: buf}, count=False)
                         comm.exchange({peer: buf}, None, count=False)
             comm.barrier()
-            # all-reduces of the same bytes (float32 elements: gloo reduces numbers)
+            # all-reduces of the same bytes on every rank (float32 elements: gloo reduces numbers)
             flats = {n: torch.zeros(max(1, n // 4), dtype=torch.float32) for n in sizes}
             for i in range(warmup + repeats):
                 for n in sizes:
@@ -141,43 +144,48 @@ def _worker(rank: int, store_path: str, sizes: tuple[int, ...], repeats: int, wa
 
 
 def measure_overhead(sizes: tuple[int, ...] = DEFAULT_SIZES, repeats: int = 200, warmup: int = 20,
-                     timeout_s: float = 300.0) -> dict:
-    """Measure this host's per-message overhead ``o`` with two local gloo processes (module
-    docstring): ``repeats`` ping-pongs of each size in ``sizes`` (bytes) after ``warmup`` untimed
-    ones, then as many all-reduces.
+                     timeout_s: float = 300.0, nproc: int = 2) -> dict:
+    """Measure this host's per-message overhead ``o`` with ``nproc`` local gloo processes (module
+    docstring): ``repeats`` ping-pongs of each size in ``sizes`` (bytes) between ranks 0 and 1 after
+    ``warmup`` untimed ones, then as many all-reduces of every rank.
 
-    Returns the record: ``overhead_us`` (the median over every size and repeat of round trip / 4,
-    LogP's ``o`` with half the loopback latency in), ``overhead_us_p90``, ``overhead_us_mean``,
-    ``one_way_us`` (round trip / 2: ``{median, p90, mean, min, max, n}``), ``by_size``
-    (``{size: one-way median us}``), ``allreduce_overhead_us`` (median of all-reduce time / 4:
-    2 message steps of ``2 o``) with ``allreduce_overhead_us_p90``, and the facts: ``sizes``,
-    ``repeats``, ``backend``, ``cpu``, ``torch``, ``loadavg`` (before, after), ``measured_at``.
+    Returns the record: ``overhead_us`` (the median over every size and repeat of all-reduce time /
+    (2 (nproc - 1)) / 2: a ring all-reduce's message steps, each ``2 o + L``: the clock's own count),
+    ``overhead_us_p90``, ``overhead_us_mean``, ``allreduce_us`` (``{median, p90, mean, min, max, n}``
+    of one all-reduce), ``pingpong_overhead_us`` (round trip / 4, ranks 0 and 1 alone: LogP's ``o``
+    with half the loopback latency in) with ``pingpong_overhead_us_p90``, ``one_way_us`` and
+    ``by_size`` (``{size: one-way median us}``), and the facts: ``nproc``, ``sizes``, ``repeats``,
+    ``backend``, ``cpu``, ``torch``, ``loadavg`` (before, after), ``measured_at``.
 
     Raises:
+        ValueError: ``nproc`` < 2, ``repeats`` < 1, ``warmup`` < 0 or a size < 1 byte.
         RuntimeError: a rank failed or did not answer within ``timeout_s``.
     """
     import multiprocessing as mp
 
     import torch
 
-    if repeats < 1 or warmup < 0 or not sizes or any(int(n) < 1 for n in sizes):
-        raise ValueError(f"need repeats >= 1, warmup >= 0 and sizes >= 1 byte; got {repeats}, {warmup}, {sizes}")
+    if nproc < 2 or repeats < 1 or warmup < 0 or not sizes or any(int(n) < 1 for n in sizes):
+        raise ValueError(f"need nproc >= 2, repeats >= 1, warmup >= 0 and sizes >= 1 byte; got {nproc}, {repeats}, "
+                         f"{warmup}, {sizes}")
     sizes = tuple(int(n) for n in sizes)
     ctx = mp.get_context("spawn")  # a fresh interpreter: no torch threads or process group inherited
     queue = ctx.Queue()
     load_before = _loadavg()
     with tempfile.TemporaryDirectory(prefix="lsgd-calibrate-") as tmp:
         store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_worker, args=(r, store, sizes, repeats, warmup, queue), daemon=True) for r in (0, 1)]
+        procs = [ctx.Process(target=_worker, args=(r, nproc, store, sizes, repeats, warmup, queue), daemon=True)
+                 for r in range(nproc)]
         for p in procs:
             p.start()
         results = []
         deadline = time.monotonic() + timeout_s
         try:
-            while len(results) < 2:
+            while len(results) < nproc:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise RuntimeError(f"lsgd calibrate --network: no answer from the 2 gloo ranks within {timeout_s:g} s")
+                    raise RuntimeError(f"lsgd calibrate --network: no answer from the {nproc} gloo ranks within "
+                                       f"{timeout_s:g} s")
                 try:
                     results.append(queue.get(timeout=min(left, 1.0)))
                 except Empty:  # check the ranks are alive
@@ -197,17 +205,18 @@ def measure_overhead(sizes: tuple[int, ...] = DEFAULT_SIZES, repeats: int = 200,
     out = next(r for r in results if r is not None)
     one_way = [t for n in sizes for t in out["pingpong"][n]]
     allreduce = [t for n in sizes for t in out["allreduce"][n]]
-    o = _summary_us(one_way, 0.25)   # round trip / 4: o + L/2 per message end
-    ar = _summary_us(allreduce, 0.25)  # 2 steps of 2 o (+ L)
+    o = _summary_us(allreduce, 0.5 / (2 * (nproc - 1)))  # 2 (p - 1) steps of 2 o (+ L)
+    pp = _summary_us(one_way, 0.25)                      # round trip / 4: o + L/2 per message end
     return {
         OVERHEAD_KEY: o["median"],
         "overhead_us_p90": o["p90"],
         "overhead_us_mean": o["mean"],
+        "allreduce_us": _summary_us(allreduce, 1.0),
+        "pingpong_overhead_us": pp["median"],
+        "pingpong_overhead_us_p90": pp["p90"],
         "one_way_us": _summary_us(one_way, 0.5),
         "by_size": {str(n): statistics.median(t * 0.5e6 for t in out["pingpong"][n]) for n in sizes},
-        "allreduce_overhead_us": ar["median"],
-        "allreduce_overhead_us_p90": ar["p90"],
-        "allreduce_us": _summary_us(allreduce, 1.0),
+        "nproc": int(nproc),
         "sizes": list(sizes),
         "repeats": int(repeats),
         "backend": "gloo",

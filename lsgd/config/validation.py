@@ -36,14 +36,16 @@ def resolve_wire_overhead(cfg: dict) -> float:
     return float(net["wire_overhead"])
 
 
-def resolve_overhead(cfg: dict, several_nodes: bool = False) -> float:
+def resolve_overhead(cfg: dict, several_nodes: bool = False, ranks: int | None = None) -> float:
     """Check ``network.overhead_us`` (LogGP's per-message overhead o, us: a finite number >= 0, or
     ``measured``; null is 0) and ``network.intra_node.overhead_us`` (the same, or null: the
     inter-node one) and resolve them in place: ``measured`` becomes this host's figure from ``lsgd
     calibrate --network`` (:func:`lsgd.comm.calibration.read_network_profile`, its median), so the
     run's ``config.yaml`` holds the number the clock used. Returns ``network.overhead_us``.
     ``several_nodes``: a joined launch over several hosts, whose ranks would each read their own
-    host's figure (and price one message differently): ``measured`` is then refused.
+    host's figure (and price one message differently): ``measured`` is then refused. ``ranks``: the
+    run's ranks on this host, where known: a figure measured with another number of ranks (``lsgd
+    calibrate --network --nproc``) is used with a warning that says which to measure.
 
     Raises:
         ConfigError: a negative, infinite or non-numeric value, or ``measured`` without a
@@ -71,6 +73,14 @@ def resolve_overhead(cfg: dict, several_nodes: bool = False) -> float:
                     raise ConfigError(f"{where}overhead_us=measured needs this host's figure in {network_profile_path()}: "
                                       "run `lsgd calibrate --network` first (or give a number in us)")
                 measured = float(record[OVERHEAD_KEY])
+                calibrated = record.get("nproc", 2)
+                if isinstance(ranks, int) and isinstance(calibrated, int) and ranks != calibrated:
+                    import logging
+
+                    logging.getLogger("lsgd").warning(
+                        "%soverhead_us=measured reads %.1f us, measured with %d ranks on this host; this run has %d: "
+                        "`lsgd calibrate --network --nproc %d` measures it with as many", where, measured, calibrated,
+                        ranks, ranks)
             block["overhead_us"] = measured
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0 and math.isfinite(value)):
@@ -141,8 +151,11 @@ def validate(cfg: dict, world_size: int | None = None, local_world_size: int | N
         positive(intra, "bandwidth_gbps", "network.intra_node.")
         number_at_least(intra, "latency_us", 0, "network.intra_node.")
     resolve_wire_overhead(cfg)
+    nproc = (cfg.get("launcher") or {}).get("nproc_per_node")
     resolve_overhead(cfg, several_nodes=world_size is not None and local_world_size is not None
-                     and int(world_size) > int(local_world_size))
+                     and int(world_size) > int(local_world_size),
+                     ranks=int(local_world_size) if local_world_size is not None
+                     else nproc if isinstance(nproc, int) and not isinstance(nproc, bool) else None)
     if cfg["network"].get("ports") is not None:  # lanes per port (lsgd.clock.ports.Ports)
         int_at_least(cfg["network"], "ports", 1, "network.")
     report = cfg["network"].get("report_gbps") or []

@@ -262,7 +262,7 @@ def collect(distributed: dict | None = None, network: dict | None = None) -> dic
 
 
 #: the figures of this host's network calibration (``lsgd calibrate --network``) a run records
-NETWORK_CALIBRATION_KEYS = ("overhead_us", "overhead_us_p90", "overhead_us_mean", "allreduce_overhead_us",
+NETWORK_CALIBRATION_KEYS = ("overhead_us", "overhead_us_p90", "overhead_us_mean", "nproc", "pingpong_overhead_us",
                             "repeats", "loadavg", "measured_at", "hostname")
 
 

@@ -57,10 +57,12 @@ def test_overhead_adds_messages_times_two_o_to_the_modeled_time(runs):
 
 
 def test_calibrate_network_measures_a_positive_overhead(tmp_path):
-    """``lsgd calibrate --network --repeats 5`` (a quick version: 5 round trips per size): two local
-    gloo ranks play ping-pong; it prints the override to paste and writes the record beside the cpu
-    profile, whose median is a positive finite number of microseconds, the p90 no smaller."""
-    res = lsgd(["calibrate", "--network", "--repeats", "5"], tmp_path, env={"XDG_CACHE_HOME": str(tmp_path)})
+    """``lsgd calibrate --network --nproc 3 --repeats 5`` (a quick version: 5 of each size): three
+    local gloo ranks all-reduce (ranks 0 and 1 also play ping-pong); it prints the override to paste
+    and writes the record beside the cpu profile, whose median is a positive finite number of
+    microseconds (the all-reduce's time / (2 (3 - 1)) / 2), the p90 no smaller."""
+    res = lsgd(["calibrate", "--network", "--nproc", "3", "--repeats", "5"], tmp_path,
+               env={"XDG_CACHE_HOME": str(tmp_path)})
     assert res.returncode == 0, res.stderr[-3000:]
     line = re.search(r"^network\.overhead_us=([0-9.]+)$", res.stdout, re.M)
     assert line, res.stdout
@@ -69,4 +71,5 @@ def test_calibrate_network_measures_a_positive_overhead(tmp_path):
     assert math.isfinite(o) and o > 0 and record["overhead_us_p90"] >= o
     assert float(line.group(1)) == pytest.approx(o, abs=0.05)
     assert record["repeats"] == 5 and record["sizes"] == [1, 64, 1024]
-    assert record["one_way_us"]["n"] == 15 and record["allreduce_overhead_us"] > 0
+    assert record["one_way_us"]["n"] == 15 and record["pingpong_overhead_us"] > 0 and record["nproc"] == 3
+    assert o == pytest.approx(record["allreduce_us"]["median"] / 8)  # 2 (p - 1) = 4 steps of 2 o

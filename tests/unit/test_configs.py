@@ -584,6 +584,25 @@ def test_overhead_defaults_to_zero_and_measured_reads_the_calibration(tmp_path, 
         resolve_overhead(cfg, several_nodes=True)
 
 
+def test_a_measured_overhead_of_another_rank_count_warns(tmp_path, monkeypatch, caplog):
+    """A figure measured with 2 ranks (``lsgd calibrate --network``'s default) read by a run of 4
+    ranks on this host: used, with a warning naming ``--nproc 4``; none when the counts agree."""
+    import logging
+
+    from lsgd.comm.calibration import write_network_profile
+    from lsgd.config.validation import resolve_overhead
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    write_network_profile({"overhead_us": 63.0, "nproc": 2})
+    with caplog.at_level(logging.WARNING, logger="lsgd"):
+        assert resolve_overhead(load(["debug=default", "network.overhead_us=measured"]), ranks=4) == 63.0
+    assert "--nproc 4" in caplog.text and "measured with 2 ranks" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lsgd"):
+        resolve_overhead(load(["debug=default", "network.overhead_us=measured"]), ranks=2)
+    assert "--nproc" not in caplog.text
+
+
 # --------------------------------------------------------------------------------------------
 # issue 42: debug=default adapts to the algorithm; unknown group options; study-keyed ranks
 # --------------------------------------------------------------------------------------------
