@@ -241,10 +241,8 @@ def clock_validation(out: str) -> str:
 
 # docs/studies/time-claims.md: time to target, measured on the 100 Mbit/s emulated link and modeled
 def time_claims(out: str) -> str:
-    demo = [("DDP, s0", 26.5, 20.8), ("DDP, s1", 32.8, 26.0), ("local SGD, s0", 8.4, 3.3),
-            ("local SGD, s1", 6.4, 2.6), ("SlowMo, s0", 7.2, 2.2), ("SlowMo, s1", 6.8, 2.2)]
-    asyn = [("async DN+DyLU, 1", 43.1, 42.6), ("async DN+DyLU, 2", 43.3, 42.6),
-            ("sync DiLoCo, 1", 137.5, 120.9), ("sync DiLoCo, 2", 123.0, 120.9)]
+    demo = [("DDP", 25.5, 21.7), ("local SGD, H=8", 7.7, 3.4), ("SlowMo, H=12", 6.4, 2.3)]
+    asyn = [("async DN+DyLU", 43.0, 42.6), ("sync DiLoCo", 121.1, 120.9)]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(7.2, 2.9), gridspec_kw={"width_ratios": [3, 2]})
     for ax, rows, title in ((a1, demo, "fmnist_demo: to test accuracy 0.85"),
                             (a2, asyn, "async_text, level very: to perplexity 14")):
