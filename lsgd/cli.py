@@ -63,6 +63,18 @@ def _config_path() -> str:
     return "pkg://lsgd.conf"
 
 
+def _debug_experiment_hint(argv: list[str]) -> str:
+    """The hint for a config that fails with both ``debug=`` and ``experiment=`` on the command
+    line: debug=default replaces the data set and model with its tiny synthetic ones, which an
+    experiment's own keys may not fit (``experiment=async_text``'s sequence keys); '' otherwise."""
+    debug = next((a for a in argv if a.startswith("debug=")), None)
+    experiment = next((a.split("=", 1)[1] for a in argv if a.startswith("experiment=")), None)
+    if debug is None or experiment is None:
+        return ""
+    return (f" ({debug} replaces experiment={experiment}'s data set and model with its tiny synthetic ones; for a "
+            f"short run of the experiment itself: lsgd train experiment={experiment} max_steps=20)")
+
+
 def train(argv: list[str]) -> int:
     """Run the Hydra application with ``argv`` as its command line."""
     import hydra
@@ -112,7 +124,7 @@ def train(argv: list[str]) -> int:
                 remove_unstarted(Path(HydraConfig.get().runtime.output_dir))
             raise
         except ConfigError as exc:  # a clear one-line message, no traceback, before any worker
-            print(f"lsgd: invalid configuration: {exc}", file=sys.stderr)
+            print(f"lsgd: invalid configuration: {exc}{_debug_experiment_hint(argv)}", file=sys.stderr)
             if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
                 # one arm of a sweep: record it as failed with its message, go on with the others
                 record_invalid(cfg, Path(HydraConfig.get().runtime.output_dir), exc)

@@ -751,3 +751,14 @@ def test_an_async_bundle_takes_its_workers_from_study_workers(tmp_path):
         assert res.returncode == 2, (key, res.stdout, res.stderr)
         assert message in res.stderr and "cluster.speeds" not in res.stderr, (key, res.stderr)
     assert not list(tmp_path.rglob("train.log"))
+
+
+def test_debug_default_with_an_experiment_whose_keys_do_not_fit_says_what_to_type(tmp_path):
+    """`lsgd train debug=default experiment=async_text`: debug=default's synthetic data set cannot take
+    the experiment's sequence keys; the one-line error says so and gives the short run of the
+    experiment itself to type instead (exit 2, no run folder)."""
+    res = lsgd(["train", "debug=default", "experiment=async_text", f"results_dir={tmp_path}/r"], tmp_path, timeout=300)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert "debug=default replaces experiment=async_text's data set and model" in res.stderr, res.stderr
+    assert "lsgd train experiment=async_text max_steps=20" in res.stderr, res.stderr
+    assert not list(tmp_path.rglob("train.log"))

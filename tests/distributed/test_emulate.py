@@ -128,8 +128,11 @@ def test_a_launcher_stopped_by_a_signal_removes_its_cluster(sig):
     and SIGINT to a process holding a cluster: it exits and nothing of its run is left."""
     _require_root()
     # SIGINT's Python handler explicitly: a test run started in the background by a shell without job
-    # control inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler
+    # control inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler; SIGHUP's
+    # default action explicitly: a test run started under nohup inherits SIGHUP ignored, which the
+    # cluster rightly leaves alone (the process then sleeps through the signal)
     code = ("import signal, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "signal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
             "from lsgd.launch import emulate\n"
             "with emulate.cluster({'network': {'bandwidth_gbps': 0.1, 'latency_us': 0}}, 2) as plan:\n"
             "    print(plan.run, flush=True)\n"
